@@ -1,0 +1,37 @@
+"""airflow-keyset-provider: stable, resumable, parallel keyset traversal for Apache Airflow.
+
+Names are exported lazily so that ``import airflow_keyset_provider.core`` (the engine) never loads
+Airflow; only touching an operator, sensor or trigger does.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Chunk": "airflow_keyset_provider.core.chunk",
+    "ChunkResult": "airflow_keyset_provider.core.chunk",
+    "RetryableError": "airflow_keyset_provider.core.errors",
+    "KeysetTraversal": "airflow_keyset_provider.core.traversal",
+    "PlanRangesOperator": "airflow_keyset_provider.operators.keyset",
+    "TraverseRangeOperator": "airflow_keyset_provider.operators.keyset",
+    "BarrierSensor": "airflow_keyset_provider.sensors.keyset",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'airflow_keyset_provider' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,49 @@
+"""The traversal engine. Imports nothing from Airflow: usable from any orchestrator or script."""
+
+from .chunk import Chunk, ChunkResult
+from .errors import (
+    CommitOrderTimeoutError,
+    ConfigurationError,
+    CursorConflictError,
+    DependencyFailedError,
+    KeysetError,
+    KeyValidationError,
+    LeaseHeldError,
+    LeaseLostError,
+    ProcessorContractError,
+    RetentionError,
+    RetryableError,
+    RoundIncompleteError,
+    RoundNotFoundError,
+    RoundStateLostError,
+    StoreUnavailableError,
+    UnsupportedKeyTypeError,
+)
+from .traversal import KeysetTraversal, RangeResult, RangeSpec, Round, RoundTotals, load_processor
+
+__all__ = [
+    "Chunk",
+    "ChunkResult",
+    "CommitOrderTimeoutError",
+    "ConfigurationError",
+    "CursorConflictError",
+    "DependencyFailedError",
+    "KeyValidationError",
+    "KeysetError",
+    "KeysetTraversal",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "ProcessorContractError",
+    "RangeResult",
+    "RangeSpec",
+    "RetentionError",
+    "RetryableError",
+    "Round",
+    "RoundIncompleteError",
+    "RoundNotFoundError",
+    "RoundStateLostError",
+    "RoundTotals",
+    "StoreUnavailableError",
+    "UnsupportedKeyTypeError",
+    "load_processor",
+]

@@ -1,0 +1,85 @@
+"""What a processor receives and returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Key = Any  # a scalar for a one-column key, a tuple for a composite key
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """A processor's verdict on a chunk. Keys not named here are *done*.
+
+    - ``failed``: ``{key: reason}``, items that failed on their own (bad data, a 4xx). They are
+      retried later in the same range, up to ``max_item_attempts``, then dead-lettered with the
+      reason. The cursor moves on.
+    - ``skipped``: keys that reached a terminal state without the business effect (the row no
+      longer applies, lost a race). Counted as *skipped*, never retried.
+
+    For a failed *dependency* (the whole chunk cannot be processed now) raise ``RetryableError``.
+    """
+
+    failed: Mapping[Hashable, str] = field(default_factory=dict)
+    skipped: Sequence[Hashable] = ()
+
+
+class Chunk:
+    """A bounded, ordered slice of one range: ``cursor < key <= last key``.
+
+    ``keys`` are the key values in order (scalars for a one-column key, tuples for a composite
+    key). ``rows`` are mappings of the fetched columns. Both are built on first access, so a
+    processor that uses neither pays nothing for them. ``attempt`` is 1 on the first delivery of
+    these rows in this process and grows on re-delivery after a dependency failure; a chunk may also
+    be delivered again after a crash (at-least-once), so processors must be idempotent.
+    """
+
+    __slots__ = ("_keys", "_rows", "_values", "attempt", "columns", "key_of", "range_id", "round_id")
+
+    def __init__(
+        self,
+        round_id: str,
+        range_id: int,
+        columns: Sequence[str],
+        values: list[tuple],
+        key_of: Callable[[tuple], Key],
+        attempt: int = 1,
+    ) -> None:
+        self.round_id = round_id
+        self.range_id = range_id
+        self.columns = tuple(columns)
+        self._values = values
+        self.key_of = key_of
+        self.attempt = attempt
+        self._rows: list[dict[str, Any]] | None = None
+        self._keys: list[Key] | None = None
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @property
+    def values(self) -> list[tuple]:
+        """Raw row tuples in ``columns`` order (the cheapest view)."""
+        return self._values
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        if self._rows is None:
+            cols = self.columns
+            self._rows = [dict(zip(cols, v, strict=True)) for v in self._values]
+        return self._rows
+
+    @property
+    def keys(self) -> list[Key]:
+        if self._keys is None:
+            key_of = self.key_of
+            self._keys = [key_of(v) for v in self._values]
+        return self._keys
+
+    def __repr__(self) -> str:
+        return f"Chunk(round={self.round_id!r}, range={self.range_id}, rows={len(self)})"
+
+
+Processor = Callable[[Chunk], "ChunkResult | None"]

@@ -1,0 +1,86 @@
+"""Named errors of the traversal engine.
+
+Every error that a user can cause says what is wrong *and* what to do about it. Errors raised
+before anything is written (validation) leave Redis and the source untouched.
+"""
+
+from __future__ import annotations
+
+
+class KeysetError(Exception):
+    """Base class of every error raised by the engine."""
+
+
+class ConfigurationError(KeysetError, ValueError):
+    """A bad argument: wrong type, bad bound, non-positive size. Nothing was written."""
+
+
+class KeyValidationError(ConfigurationError):
+    """The key does not define a stable total order on the table (or the table/column is missing)."""
+
+
+class UnsupportedKeyTypeError(KeyValidationError):
+    """A key column has a type whose order cannot be encoded exactly (e.g. float)."""
+
+
+class RetryableError(KeysetError):
+    """Raise from a processor when a *dependency* failed (database down, HTTP 503, timeout).
+
+    The engine does not advance the cursor: it backs off and re-reads the same chunk. Use
+    ``ChunkResult.failed`` instead for items that are bad on their own.
+    """
+
+
+class ProcessorContractError(KeysetError, TypeError):
+    """The processor returned something other than ``ChunkResult`` or ``None``, or named keys
+    that are not in the chunk. This is a bug in the processor; nothing of the chunk was committed."""
+
+
+class StoreUnavailableError(KeysetError):
+    """Redis (the cursor store) could not be reached. Nothing was written."""
+
+
+class RoundStateLostError(KeysetError):
+    """The round's control state is gone from Redis (flushed, evicted, restarted without
+    persistence). The engine never reads missing state as "nothing left to do"."""
+
+
+class RoundNotFoundError(KeysetError):
+    """No round with that id exists for the stream."""
+
+
+class RoundIncompleteError(KeysetError):
+    """``close_round`` found ranges that are not complete or a gap in the coverage."""
+
+    def __init__(self, message: str, lagging: list[dict] | None = None) -> None:
+        super().__init__(message)
+        self.lagging = lagging or []
+
+
+class LeaseLostError(KeysetError):
+    """This worker no longer owns the range (its lease expired and another worker claimed it, or
+    the round was reset). It must stop: anything it would write is refused (fencing)."""
+
+
+class LeaseHeldError(KeysetError):
+    """Another live owner holds the range and did not release it within the wait budget."""
+
+
+class CursorConflictError(KeysetError):
+    """An advance was refused because the cursor is not where this worker expected it, would move
+    backwards, or would pass the range's upper bound. The cursor was not changed."""
+
+
+class CommitOrderTimeoutError(KeysetError):
+    """Transactions that were open when the upper bound was read did not end in time. A key they
+    hold could be below the bound, so the round was not saved."""
+
+
+class DependencyFailedError(KeysetError):
+    """The processor's dependency kept failing for the whole in-task retry budget. The cursor stayed
+    at the last committed chunk; an Airflow retry (or a new ``traverse``) resumes from there."""
+
+
+class RetentionError(KeysetError):
+    """The source no longer retains rows the round still has to read (it was truncated past a
+    range's cursor). The round is unrecoverable; it is never reported complete."""

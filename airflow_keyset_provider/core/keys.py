@@ -1,0 +1,261 @@
+"""Canonical key encoding: exact, JSON-safe, and order-preserving as plain ASCII.
+
+A key is a tuple of column values (a one-column key is a 1-tuple here; the public API unwraps it).
+``encode_key`` turns it into a lowercase hex string such that, for keys of the same column types,
+
+    encode_key(a) < encode_key(b)   <=>   a < b          (plain string comparison)
+    decode_key(encode_key(a)) == a  and has the same type and, for decimals, the same scale
+
+so Redis Lua scripts can refuse a cursor that moves backwards or past ``hi`` with a string
+comparison, and keys travel through XCom and Redis without float or timezone accidents.
+
+The empty string is ``MIN_KEY``: below every key, it stands for "no lower bound".
+
+The byte layout follows FoundationDB's tuple layer: each component is a type code followed by
+an order-preserving body; the bytes are rendered as hex (hex digits sort like the bytes they encode).
+
+=========  ======  ====================================================================
+type       code    body
+=========  ======  ====================================================================
+str        0x02    UTF-8, 0x00 escaped as 0x00 0xFF, terminated by 0x00
+int        0x0b-   sign and length in the code (0x14 is zero), big-endian magnitude,
+           0x1d    negatives one's-complemented; > 8 bytes carry an explicit length byte
+Decimal    0x30-   sign code, order-preserving exponent, digit bytes, terminator,
+           0x32    then the original exponent (scale) as an int component
+datetime   0x33    aware: microseconds since the Unix epoch in UTC, as an int component
+datetime   0x34    naive (``timestamp without time zone``): microseconds since the epoch
+date       0x35    proleptic ordinal, as an int component
+UUID       0x36    the 16 bytes
+=========  ======  ====================================================================
+
+Components of one column always share a type, so codes only need to order within a type.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+MIN_KEY = ""
+
+_STR, _INT_ZERO, _INT_BIG_NEG, _INT_BIG_POS = 0x02, 0x14, 0x0B, 0x1D
+_DEC_NEG, _DEC_ZERO, _DEC_POS = 0x30, 0x31, 0x32
+_TS_AWARE, _TS_NAIVE, _DATE, _UUID = 0x33, 0x34, 0x35, 0x36
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_EPOCH_NAIVE = dt.datetime(1970, 1, 1)
+_US = dt.timedelta(microseconds=1)
+
+SUPPORTED_TYPES = (int, str, Decimal, dt.datetime, dt.date, uuid.UUID)
+
+
+class KeyEncodingError(ValueError):
+    """A value that cannot be part of a key (None, float, bool, NaN, an unknown type)."""
+
+
+def _encode_int(n: int, out: bytearray) -> None:
+    if n == 0:
+        out.append(_INT_ZERO)
+        return
+    magnitude = abs(n)
+    length = (magnitude.bit_length() + 7) // 8
+    if length > 255:
+        raise KeyEncodingError(f"integer key component too large: {length} bytes")
+    body = magnitude.to_bytes(length, "big")
+    if n < 0:
+        body = bytes(0xFF - b for b in body)
+    if length <= 8:
+        out.append(_INT_ZERO + length if n > 0 else _INT_ZERO - length)
+    elif n > 0:
+        out += bytes((_INT_BIG_POS, length))
+    else:
+        out += bytes((_INT_BIG_NEG, 0xFF - length))
+    out += body
+
+
+def _decode_int(b: bytes, i: int) -> tuple[int, int]:
+    code = b[i]
+    i += 1
+    if code == _INT_ZERO:
+        return 0, i
+    if code == _INT_BIG_POS:
+        length, negative = b[i], False
+        i += 1
+    elif code == _INT_BIG_NEG:
+        length, negative = 0xFF - b[i], True
+        i += 1
+    elif _INT_ZERO < code < _INT_BIG_POS:
+        length, negative = code - _INT_ZERO, False
+    elif _INT_BIG_NEG < code < _INT_ZERO:
+        length, negative = _INT_ZERO - code, True
+    else:
+        raise KeyEncodingError(f"not an integer code: {code:#x}")
+    body = b[i : i + length]
+    if len(body) != length:
+        raise KeyEncodingError("truncated integer")
+    if negative:
+        return -int.from_bytes(bytes(0xFF - x for x in body), "big"), i + length
+    return int.from_bytes(body, "big"), i + length
+
+
+def _encode_decimal(d: Decimal, out: bytearray) -> None:
+    if not d.is_finite():
+        raise KeyEncodingError(f"decimal key component must be finite, got {d}")
+    sign, digits, exponent = d.as_tuple()
+    assert isinstance(exponent, int)
+    if not any(digits):
+        out.append(_DEC_ZERO)
+    else:
+        # value = 0.d1d2...dn * 10**point with d1 != 0 and trailing zeros dropped
+        first = next(i for i, x in enumerate(digits) if x)
+        sig = list(digits[first:])
+        while sig[-1] == 0:
+            sig.pop()
+        point = len(digits) - first + exponent
+        ascii_digits = bytes(0x30 + x for x in sig)
+        exp_part = bytearray()
+        if sign:  # larger magnitude sorts lower: complement exponent and digits, end high
+            _encode_int(-point, exp_part)
+            out.append(_DEC_NEG)
+            out += exp_part
+            out += bytes(0xFF - x for x in ascii_digits) + b"\xff"
+        else:
+            _encode_int(point, exp_part)
+            out.append(_DEC_POS)
+            out += exp_part
+            out += ascii_digits + b"\x00"
+    _encode_int(exponent, out)  # the scale, only to round-trip 1.50 as 1.50
+
+
+def _decode_decimal(b: bytes, i: int) -> tuple[Decimal, int]:
+    code = b[i]
+    i += 1
+    if code == _DEC_ZERO:
+        exponent, i = _decode_int(b, i)
+        return Decimal((0, (0,), exponent)), i
+    point, i = _decode_int(b, i)
+    end = b.index(0xFF if code == _DEC_NEG else 0x00, i)
+    raw = b[i:end]
+    negative = code == _DEC_NEG
+    if negative:
+        point, raw = -point, bytes(0xFF - x for x in raw)
+    sig = tuple(x - 0x30 for x in raw)
+    exponent, i = _decode_int(b, end + 1)
+    # the original coefficient is the significant digits followed by the dropped trailing zeros
+    trailing = point - len(sig) - exponent
+    return Decimal((int(negative), sig + (0,) * trailing, exponent)), i
+
+
+def _encode_component(v: Any, out: bytearray) -> None:
+    # bool is an int subclass; a boolean "key" is never unique enough to be one.
+    if isinstance(v, bool) or v is None or isinstance(v, float):
+        raise KeyEncodingError(f"unsupported key value {v!r} ({type(v).__name__}): keys are NOT NULL "
+                               "and exact (int, str, Decimal, datetime, date, UUID)")
+    if isinstance(v, int):
+        _encode_int(v, out)
+    elif isinstance(v, str):
+        out.append(_STR)
+        out += v.encode("utf-8").replace(b"\x00", b"\x00\xff") + b"\x00"
+    elif isinstance(v, Decimal):
+        _encode_decimal(v, out)
+    elif isinstance(v, dt.datetime):
+        if v.tzinfo is None:
+            out.append(_TS_NAIVE)
+            _encode_int((v - _EPOCH_NAIVE) // _US, out)
+        else:
+            out.append(_TS_AWARE)
+            _encode_int((v - _EPOCH) // _US, out)
+    elif isinstance(v, dt.date):
+        out.append(_DATE)
+        _encode_int(v.toordinal(), out)
+    elif isinstance(v, uuid.UUID):
+        out.append(_UUID)
+        out += v.bytes
+    else:
+        raise KeyEncodingError(f"unsupported key value {v!r} of type {type(v).__name__}")
+
+
+def _decode_component(b: bytes, i: int) -> tuple[Any, int]:
+    code = b[i]
+    if code == _STR:
+        out = bytearray()
+        i += 1
+        while True:
+            j = b.index(0, i)
+            out += b[i:j]
+            if j + 1 < len(b) and b[j + 1] == 0xFF:
+                out.append(0)
+                i = j + 2
+            else:
+                return out.decode("utf-8"), j + 1
+    if _INT_BIG_NEG <= code <= _INT_BIG_POS:
+        return _decode_int(b, i)
+    if code in (_DEC_NEG, _DEC_ZERO, _DEC_POS):
+        return _decode_decimal(b, i)
+    if code == _TS_AWARE:
+        us, i = _decode_int(b, i + 1)
+        return _EPOCH + us * _US, i
+    if code == _TS_NAIVE:
+        us, i = _decode_int(b, i + 1)
+        return _EPOCH_NAIVE + us * _US, i
+    if code == _DATE:
+        n, i = _decode_int(b, i + 1)
+        return dt.date.fromordinal(n), i
+    if code == _UUID:
+        return uuid.UUID(bytes=bytes(b[i + 1 : i + 17])), i + 17
+    raise KeyEncodingError(f"unknown type code {code:#x} at byte {i}")
+
+
+def encode_key(values: Sequence[Any]) -> str:
+    """Encode a key tuple as an order-preserving lowercase hex string."""
+    out = bytearray()
+    for v in values:
+        _encode_component(v, out)
+    return out.hex()
+
+
+def decode_key(encoded: str) -> tuple[Any, ...]:
+    """Inverse of ``encode_key``. ``MIN_KEY`` decodes to the empty tuple."""
+    try:
+        b = bytes.fromhex(encoded)
+    except ValueError as exc:
+        raise KeyEncodingError(f"not an encoded key: {encoded!r}") from exc
+    values = []
+    i = 0
+    try:
+        while i < len(b):
+            v, i = _decode_component(b, i)
+            values.append(v)
+    except (IndexError, ValueError) as exc:
+        raise KeyEncodingError(f"corrupt encoded key {encoded!r}: {exc}") from exc
+    return tuple(values)
+
+
+def as_tuple(key: Any, arity: int) -> tuple[Any, ...]:
+    """Normalise a user-facing key (scalar for one column, sequence for several) to a tuple."""
+    if arity == 1:
+        if isinstance(key, (tuple, list)):
+            if len(key) != 1:
+                raise KeyEncodingError(f"key {key!r} has {len(key)} values, the key has 1 column")
+            return tuple(key)
+        return (key,)
+    if not isinstance(key, (tuple, list)) or len(key) != arity:
+        raise KeyEncodingError(f"key {key!r} must be a tuple of {arity} values (one per key column)")
+    return tuple(key)
+
+
+def from_tuple(values: tuple[Any, ...], arity: int) -> Any:
+    """Inverse of ``as_tuple``: a scalar for a one-column key."""
+    return values[0] if arity == 1 else values
+
+
+def display_key(encoded: str, arity: int) -> str:
+    """A human-readable rendering of an encoded key for logs and UI labels."""
+    if encoded == MIN_KEY:
+        return "-inf"
+    values = decode_key(encoded)
+    rendered = [v.isoformat() if isinstance(v, (dt.date, dt.datetime)) else str(v) for v in values]
+    return rendered[0] if arity == 1 else "(" + ", ".join(rendered) + ")"

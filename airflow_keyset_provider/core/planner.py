@@ -1,0 +1,30 @@
+"""Splitting a round ``(start, end]`` into ranges.
+
+Guarantee (``split``): the ranges are half-open ``(lo, hi]``, in order, pairwise disjoint, their
+union is exactly ``(start, end]``, there are at most ``max_ranges`` of them, and every inner
+boundary is one of the given cut keys (real keys read from the source). A round with
+``start == end`` is one empty range. Balance comes from where the cuts are: the source picks them
+as row-count quantiles (statistics or sampling on big tables, exact on small ones).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
+
+
+def split(start: str, end: str, cuts: Iterable[str], max_ranges: int) -> list[tuple[str, str]]:
+    """Ranges covering ``(start, end]`` exactly, cut at (a subset of) ``cuts``."""
+    if max_ranges < 1:
+        raise ValueError("max_ranges must be >= 1")
+    if end < start:
+        raise ValueError("end < start")
+    inner = sorted({c for c in cuts if start < c < end})
+    if len(inner) > max_ranges - 1:
+        # keep max_ranges - 1 cuts spread evenly over the candidates
+        step = len(inner) / max_ranges
+        inner = sorted({inner[int(step * i)] for i in range(1, max_ranges)})
+    points = [start, *inner, end]
+    return list(itertools.pairwise(points))

@@ -1,0 +1,772 @@
+"""Batch write-back for processors: one round trip per batch, an outcome per key.
+
+A processor gets a chunk of up to thousands of keys and usually writes something back for each
+of them. One UPDATE per row costs a round trip per row (3.3k rows/s measured here); the helpers
+below write a whole batch with one statement and still say, key by key, what happened:
+
+- ``applied``: the statement wrote this key's row (updated it, or inserted it);
+- ``not_applied``: the statement ran and left the row alone: the row does not exist, its guard
+  (``expected``) did not match because another writer got there first, or the upsert found the
+  row already as wanted. Re-running the write for such a key would change nothing;
+- ``failed``: writing this key raised a database error of its own (CHECK, foreign key, NOT NULL,
+  value too long, a trigger's RAISE). Other keys of the batch are not held back by it.
+
+``WriteOutcome.to_chunk_result()`` turns that into the processor's ``ChunkResult``: failed keys are
+retried later by the engine, not-applied keys count as skipped.
+
+Transactions: ``conn`` is a SQLAlchemy ``Connection`` whose transaction the caller owns. Every
+write of a call happens inside it, so the caller's rollback undoes all of them and the caller's
+commit makes them durable; the helpers never commit. Given an ``Engine`` instead, a call runs in a
+transaction of its own that commits when the call returns. A ``failed`` key leaves no trace, and
+an applied key's row got all of its new values: a row is never half written. An error that is not
+about a row's data (lost connection, deadlock, lock timeout, a missing column) is raised, not
+reported per key; on PostgreSQL the caller's transaction can still be used afterwards.
+
+Tables are ``sqlalchemy.Table`` objects or names (``"name"`` or ``"schema.name"``), reflected once
+per engine and name. Identifiers are quoted by SQLAlchemy and every value is a bound parameter.
+Supported databases: PostgreSQL (psycopg2, psycopg 3) and SQLite >= 3.35 (``RETURNING``).
+
+Example, in a processor::
+
+    def cancel_expired(chunk: Chunk) -> ChunkResult:
+        with engine.begin() as conn:
+            outcome = guarded_update(conn, "orders", "id", chunk.keys,
+                                     values={"status": "CANCELLED"},
+                                     expected={"status": "PENDING"})
+        return outcome.to_chunk_result()   # orders paid meanwhile are skipped, not overwritten
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.sql.elements import ColumnElement
+
+from airflow_keyset_provider.core.chunk import ChunkResult
+from airflow_keyset_provider.core.errors import ConfigurationError, KeyValidationError
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "WriteOutcome",
+    "claim_skip_locked",
+    "clear_table_cache",
+    "guarded_update",
+    "update_rows",
+    "upsert",
+]
+
+Key = Any  # a scalar for a one-column key, a tuple for a composite key
+Bind = Connection | Engine
+TableRef = sa.Table | str
+Guard = Mapping[str, Any] | ColumnElement[bool] | None
+
+#: Most rows (keys) one statement writes. Larger inputs are split; the bound-parameter limit of
+#: the driver may split further.
+DEFAULT_BATCH_SIZE = 5_000
+
+# PostgreSQL's wire protocol counts bind parameters in an int16 (psycopg 3 binds server-side;
+# psycopg2 interpolates client-side and has no limit, the same cap keeps statements sane).
+_POSTGRES_MAX_PARAMS = 65_535
+# SQLITE_MAX_VARIABLE_NUMBER defaults to 32766 since SQLite 3.32; used when the driver cannot
+# tell the compiled-in value.
+_SQLITE_MAX_PARAMS = 32_766
+_SQLITE_MIN_VERSION = (3, 35)  # RETURNING
+
+# Errors about the data of a row: retried row by row, reported per key. Anything else (connection
+# lost, deadlock, lock timeout, a bad column name) is not a row's fault and is raised.
+_ROW_ERRORS = (sa.exc.IntegrityError, sa.exc.DataError, sa.exc.InternalError)
+
+
+@dataclass(frozen=True)
+class WriteOutcome:
+    """What one write-back call did, key by key. Every input key is in exactly one field.
+
+    - ``applied``: keys whose row the statement changed or inserted, in input order.
+    - ``not_applied``: keys whose row it did not touch: the row is missing, the guard did not
+      match (another writer changed it first), or the upsert found it already as wanted. The
+      write is not retried: running it again would not touch these rows either.
+    - ``failed``: ``{key: first line of the database error}`` for keys whose own row made the
+      write fail. Nothing was written for them; the other keys are unaffected.
+    """
+
+    applied: list = field(default_factory=list)
+    not_applied: list = field(default_factory=list)
+    failed: dict = field(default_factory=dict)
+
+    def to_chunk_result(self) -> ChunkResult:
+        """``failed`` -> ``ChunkResult.failed`` (retried), ``not_applied`` -> ``skipped``."""
+        return ChunkResult(failed=dict(self.failed), skipped=list(self.not_applied))
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def guarded_update(
+    conn: Bind,
+    table: TableRef,
+    key: str | Sequence[str],
+    keys: Iterable[Key],
+    values: Mapping[str, Any],
+    expected: Guard = None,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    isolate_failures: bool = True,
+) -> WriteOutcome:
+    """Set the same ``values`` on the rows of ``keys`` whose columns still equal ``expected``.
+
+    The guard is what makes a batch safe against concurrent writers: a row that another process
+    moved on (``expected={"status": "PENDING"}`` no longer true) keeps its state and its key is
+    ``not_applied``, as is a key with no row. The check and the write are one atomic step per
+    row, so two callers racing for the same row never both get it ``applied``. With a guard that
+    the new values no longer satisfy, the call is idempotent: a second run applies nothing.
+
+    ``values`` maps column names to Python values or SQL expressions (``sa.func.now()``);
+    ``expected`` maps column names to values (``None`` means IS NULL), or is any boolean
+    SQLAlchemy expression on the table, or ``None`` for no guard. ``keys`` are scalars for a
+    one-column ``key`` and tuples for a composite one; duplicates are written once.
+    """
+    _check_batch_size(batch_size)
+    if not values:
+        raise ConfigurationError("guarded_update needs at least one column in `values`.")
+    with _connection(conn) as c:
+        target = _Target.resolve(c, table, key)
+        target.check_columns(values, "values")
+        guard = target.guard(expected)
+        wanted = target.normalize_keys(keys)
+        key_in = target.key_in_factory(c)
+        stmt_base = sa.update(target.table).values(dict(values)).returning(*target.key_cols)
+        if guard is not None:
+            stmt_base = stmt_base.where(guard)
+
+        def build(batch: list[Key]) -> sa.Update:
+            return stmt_base.where(key_in(batch))
+
+        # a one-column key on PostgreSQL travels as one array parameter
+        per_key = 0 if key_in.uses_array else len(target.key_cols)
+        fixed = len(values) + _guard_params(expected)
+        writer = _BatchWriter(c, target, isolate_failures)
+        for batch in _batches(wanted, batch_size, _max_params(c), per_key, fixed):
+            writer.write(batch, build, key_of=lambda k: k)
+        return writer.outcome(wanted)
+
+
+def update_rows(
+    conn: Bind,
+    table: TableRef,
+    key: str | Sequence[str],
+    rows: Sequence[Mapping[str, Any]],
+    expected: Guard = None,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    isolate_failures: bool = True,
+) -> WriteOutcome:
+    """Write a different set of values to each row: ``rows`` are ``{key columns..., column: value}``.
+
+    Each mapping names the row by its key column(s); its other entries are the new values of that
+    row (rows may set different columns; a column a row does not name is left as it is). A key
+    whose row is missing, or does not match ``expected`` (see :func:`guarded_update`), is
+    ``not_applied``. Each row is written whole or not at all. ``applied`` means the row matched
+    and was written, even if it already held those values. A key must not appear twice.
+    """
+    _check_batch_size(batch_size)
+    with _connection(conn) as c:
+        target = _Target.resolve(c, table, key)
+        guard = target.guard(expected)
+        items = [_as_mapping(r) for r in rows]
+        keyed = target.key_rows(items, "update_rows")
+        writer = _BatchWriter(c, target, isolate_failures)
+        postgres = c.dialect.name == "postgresql"
+        fixed = _guard_params(expected)
+        nkey = len(target.key_cols)
+        for columns, group in _group_by_columns(items):
+            value_cols = [name for name in columns if name not in target.key_names]
+            if not value_cols:
+                raise ConfigurationError(
+                    f"update_rows got rows with only key columns {list(columns)}: nothing to set. "
+                    "Add the columns to write to each row mapping."
+                )
+            target.check_columns(value_cols, "rows")
+            if postgres:
+                build = _update_from_values(target, value_cols, guard)
+                per_row = nkey + len(value_cols)
+            else:
+                build = _update_case_when(c, target, value_cols, guard)
+                # the key is bound in every CASE and once more in the IN list
+                per_row = len(value_cols) * (nkey + 1) + nkey
+            for batch in _batches(group, batch_size, _max_params(c), per_row, fixed):
+                writer.write(batch, build, key_of=target.key_of_row)
+        return writer.outcome([k for k, _ in keyed])
+
+
+def upsert(
+    conn: Bind,
+    table: TableRef,
+    rows: Sequence[Mapping[str, Any]],
+    conflict: str | Sequence[str],
+    update: Sequence[str] | None = None,
+    *,
+    key: str | Sequence[str] | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    isolate_failures: bool = True,
+) -> WriteOutcome:
+    """Insert ``rows``; a row whose ``conflict`` columns already exist is left alone or updated.
+
+    ``conflict`` names the columns of a unique index or constraint. With ``update=None`` (or
+    empty) an existing row is kept as it is; otherwise its ``update`` columns take the new values.
+    ``applied`` keys were inserted, or updated to different values; ``not_applied`` keys already
+    existed and either are kept (``update=None``) or already held exactly these values. So the
+    call is idempotent: running it again with the same rows applies nothing.
+
+    Outcomes are keyed by the ``conflict`` columns (scalar for one column, tuple for several),
+    or by ``key`` if given (columns present in every row that identify it, e.g. the source key).
+    A key must not appear twice. A row conflicting on a *different* unique constraint fails
+    (``failed``) with the database's message.
+    """
+    _check_batch_size(batch_size)
+    conflict_cols = _column_names(conflict, "conflict")
+    update_cols = list(update or ())
+    with _connection(conn) as c:
+        target = _Target.resolve(c, table, key if key is not None else conflict_cols)
+        target.check_columns(conflict_cols, "conflict")
+        target.check_columns(update_cols, "update")
+        items = [_as_mapping(r) for r in rows]
+        keyed = target.key_rows(items, "upsert")
+        writer = _BatchWriter(c, target, isolate_failures)
+        fixed = 0
+        for columns, group in _group_by_columns(items):
+            target.check_columns(columns, "rows")
+            missing = [n for n in (*conflict_cols, *update_cols) if n not in columns]
+            if missing:
+                raise ConfigurationError(
+                    f"upsert rows lack the columns {missing} named in `conflict`/`update`; every "
+                    "row must carry the conflict columns and the columns to update."
+                )
+            build = _insert_on_conflict(c, target, list(columns), conflict_cols, update_cols)
+            for batch in _batches(group, batch_size, _max_params(c), len(columns), fixed):
+                writer.write(batch, build, key_of=target.key_of_row)
+        return writer.outcome([k for k, _ in keyed])
+
+
+def claim_skip_locked(
+    conn: Connection,
+    table: TableRef,
+    key: str | Sequence[str],
+    where: Guard,
+    limit: int,
+    columns: Sequence[str] | None = None,
+) -> list[Row]:
+    """Lock and return up to ``limit`` rows matching ``where``, lowest keys first, skipping rows
+    that another transaction holds.
+
+    On PostgreSQL the rows stay locked until the caller's transaction ends, so concurrent workers
+    calling this get disjoint rows and never wait for each other; mark them (e.g. with
+    :func:`guarded_update`) in the same transaction. Under REPEATABLE READ or SERIALIZABLE a row
+    changed since the snapshot raises a serialization error; use READ COMMITTED.
+
+    On SQLite, which has one writer at a time, this is a plain ordered ``SELECT``: the exclusion
+    comes from the database lock that the caller's first write takes, not from this call.
+
+    ``where`` is ``{column: value}`` (equality, ``None`` = IS NULL), a boolean SQLAlchemy
+    expression on the table, or ``None``. ``columns`` are the columns to return (default: all).
+    """
+    if isinstance(conn, Engine):
+        raise ConfigurationError(
+            "claim_skip_locked needs a Connection with an open transaction, not an Engine: the "
+            "claimed rows stay locked only until that transaction ends. Use "
+            "`with engine.begin() as conn:` and do the claim and the writes inside it."
+        )
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ConfigurationError(f"limit must be a positive int, got {limit!r}.")
+    target = _Target.resolve(conn, table, key)
+    if columns is None:
+        stmt = sa.select(target.table)
+    else:
+        target.check_columns(columns, "columns")
+        stmt = sa.select(*(target.table.c[name] for name in columns))
+    guard = target.guard(where)
+    if guard is not None:
+        stmt = stmt.where(guard)
+    stmt = stmt.order_by(*target.key_cols).limit(limit)
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    return list(conn.execute(stmt).all())
+
+
+def clear_table_cache() -> None:
+    """Forget reflected tables (after a migration changed a table that was passed by name)."""
+    with _CACHE_LOCK:
+        _TABLE_CACHE.clear()
+
+
+# --------------------------------------------------------------------------- connection, tables
+
+_TABLE_CACHE: weakref.WeakKeyDictionary[Engine, dict[tuple[str | None, str], sa.Table]] = (
+    weakref.WeakKeyDictionary()
+)
+_CACHE_LOCK = threading.Lock()
+
+
+@contextmanager
+def _connection(bind: Bind) -> Iterator[Connection]:
+    if isinstance(bind, Engine):
+        with bind.begin() as conn:
+            yield conn
+    elif isinstance(bind, Connection):
+        yield bind
+    else:
+        raise ConfigurationError(
+            f"expected a SQLAlchemy Connection or Engine, got {type(bind).__name__}."
+        )
+
+
+def _check_dialect(conn: Connection) -> None:
+    name = conn.dialect.name
+    if name == "postgresql":
+        return
+    if name == "sqlite":
+        version = conn.dialect.server_version_info or ()
+        if tuple(version[:2]) < _SQLITE_MIN_VERSION:
+            raise ConfigurationError(
+                f"SQLite {'.'.join(map(str, version))} lacks RETURNING, which the write-back "
+                "helpers need to report per-key outcomes; use SQLite >= 3.35."
+            )
+        return
+    raise ConfigurationError(f"write-back helpers support PostgreSQL and SQLite, not {name!r}.")
+
+
+def _reflect(conn: Connection, ref: TableRef) -> sa.Table:
+    if isinstance(ref, sa.Table):
+        return ref
+    if not isinstance(ref, str) or not ref:
+        raise ConfigurationError(f"table must be a sqlalchemy.Table or a name, got {ref!r}.")
+    schema, dot, name = ref.partition(".")
+    cache_key = (schema, name) if dot else (None, ref)
+    engine = conn.engine
+    with _CACHE_LOCK:
+        found = _TABLE_CACHE.get(engine, {}).get(cache_key)
+    if found is not None:
+        return found
+    try:
+        reflected = sa.Table(cache_key[1], sa.MetaData(), schema=cache_key[0], autoload_with=conn)
+    except sa.exc.NoSuchTableError:
+        raise KeyValidationError(
+            f"table {ref!r} not found (names are case-sensitive; the part before the first dot "
+            "is the schema). Pass a sqlalchemy.Table for names that contain a dot."
+        ) from None
+    with _CACHE_LOCK:
+        _TABLE_CACHE.setdefault(engine, {})[cache_key] = reflected
+    return reflected
+
+
+def _max_params(conn: Connection) -> int:
+    if conn.dialect.name == "postgresql":
+        return _POSTGRES_MAX_PARAMS
+    try:  # Python >= 3.11 reads the limit the library was compiled with
+        import sqlite3
+
+        dbapi_conn = conn.connection.dbapi_connection
+        return int(dbapi_conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))  # type: ignore[union-attr]
+    except (AttributeError, ImportError, TypeError):
+        return _SQLITE_MAX_PARAMS
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def _column_names(spec: str | Sequence[str], what: str) -> tuple[str, ...]:
+    names = (spec,) if isinstance(spec, str) else tuple(spec)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ConfigurationError(
+            f"{what} must be a column name or a sequence of them, got {spec!r}."
+        )
+    if len(set(names)) != len(names):
+        raise ConfigurationError(f"{what} names a column twice: {list(names)}.")
+    return names
+
+
+class _Target:
+    """A table plus the key that names its rows in outcomes."""
+
+    def __init__(self, table: sa.Table, key_names: tuple[str, ...]) -> None:
+        self.table = table
+        self.key_names = key_names
+        self.key_cols = tuple(table.c[n] for n in key_names)
+        self.composite = len(key_names) > 1
+
+    @classmethod
+    def resolve(cls, conn: Connection, table: TableRef, key: str | Sequence[str]) -> _Target:
+        _check_dialect(conn)
+        resolved = _reflect(conn, table)
+        names = _column_names(key, "key")
+        missing = [n for n in names if n not in resolved.c]
+        if missing:
+            raise KeyValidationError(
+                f"key column(s) {missing} not in table {resolved.fullname!r}; its columns are "
+                f"{list(resolved.c.keys())} (names are case-sensitive)."
+            )
+        return cls(resolved, names)
+
+    def check_columns(self, names: Iterable[str], what: str) -> None:
+        unknown = [n for n in names if n not in self.table.c]
+        if unknown:
+            raise ConfigurationError(
+                f"{what} names column(s) {unknown} that table {self.table.fullname!r} does not "
+                f"have; its columns are {list(self.table.c.keys())} (names are case-sensitive)."
+            )
+
+    def normalize_keys(self, keys: Iterable[Key]) -> list[Key]:
+        """Caller's keys, duplicates dropped, composite keys as tuples of the right width."""
+        seen: dict[Key, None] = {}
+        width = len(self.key_names)
+        for k in keys:
+            if self.composite:
+                if isinstance(k, str | bytes) or not isinstance(k, Sequence) or len(k) != width:
+                    raise ConfigurationError(
+                        f"key {list(self.key_names)} has {width} columns, so each key must be a "
+                        f"tuple of {width} values; got {k!r}."
+                    )
+                k = tuple(k)
+            seen.setdefault(k, None)
+        return list(seen)
+
+    def key_of_row(self, row: Mapping[str, Any]) -> Key:
+        if self.composite:
+            return tuple(row[n] for n in self.key_names)
+        return row[self.key_names[0]]
+
+    def key_rows(self, rows: list[Mapping[str, Any]], what: str) -> list[tuple[Key, Mapping]]:
+        keyed = []
+        seen: set = set()
+        for row in rows:
+            missing = [n for n in self.key_names if n not in row]
+            if missing:
+                raise ConfigurationError(
+                    f"{what}: a row lacks the key column(s) {missing}: {dict(row)!r}."
+                )
+            k = self.key_of_row(row)
+            if k in seen:
+                raise ConfigurationError(
+                    f"{what}: key {k!r} appears twice; a batch can write each row only once. "
+                    "Merge the rows first."
+                )
+            seen.add(k)
+            keyed.append((k, row))
+        return keyed
+
+    def key_from_result(self, row: Row) -> Key:
+        n = len(self.key_names)
+        return tuple(row[:n]) if self.composite else row[0]
+
+    def guard(self, expected: Guard) -> ColumnElement[bool] | None:
+        if expected is None:
+            return None
+        if isinstance(expected, ColumnElement):
+            return expected
+        if not isinstance(expected, Mapping):
+            raise ConfigurationError(
+                f"a guard must be a {{column: value}} mapping or a SQLAlchemy expression, "
+                f"got {type(expected).__name__}."
+            )
+        if not expected:
+            return None
+        self.check_columns(expected, "expected")
+        # `column == None` renders IS NULL
+        return sa.and_(*(self.table.c[name] == value for name, value in expected.items()))
+
+    def key_in_factory(self, conn: Connection) -> _KeyIn:
+        return _KeyIn(self, array=conn.dialect.name == "postgresql" and not self.composite)
+
+
+class _KeyIn:
+    """Builds ``key IN (batch)``: ``key = ANY(:array)`` for a one-column key on PostgreSQL (one
+    parameter, one plan for every batch size), row-value or plain ``IN`` otherwise."""
+
+    def __init__(self, target: _Target, array: bool) -> None:
+        self.target = target
+        self.uses_array = array
+        if array:
+            col = target.key_cols[0]
+            self._array_type = postgresql.ARRAY(_unbounded(col.type))
+
+    def __call__(self, batch: list[Key]) -> ColumnElement[bool]:
+        cols = self.target.key_cols
+        if self.uses_array:
+            param = sa.bindparam("keys", list(batch), type_=self._array_type, unique=True)
+            return cols[0] == sa.any_(_cast(param, self._array_type))
+        if self.target.composite:
+            return sa.tuple_(*cols).in_(batch)
+        return cols[0].in_(batch)
+
+
+class _KeyIndex:
+    """Maps key values read back from the database to the caller's own key values, so outcomes
+    list the caller's objects (the driver may return e.g. a UUID where a str was passed)."""
+
+    _MISSING = object()
+
+    def __init__(self, keys: Iterable[Key]) -> None:
+        self._exact = {k: k for k in keys}
+        self._loose: dict[Any, Key] | None = None
+
+    def lookup(self, value: Key) -> Key:
+        found = self._exact.get(value, self._MISSING)
+        if found is not self._MISSING:
+            return found
+        if self._loose is None:
+            self._loose = {_loose(k): k for k in self._exact}
+        return self._loose.get(_loose(value), value)
+
+
+def _loose(k: Key) -> Any:
+    if isinstance(k, tuple):
+        return tuple(_loose_part(p) for p in k)
+    return _loose_part(k)
+
+
+def _loose_part(v: Any) -> Any:
+    return v if isinstance(v, str) else str(v)
+
+
+# --------------------------------------------------------------------------- statements
+
+
+def _unbounded(type_: sa.types.TypeEngine) -> sa.types.TypeEngine:
+    """The type without length/precision, for CASTs: ``CAST(x AS VARCHAR(3))`` would silently
+    truncate a value that the column must reject, and a truncated key could match another row."""
+    if isinstance(type_, sa.Enum):
+        return type_
+    if isinstance(type_, sa.String):
+        return sa.Text()
+    if isinstance(type_, sa.Numeric) and not isinstance(type_, sa.Float):
+        return sa.Numeric(asdecimal=type_.asdecimal)
+    if isinstance(type_, sa.DateTime):
+        return sa.DateTime(timezone=type_.timezone)
+    if isinstance(type_, sa.Time):
+        return sa.Time(timezone=type_.timezone)
+    return type_
+
+
+def _cast(expr: Any, type_: sa.types.TypeEngine) -> Any:
+    if isinstance(type_, sa.types.NullType):  # unknown to SQLAlchemy: let the database decide
+        return expr
+    return sa.cast(expr, type_)
+
+
+def _update_from_values(
+    target: _Target, value_cols: list[str], guard: ColumnElement[bool] | None
+) -> Callable[[list[Mapping[str, Any]]], sa.Update]:
+    """PostgreSQL: ``UPDATE t SET c = v.c FROM (VALUES ...) AS v(k, c) WHERE t.k = v.k``."""
+    table = target.table
+    names = [*target.key_names, *value_cols]
+    types = {n: _unbounded(table.c[n].type) for n in names}
+    alias = "keyset_rows" if table.name != "keyset_rows" else "keyset_rows_v"
+
+    def build(batch: list[Mapping[str, Any]]) -> sa.Update:
+        v = sa.values(*(sa.column(n, types[n]) for n in names), name=alias).data(
+            [tuple(row[n] for n in names) for row in batch]
+        )
+        # psycopg2 sends untyped literals: the VALUES columns may come out as text, so cast
+        # them to the target's type (without length, see _unbounded) before comparing/assigning.
+        stmt = (
+            sa.update(table)
+            .values({table.c[n]: _cast(v.c[n], types[n]) for n in value_cols})
+            .where(*(table.c[n] == _cast(v.c[n], types[n]) for n in target.key_names))
+            .returning(*target.key_cols)
+        )
+        return stmt.where(guard) if guard is not None else stmt
+
+    return build
+
+
+def _update_case_when(
+    conn: Connection,
+    target: _Target,
+    value_cols: list[str],
+    guard: ColumnElement[bool] | None,
+) -> Callable[[list[Mapping[str, Any]]], sa.Update]:
+    """SQLite: ``UPDATE t SET c = CASE k WHEN :k1 THEN :c1 ... ELSE c END WHERE k IN (...)``."""
+    table = target.table
+    key_in = target.key_in_factory(conn)
+    key_cols = target.key_cols
+
+    def when(row: Mapping[str, Any]) -> ColumnElement[bool]:
+        return sa.and_(*(col == sa.literal(row[col.key], col.type) for col in key_cols))
+
+    def build(batch: list[Mapping[str, Any]]) -> sa.Update:
+        sets = {}
+        for name in value_cols:
+            col = table.c[name]
+            if target.composite:
+                case = sa.case(
+                    *((when(row), sa.literal(row[name], col.type)) for row in batch), else_=col
+                )
+            else:
+                kcol = key_cols[0]
+                case = sa.case(
+                    {
+                        sa.literal(row[kcol.key], kcol.type): sa.literal(row[name], col.type)
+                        for row in batch
+                    },
+                    value=kcol,
+                    else_=col,
+                )
+            sets[col] = case
+        stmt = (
+            sa.update(table)
+            .values(sets)
+            .where(key_in([target.key_of_row(row) for row in batch]))
+            .returning(*key_cols)
+        )
+        return stmt.where(guard) if guard is not None else stmt
+
+    return build
+
+
+def _insert_on_conflict(
+    conn: Connection,
+    target: _Target,
+    columns: list[str],
+    conflict_cols: tuple[str, ...],
+    update_cols: list[str],
+) -> Callable[[list[Mapping[str, Any]]], Any]:
+    table = target.table
+    postgres = conn.dialect.name == "postgresql"
+    insert = postgresql.insert if postgres else sqlite_dialect.insert
+
+    def differs(name: str, excluded: Any) -> ColumnElement[bool]:
+        col, new = table.c[name], excluded[name]
+        if (
+            postgres
+            and isinstance(col.type, sa.JSON)
+            and not isinstance(col.type, postgresql.JSONB)
+        ):
+            # PostgreSQL `json` has no equality operator; compare the text
+            return sa.cast(col, sa.Text).is_distinct_from(sa.cast(new, sa.Text))
+        return col.is_distinct_from(new)
+
+    def build(batch: list[Mapping[str, Any]]) -> Any:
+        stmt = insert(table).values([{n: row[n] for n in columns} for row in batch])
+        if update_cols:
+            # only rows whose values really change count (and are written): a re-run is a no-op
+            stmt = stmt.on_conflict_do_update(
+                index_elements=list(conflict_cols),
+                set_={n: stmt.excluded[n] for n in update_cols},
+                where=sa.or_(*(differs(n, stmt.excluded) for n in update_cols)),
+            )
+        else:
+            stmt = stmt.on_conflict_do_nothing(index_elements=list(conflict_cols))
+        return stmt.returning(*target.key_cols)
+
+    return build
+
+
+def _guard_params(expected: Guard) -> int:
+    return len(expected) if isinstance(expected, Mapping) else 0
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ConfigurationError(f"batch_size must be a positive int, got {batch_size!r}.")
+
+
+def _as_mapping(row: Any) -> Mapping[str, Any]:
+    mapping = getattr(row, "_mapping", row)  # accept SQLAlchemy Row objects too
+    if not isinstance(mapping, Mapping):
+        raise ConfigurationError(f"rows must be mappings of column name to value, got {row!r}.")
+    return mapping
+
+
+def _group_by_columns(
+    rows: list[Mapping[str, Any]],
+) -> list[tuple[tuple[str, ...], list[Mapping[str, Any]]]]:
+    """Rows that set the same columns go in one statement (first-seen order kept)."""
+    groups: dict[frozenset[str], tuple[tuple[str, ...], list[Mapping[str, Any]]]] = {}
+    for row in rows:
+        group = groups.get(frozenset(row))
+        if group is None:
+            group = groups[frozenset(row)] = (tuple(row), [])
+        group[1].append(row)
+    return list(groups.values())
+
+
+def _batches(
+    items: list, batch_size: int, max_params: int, per_item: int, fixed: int
+) -> Iterator[list]:
+    size = batch_size
+    if per_item:
+        size = min(size, max(1, (max_params - fixed) // per_item))
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class _BatchWriter:
+    """Runs batch statements and collects per-key outcomes.
+
+    A batch that fails on a row's data is retried row by row, so only the guilty rows end up in
+    ``failed``. On PostgreSQL an error aborts the whole transaction, so every attempt runs in a
+    SAVEPOINT that is rolled back on error. SQLite undoes just the failing statement and keeps
+    the transaction, so no savepoint is needed there, and none is used: pysqlite starts its
+    transaction lazily, and a savepoint taken before it would become the outer transaction, its
+    RELEASE committing the caller's work.
+    """
+
+    def __init__(self, conn: Connection, target: _Target, isolate: bool) -> None:
+        self.conn = conn
+        self.target = target
+        self.isolate = isolate
+        self.savepoints = isolate and conn.dialect.name != "sqlite"
+        self.written: list[Key] = []  # keys as read back from the database
+        self.failed: dict[Key, str] = {}
+
+    def write(
+        self, batch: list, build: Callable[[list], Any], key_of: Callable[[Any], Key]
+    ) -> None:
+        try:
+            self.written.extend(self._execute(build(batch)))
+            return
+        except _ROW_ERRORS as exc:
+            if not self.isolate:
+                raise
+            if len(batch) == 1:
+                self.failed[key_of(batch[0])] = _first_line(exc)
+                return
+        for item in batch:
+            try:
+                self.written.extend(self._execute(build([item])))
+            except _ROW_ERRORS as exc:
+                self.failed[key_of(item)] = _first_line(exc)
+
+    def _execute(self, stmt: Any) -> list[Key]:
+        if self.savepoints:
+            with self.conn.begin_nested():
+                rows = self.conn.execute(stmt).all()
+        else:
+            rows = self.conn.execute(stmt).all()
+        return [self.target.key_from_result(r) for r in rows]
+
+    def outcome(self, keys: list[Key]) -> WriteOutcome:
+        index = _KeyIndex(keys)
+        written = {index.lookup(k): None for k in self.written}
+        applied = [k for k in keys if k in written and k not in self.failed]
+        not_applied = [k for k in keys if k not in written and k not in self.failed]
+        known = set(keys)
+        applied.extend(k for k in written if k not in known)  # not matched back (defensive)
+        failed = {k: self.failed[k] for k in keys if k in self.failed}
+        return WriteOutcome(applied=applied, not_applied=not_applied, failed=failed)
+
+
+def _first_line(exc: sa.exc.DBAPIError) -> str:
+    text = str(exc.orig if exc.orig is not None else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,1 @@
+"""Airflow adapters; see the package docstring."""
