@@ -1,6 +1,7 @@
 """The traversal engine. Imports nothing from Airflow: usable from any orchestrator or script."""
 
 from .chunk import Chunk, ChunkResult
+from .control import RoundCheck, StreamControl
 from .errors import (
     CommitOrderTimeoutError,
     ConfigurationError,
@@ -39,11 +40,13 @@ __all__ = [
     "RetentionError",
     "RetryableError",
     "Round",
+    "RoundCheck",
     "RoundIncompleteError",
     "RoundNotFoundError",
     "RoundStateLostError",
     "RoundTotals",
     "StoreUnavailableError",
+    "StreamControl",
     "UnsupportedKeyTypeError",
     "load_processor",
 ]

@@ -563,6 +563,23 @@ class CursorStore:
             raise RoundStateLostError(f"round {round_id} of stream {self.stream!r} lost state in Redis")
         return status, [_s(x) for x in res[1:]]
 
+    def delete_round(self, round_id: str) -> int:
+        """Remove one round's keys and its index entries; never touches the watermark."""
+        info = self.round_info(round_id)
+        n = int(info["n_ranges"])
+        keys = [self.round_key(round_id)]
+        for i in range(n):
+            keys += [self.range_key(round_id, i), self.retry_key(round_id, i), self.dead_key(round_id, i)]
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(*keys)
+        pipe.srem(f"{self.base}:open", round_id)
+        if info.get("round_key"):
+            pipe.hdel(f"{self.base}:by_key", info["round_key"])
+        out = pipe.execute()
+        if self.lookup(None, chained=True) == round_id:
+            self.client.delete(f"{self.base}:chained")
+        return int(out[0])
+
     def delete_stream(self) -> int:
         """Remove every key of this stream (tests, ``reset``). Returns the number of keys removed."""
         n = 0

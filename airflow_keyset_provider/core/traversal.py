@@ -35,6 +35,7 @@ from typing import Any
 import redis
 
 from .chunk import Chunk, ChunkResult
+from .control import RangeSpec, Round, RoundTotals, StreamControl, _decode
 from .errors import (
     ConfigurationError,
     DependencyFailedError,
@@ -43,16 +44,13 @@ from .errors import (
     LeaseLostError,
     ProcessorContractError,
     RetryableError,
-    RoundIncompleteError,
 )
 from .keys import (
     MIN_KEY,
     KeyEncodingError,
     as_tuple,
-    decode_key,
     display_key,
     encode_key,
-    from_tuple,
 )
 from .planner import MAX_MAP_LENGTH, split
 from .source import SqlSource
@@ -61,29 +59,6 @@ from .store import Claim, CursorStore
 log = logging.getLogger("airflow_keyset_provider")
 
 Processor = Callable[[Chunk], "ChunkResult | None"]
-
-
-@dataclass(frozen=True)
-class RangeSpec:
-    range_id: int
-    lo: Any  # None stands for "no lower bound" (-inf)
-    hi: Any
-    lo_encoded: str
-    hi_encoded: str
-    label: str
-
-
-@dataclass(frozen=True)
-class Round:
-    round_id: str
-    stream: str
-    start_key: Any
-    end_key: Any
-    ranges: list[RangeSpec]
-    start_encoded: str
-    end_encoded: str
-    state: str
-    created: bool = False  # True when this plan call created the round
 
 
 @dataclass(frozen=True)
@@ -107,32 +82,6 @@ class RangeResult:
         return {"round_id": self.round_id, "range_id": self.range_id, "done": self.done,
                 "skipped": self.skipped, "dead": self.dead, "complete": self.complete,
                 "rows_read": self.rows_read, "chunks": self.chunks, "seconds": round(self.seconds, 3)}
-
-
-@dataclass(frozen=True)
-class RoundTotals:
-    round_id: str
-    start_key: Any
-    end_key: Any
-    done: int
-    skipped: int
-    dead: int
-    watermark: Any = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"round_id": self.round_id, "start_key": _jsonable(self.start_key),
-                "end_key": _jsonable(self.end_key), "done": self.done, "skipped": self.skipped,
-                "dead": self.dead}
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, tuple):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (dt.date, dt.datetime)):
-        return v.isoformat()
-    if isinstance(v, (Decimal, uuid.UUID)):
-        return str(v)
-    return v
 
 
 def _check_positive(name: str, value: Any, *, allow_zero: bool = False) -> None:
@@ -208,6 +157,7 @@ class KeysetTraversal:
         self.source = SqlSource(source_url, table, key, where=where, columns=columns,
                                 settle_seconds=settle_seconds, commit_wait_timeout=commit_wait_timeout)
         self.store = CursorStore(redis_client, stream, prefix=key_prefix)
+        self.control = StreamControl(self.store)
         self.stream = stream
         self.arity = self.source.arity
         self._stop = threading.Event()
@@ -224,7 +174,7 @@ class KeysetTraversal:
 
     def decode(self, encoded: str) -> Any:
         """Encoded key -> user value (scalar or tuple); ``None`` for the open lower bound."""
-        return None if encoded == MIN_KEY else from_tuple(decode_key(encoded), self.arity)
+        return _decode(encoded, self.arity)
 
     # ---- planning ----------------------------------------------------------------------------
     def plan(
@@ -285,27 +235,14 @@ class KeysetTraversal:
         return Round(**{**rnd.__dict__, "created": created})
 
     def round(self, round_id: str) -> Round:
-        info = self.store.round_info(round_id)
-        ranges = self.store.ranges(round_id, int(info["n_ranges"]))
-        specs = [
-            RangeSpec(
-                range_id=int(r["range_id"]), lo=self.decode(r["lo"]), hi=self.decode(r["hi"]),
-                lo_encoded=r["lo"], hi_encoded=r["hi"],
-                label=f"range {r['range_id']} ({display_key(r['lo'], self.arity)}, {display_key(r['hi'], self.arity)}]",
-            )
-            for r in ranges
-        ]
-        return Round(round_id, self.stream, self.decode(info["start"]), self.decode(info["end"]), specs,
-                     info["start"], info["end"], info["state"])
+        return self.control.round(round_id)
 
     def watermark(self) -> Any:
         """The end of the stream's contiguous completed prefix (None before the first round)."""
-        wm = self.store.watermark()
-        return None if wm is None else self.decode(wm)
+        return self.control.watermark()
 
     def range_status(self, round_id: str) -> list[dict[str, Any]]:
-        """Per-range state for sensors, CLIs and UIs (decoded keys, counters, owner, lease)."""
-        return self.store.ranges(round_id)
+        return self.control.range_status(round_id)
 
     # ---- traversal ---------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -407,34 +344,11 @@ class KeysetTraversal:
             if self._stop.wait(min(ms_left / 1000 + 0.05, max(deadline - time.monotonic(), 0.05))):
                 raise LeaseHeldError(f"stop requested while waiting for round {round_id} range {range_id}")
 
-    # ---- closing -----------------------------------------------------------------------------
     def close_round(self, round_id: str) -> RoundTotals:
-        """Close the round if every range is complete and they cover ``(start, end]`` with no gap;
-        move the watermark forward. Idempotent. Raises ``RoundIncompleteError`` (with the lagging
-        ranges) otherwise, and ``RoundStateLostError`` if Redis lost the round."""
-        status, values = self.store.close_round(round_id)
-        info = self.store.round_info(round_id)
-        start, end = self.decode(info["start"]), self.decode(info["end"])
-        if status == "closed":
-            done, skipped, dead, wm = values
-            return RoundTotals(round_id, start, end, int(done), int(skipped), int(dead),
-                               self.decode(wm) if wm else None)
-        if status == "gap":
-            raise RoundIncompleteError(f"round {round_id}: ranges do not cover (start, end] at range {values[0]}")
-        lagging = [r for r in self.store.ranges(round_id) if r["range_id"] in set(values)]
-        raise RoundIncompleteError(
-            f"round {round_id}: {len(lagging)} range(s) not complete: "
-            + "; ".join(f"range {r['range_id']} at {display_key(r['cursor'], self.arity)} of "
-                        f"{display_key(r['hi'], self.arity)} ({r['state']}, retry {r['retries']})" for r in lagging[:10]),
-            lagging=lagging,
-        )
+        return self.control.close_round(round_id)
 
     def dead_letters(self, round_id: str, range_id: int, limit: int = 100) -> list[dict[str, Any]]:
-        """Newest first: ``{key, error, attempts, at_ms}`` with ``key`` decoded."""
-        out = self.store.dead_letters(round_id, range_id, limit)
-        for d in out:
-            d["key"] = self.decode(d["key"])
-        return out
+        return self.control.dead_letters(round_id, range_id, limit)
 
     def close(self) -> None:
         self.source.close()
