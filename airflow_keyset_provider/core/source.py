@@ -252,35 +252,44 @@ class SqlSource:
             fetcher = self._fetchers[has_lo] = self._compile_fetcher(has_lo)
         return fetcher(lo, hi, n)
 
+    def _driver_call(self, stmt: Any) -> tuple[str, Callable[[dict[str, Any]], Any]]:
+        """Compile ``stmt`` once for this dialect: the SQL string and a function turning a dict of
+        bound values into what the DBAPI cursor takes, converted by SQLAlchemy's bind processors."""
+        dialect = self.engine.dialect
+        compiled = stmt.compile(dialect=dialect)
+        binds = [(name, bp.type.dialect_impl(dialect).bind_processor(dialect)) for name, bp in compiled.binds.items()]
+        defaults = {k: v for k, v in compiled.params.items() if v is not None}  # e.g. SQLite's OFFSET 0
+        positional = dialect.paramstyle in ("qmark", "format", "numeric")
+        order = list(compiled.positiontup or []) if positional else []
+
+        def params_for(values: dict[str, Any]) -> Any:
+            params = {**defaults, **values}
+            for name, proc in binds:
+                if proc is not None and name in params:
+                    params[name] = proc(params[name])
+            return [params[p] for p in order] if positional else params
+
+        return compiled.string, params_for
+
     def _compile_fetcher(self, has_lo: bool) -> Callable[[str, str, int], list[tuple]]:
         """Compile the chunk query once and run it on the raw DBAPI cursor: SQLAlchemy's result
         machinery costs about 0.5 us per row, more than PostgreSQL spends producing it. Type
         conversion still follows SQLAlchemy's own processors, applied only where a column has one."""
-        stmt = self._chunk_statement(has_lo)
         dialect = self.engine.dialect
-        compiled = stmt.compile(dialect=dialect)
-        sql = compiled.string
-        binds = {name: bp.type.dialect_impl(dialect).bind_processor(dialect)
-                 for name, bp in compiled.binds.items()}
+        sql, params_for = self._driver_call(self._chunk_statement(has_lo))
         procs = [self.table.c[c].type.dialect_impl(dialect).result_processor(dialect, None)
                  for c in self.column_names]
         active = [(i, p) for i, p in enumerate(procs) if p is not None]
-        positional = dialect.paramstyle in ("qmark", "format", "numeric")
-        order = list(compiled.positiontup or []) if positional else []
-        defaults = {k: v for k, v in compiled.params.items() if v is not None}  # e.g. SQLite's OFFSET 0
         raw = self.engine.raw_connection()
         self._raw = raw
 
         def run(lo: str, hi: str, n: int) -> list[tuple]:
-            params: dict[str, Any] = {**defaults, "n": n, **self._key_params(hi, "h")}
+            values: dict[str, Any] = {"n": n, **self._key_params(hi, "h")}
             if has_lo:
-                params.update(self._key_params(lo, "c"))
-            for name, proc in binds.items():
-                if proc is not None and name in params:
-                    params[name] = proc(params[name])
+                values.update(self._key_params(lo, "c"))
             cur = raw.cursor()
             try:
-                cur.execute(sql, [params[p] for p in order] if positional else params)
+                cur.execute(sql, params_for(values))
                 rows = cur.fetchall()
             finally:
                 cur.close()
@@ -384,9 +393,8 @@ class SqlSource:
         params = self._key_params(hi, "h") | (self._key_params(lo, "c") if lo != MIN_KEY else {})
         with self.engine.connect() as conn:
             if self.dialect == "postgresql":
-                compiled = stmt.compile(dialect=self.engine.dialect)
-                plan = conn.execute(sa.text("EXPLAIN (FORMAT JSON) " + compiled.string).bindparams(
-                    *[sa.bindparam(n, type_=b.type) for n, b in compiled.binds.items()]), params).scalar()
+                sql, params_for = self._driver_call(stmt)
+                plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql, params_for(params)).scalar()
                 doc = plan if isinstance(plan, list) else json.loads(plan)
                 return int(doc[0]["Plan"]["Plan Rows"])
             count = sa.select(sa.func.count()).select_from(stmt.subquery())
