@@ -217,6 +217,35 @@ return {'ok', new, done, skipped, dead, retries, state}
 """
 )
 
+REQUEUE_DEAD = (
+    """
+-- Move dead letters back into the range's retry set (attempts reset) so a normal, fenced
+-- traverse processes them again; the range is no longer complete until they reach a terminal
+-- state. Refused while a live owner holds the range.
+-- KEYS[1] range hash  KEYS[2] dead list  KEYS[3] retry hash   ARGV[1] max letters to move
+-- Returns {'lost'} | {'held', owner} | {'ok', moved}
+"""
+    + _NOW
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
+local r = redis.call('HMGET', KEYS[1], 'owner', 'lease_until', 'state')
+if r[1] ~= '' and tonumber(r[2]) > now then return {'held', r[1]} end
+local moved = 0
+for _ = 1, tonumber(ARGV[1]) do
+  local raw = redis.call('RPOP', KEYS[2])
+  if not raw then break end
+  local d = cjson.decode(raw)
+  redis.call('HSET', KEYS[3], d.key, '0|replay of: ' .. d.error)
+  moved = moved + 1
+end
+if moved > 0 then
+  redis.call('HINCRBY', KEYS[1], 'dead', -moved)
+  if r[3] == 'complete' then redis.call('HSET', KEYS[1], 'state', 'pending') end
+end
+return {'ok', moved}
+"""
+)
+
 RELEASE = """
 -- Give the range up so the next worker need not wait for the lease to expire.
 -- KEYS[1] range hash  ARGV[1] owner token.  Returns 1 if released, 0 if not the owner.
@@ -333,6 +362,7 @@ class CursorStore:
         self._advance = client.register_script(ADVANCE)
         self._release = client.register_script(RELEASE)
         self._close = client.register_script(CLOSE_ROUND)
+        self._requeue = client.register_script(REQUEUE_DEAD)
 
     # ---- key names -------------------------------------------------------------------------
     @property
@@ -544,6 +574,22 @@ class CursorStore:
                 break
         out.sort()
         return out
+
+    def requeue_dead(self, round_id: str, range_id: int, limit: int) -> int | str:
+        """Move up to ``limit`` dead letters back to the retry set; returns how many, or the owner
+        that holds the range (then nothing moved)."""
+        res = self._call(self._requeue, [self.range_key(round_id, range_id), self.dead_key(round_id, range_id),
+                                         self.retry_key(round_id, range_id)], [limit])
+        status = _s(res[0])
+        if status == "lost":
+            raise RoundStateLostError(f"range {range_id} of round {round_id} (stream {self.stream!r}) has no state")
+        return _s(res[1]) if status == "held" else int(res[1])
+
+    def refresh_totals(self, round_id: str) -> None:
+        """Recompute a closed round's totals from its ranges (after a dead-letter replay)."""
+        ranges = self.ranges(round_id)
+        self.client.hset(self.round_key(round_id), mapping={
+            f: sum(int(r[f]) for r in ranges) for f in ("done", "skipped", "dead")})
 
     def dead_letters(self, round_id: str, range_id: int, limit: int = 100) -> list[dict[str, Any]]:
         raw = self.client.lrange(self.dead_key(round_id, range_id), 0, limit - 1)

@@ -325,6 +325,36 @@ class KeysetTraversal:
                            result.cursor, run.rows_read, run.chunks, result.stopped, claim.takeover,
                            time.monotonic() - started)
 
+    def replay_dead_letters(
+        self,
+        round_id: str,
+        processor: Processor,
+        range_id: int | None = None,
+        *,
+        limit: int = 10_000,
+        **traverse_kwargs: Any,
+    ) -> list[RangeResult]:
+        """Give dead-lettered items of a round (one range, or all) another full set of attempts.
+
+        At-least-once and fenced like any traversal: the letters go back to the range's retry set
+        (refused with ``LeaseHeldError`` while a live owner holds the range), then a normal
+        ``traverse`` claims the range and processes them; items that fail again are dead-lettered
+        again. The cursor is not moved. Only letters still in the capped list can be replayed.
+        """
+        info = self.store.round_info(round_id)
+        ids = range(int(info["n_ranges"])) if range_id is None else [range_id]
+        results = []
+        for i in ids:
+            moved = self.store.requeue_dead(round_id, i, limit)
+            if isinstance(moved, str):
+                raise LeaseHeldError(f"round {round_id} range {i} is held by {moved}; replay it when that owner is done")
+            if moved:
+                log.info("round %s range %d: replaying %d dead letter(s)", round_id, i, moved)
+                results.append(self.traverse(round_id, i, processor, **traverse_kwargs))
+        if info["state"] == "closed" and results:
+            self.store.refresh_totals(round_id)
+        return results
+
     def _claim(self, round_id: str, range_id: int, token: str, lineage: str, lease_ms: int, timeout: float) -> Claim:
         deadline = time.monotonic() + timeout
         while True:

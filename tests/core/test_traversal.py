@@ -18,6 +18,7 @@ from airflow_keyset_provider.core import (
     DependencyFailedError,
     KeysetTraversal,
     KeyValidationError,
+    LeaseHeldError,
     LeaseLostError,
     RoundIncompleteError,
     StoreUnavailableError,
@@ -354,3 +355,27 @@ def test_redis_unreachable_is_a_clear_error(pg_engine, pg_schema_url):
     t = KeysetTraversal(pg_schema_url, table="events", key="seq", redis_url="redis://127.0.0.1:1/0", stream="x")
     with pytest.raises(StoreUnavailableError, match="unreachable"):
         t.plan()
+
+
+def test_dead_letters_can_be_replayed_fenced(pg_engine, pg_schema_url, redis_url, key_prefix, redis_client):
+    make_events(pg_engine, list(range(1, 301)))
+    t = traversal(pg_schema_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=1)
+    broken = {7, 250}
+
+    def proc(chunk):
+        return ChunkResult(failed={k: "downstream rejected" for k in chunk.keys if k in broken})
+
+    t.traverse(rnd.round_id, 0, proc, chunk_size=50, max_item_attempts=2, item_retry_delay=0.01)
+    assert t.close_round(rnd.round_id).dead == 2
+    range_key = t.store.range_key(rnd.round_id, 0)
+    redis_client.hset(range_key, mapping={"owner": "replayer#1", "lease_until": 2**50})  # another live replay
+    with pytest.raises(LeaseHeldError, match="replayer#1"):
+        t.replay_dead_letters(rnd.round_id, proc)
+    assert len(t.dead_letters(rnd.round_id, 0)) == 2  # refused: nothing moved
+    redis_client.hset(range_key, mapping={"owner": "", "lease_until": 0})
+    broken.clear()  # the downstream is fixed
+    results = t.replay_dead_letters(rnd.round_id, proc, item_retry_delay=0.01)
+    assert [(r.done, r.dead, r.complete) for r in results] == [(300, 0, True)]
+    assert t.dead_letters(rnd.round_id, 0) == []
+    assert t.close_round(rnd.round_id).done == 300
