@@ -7,15 +7,19 @@ connection to answer "how far is this round?" or to close it.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from .errors import ConfigurationError, RoundIncompleteError
+from .errors import ConfigurationError, RoundIncompleteError, RoundStateLostError
 from .keys import MIN_KEY, decode_key, display_key, from_tuple
+from .mirror import CheckpointMirror
 from .store import CursorStore
+
+log = logging.getLogger("airflow_keyset_provider")
 
 
 def _decode(encoded: str, arity: int) -> Any:
@@ -95,9 +99,48 @@ class RoundCheck:
 class StreamControl:
     """Round-level operations on one stream's control state in Redis."""
 
-    def __init__(self, store: CursorStore) -> None:
+    def __init__(self, store: CursorStore, mirror: CheckpointMirror | None = None) -> None:
         self.store = store
         self.stream = store.stream
+        self.mirror = mirror
+
+    # ---- durable mirror ----------------------------------------------------------------------
+    def restore(self, round_id: str) -> bool:
+        """Rebuild a round that Redis lost from the checkpoint mirror. Returns False when there is
+        no mirror or it never saw the round (the loss then stays an error)."""
+        doc = self.mirror.load_round(self.stream, round_id) if self.mirror else None
+        if doc is None:
+            return False
+        info, ranges = doc
+        if self.store.restore_round(info, ranges):
+            arity = self._arity(info)
+            for r in ranges:
+                log.warning(
+                    "round %s range %s restored from the checkpoint mirror after Redis lost it: cursor %s, "
+                    "done %s, skipped %s, dead %s, %d retry, state %s; keys committed after that cursor are "
+                    "delivered again (at-least-once)", round_id, r["range_id"], display_key(r["cursor"], arity),
+                    r["done"], r["skipped"], r["dead"], len(r.get("retry") or {}), r["state"])
+        return True
+
+    def recover_stream(self) -> None:
+        """If Redis lost the stream (no round counter) but the mirror knows it, put back the
+        watermark and every round that was still open."""
+        if self.mirror is None or self.store.client.exists(f"{self.store.base}:seq"):
+            return
+        # round ids are never reused: the counter resumes after the highest mirrored round
+        self.store.client.set(f"{self.store.base}:seq", self.mirror.max_round_number(self.stream), nx=True)
+        wm = self.mirror.load_watermark(self.stream)
+        if wm is not None and self.store.restore_watermark(wm):
+            log.warning("stream %s: watermark restored from the checkpoint mirror", self.stream)
+        for info in self.mirror.rounds(self.stream):
+            if info.get("state") != "closed":
+                self.restore(info["id"])
+
+    def _mirror_round(self, round_id: str) -> None:
+        if self.mirror is not None:
+            info = self.store.round_info(round_id)
+            ranges = [self.store.snapshot_range(round_id, i) for i in range(int(info["n_ranges"]))]
+            self.mirror.save_round(self.stream, round_id, info, ranges)
 
     def _arity(self, info: dict[str, str]) -> int:
         return int(info.get("arity", "1"))
@@ -164,12 +207,21 @@ class StreamControl:
         """Close the round if every range is complete and they cover ``(start, end]`` with no gap;
         move the watermark forward. Idempotent. Raises ``RoundIncompleteError`` (with the lagging
         ranges) otherwise, and ``RoundStateLostError`` if Redis lost the round."""
-        status, values = self.store.close_round(round_id)
+        try:
+            status, values = self.store.close_round(round_id)
+        except RoundStateLostError:
+            if not self.restore(round_id):
+                raise
+            status, values = self.store.close_round(round_id)
         info = self.store.round_info(round_id)
         arity = self._arity(info)
         start, end = _decode(info["start"], arity), _decode(info["end"], arity)
         if status == "closed":
             done, skipped, dead, wm = values
+            if self.mirror is not None:
+                self._mirror_round(round_id)
+                if wm:
+                    self.mirror.save_watermark(self.stream, wm)
             return RoundTotals(round_id, start, end, int(done), int(skipped), int(dead),
                                _decode(wm, arity) if wm else None)
         if status == "gap":

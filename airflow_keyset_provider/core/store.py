@@ -246,6 +246,38 @@ return {'ok', moved}
 """
 )
 
+RESTORE_ROUND = """
+-- Rebuild a round that Redis lost from its durable mirror, only if it is really gone.
+-- KEYS[1] round hash  KEYS[2] open set  KEYS[3] chained id  KEYS[4] by_key hash  KEYS[5] seq
+-- then per range: range hash, retry hash, dead list
+-- ARGV[1] round info (JSON)  ARGV[2..] one JSON document per range (all values strings)
+-- Owners are cleared (every old token is fenced out); a range that was running is pending.
+-- Returns 1 if restored, 0 if the round exists (nothing written).
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local info = cjson.decode(ARGV[1])
+for k, v in pairs(info) do redis.call('HSET', KEYS[1], k, v) end
+if info.state ~= 'closed' then
+  redis.call('SADD', KEYS[2], info.id)
+  if info.chained == '1' then redis.call('SET', KEYS[3], info.id) end
+end
+if info.round_key and info.round_key ~= '' then redis.call('HSET', KEYS[4], info.round_key, info.id) end
+local num = tonumber(string.sub(info.id, 2))
+if num and num > tonumber(redis.call('GET', KEYS[5]) or '0') then redis.call('SET', KEYS[5], num) end
+for i = 1, #ARGV - 1 do
+  local d = cjson.decode(ARGV[i + 1])
+  local rk, tk, dk = KEYS[3 + 3 * i], KEYS[4 + 3 * i], KEYS[5 + 3 * i]
+  local state = d.state
+  if state == 'running' then state = 'pending' end
+  redis.call('HSET', rk, 'lo', d.lo, 'hi', d.hi, 'cursor', d.cursor, 'state', state, 'owner', '',
+    'lineage', '', 'epoch', d.epoch, 'lease_until', 0, 'heartbeat_ms', 0, 'done', d.done,
+    'skipped', d.skipped, 'dead', d.dead, 'takeovers', d.takeovers, 'chunks', d.chunks,
+    'restored', 1)
+  for key, v in pairs(d.retry) do redis.call('HSET', tk, key, v) end
+  for _, letter in ipairs(d.dead_letters) do redis.call('RPUSH', dk, letter) end
+end
+return 1
+"""
+
 RELEASE = """
 -- Give the range up so the next worker need not wait for the lease to expire.
 -- KEYS[1] range hash  ARGV[1] owner token.  Returns 1 if released, 0 if not the owner.
@@ -363,6 +395,7 @@ class CursorStore:
         self._release = client.register_script(RELEASE)
         self._close = client.register_script(CLOSE_ROUND)
         self._requeue = client.register_script(REQUEUE_DEAD)
+        self._restore = client.register_script(RESTORE_ROUND)
 
     # ---- key names -------------------------------------------------------------------------
     @property
@@ -584,6 +617,39 @@ class CursorStore:
         if status == "lost":
             raise RoundStateLostError(f"range {range_id} of round {round_id} (stream {self.stream!r}) has no state")
         return _s(res[1]) if status == "held" else int(res[1])
+
+    def snapshot_range(self, round_id: str, range_id: int) -> dict[str, Any]:
+        """One consistent (MULTI) read of a range, its retries and dead letters, for the mirror."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(self.range_key(round_id, range_id))
+        pipe.hgetall(self.retry_key(round_id, range_id))
+        pipe.lrange(self.dead_key(round_id, range_id), 0, -1)
+        raw, retry, dead = pipe.execute()
+        if not raw:
+            raise RoundStateLostError(f"range {range_id} of round {round_id} (stream {self.stream!r}) has no state")
+        doc: dict[str, Any] = {_s(k): _s(v) for k, v in raw.items()}
+        doc.update(range_id=str(range_id), retry={_s(k): _s(v) for k, v in retry.items()},
+                   dead_letters=[_s(x) for x in dead])
+        for field in ("epoch", "takeovers", "chunks"):
+            doc.setdefault(field, "0")
+        return doc
+
+    def restore_round(self, info: dict[str, str], ranges: list[dict[str, Any]]) -> bool:
+        """Write a mirrored round back if Redis has no trace of it. Returns True if restored."""
+        round_id = info["id"]
+        keys = [self.round_key(round_id), f"{self.base}:open", f"{self.base}:chained", f"{self.base}:by_key",
+                f"{self.base}:seq"]
+        for r in ranges:
+            i = int(r["range_id"])
+            keys += [self.range_key(round_id, i), self.retry_key(round_id, i), self.dead_key(round_id, i)]
+        docs = [json.dumps({**r, "retry": r.get("retry") or {}, "dead_letters": r.get("dead_letters") or []})
+                for r in ranges]
+        # cjson turns an empty {} into an array, harmless here: pairs() over it does nothing
+        return bool(self._call(self._restore, keys, [json.dumps(info), *docs]))
+
+    def restore_watermark(self, watermark: str) -> bool:
+        """Put back a lost watermark; never overwrites one that exists."""
+        return bool(self.client.set(self.watermark_key, watermark, nx=True))
 
     def refresh_totals(self, round_id: str) -> None:
         """Recompute a closed round's totals from its ranges (after a dead-letter replay)."""

@@ -44,6 +44,7 @@ from .errors import (
     LeaseLostError,
     ProcessorContractError,
     RetryableError,
+    RoundStateLostError,
 )
 from .keys import (
     MIN_KEY,
@@ -52,6 +53,7 @@ from .keys import (
     display_key,
     encode_key,
 )
+from .mirror import CheckpointMirror
 from .planner import MAX_MAP_LENGTH, split
 from .source import SqlSource
 from .store import Claim, CursorStore
@@ -145,6 +147,8 @@ class KeysetTraversal:
         key_prefix: str = "ks",
         settle_seconds: float = 0.0,
         commit_wait_timeout: float = 60.0,
+        checkpoint_url: Any = None,
+        checkpoint_seconds: float = 10.0,
     ) -> None:
         if redis_client is None:
             if not redis_url:
@@ -157,7 +161,9 @@ class KeysetTraversal:
         self.source = SqlSource(source_url, table, key, where=where, columns=columns,
                                 settle_seconds=settle_seconds, commit_wait_timeout=commit_wait_timeout)
         self.store = CursorStore(redis_client, stream, prefix=key_prefix)
-        self.control = StreamControl(self.store)
+        self.mirror = CheckpointMirror(checkpoint_url) if checkpoint_url is not None else None
+        self.checkpoint_seconds = checkpoint_seconds
+        self.control = StreamControl(self.store, self.mirror)
         self.stream = stream
         self.arity = self.source.arity
         self._stop = threading.Event()
@@ -201,6 +207,7 @@ class KeysetTraversal:
                                      f"max_map_length), got {max_ranges!r}")
         self.store.ping()
         self.source.validate()
+        self.control.recover_stream()
         chained = start_key is None
         existing = self.store.lookup(round_key, chained)
         if existing is not None:
@@ -230,6 +237,7 @@ class KeysetTraversal:
         )
         rnd = self.round(round_id)
         if created:
+            self.control._mirror_round(round_id)
             log.info("stream %s: planned round %s (%s, %s] in %d ranges", self.stream, round_id,
                      display_key(start, self.arity), display_key(end, self.arity), len(bounds))
         return Round(**{**rnd.__dict__, "created": created})
@@ -281,6 +289,23 @@ class KeysetTraversal:
         """
         _validate_traverse_args(processor, chunk_size, lease_seconds, max_chunk_attempts, max_item_attempts)
         self.source.validate()
+        args = (processor, chunk_size, lease_seconds, max_chunk_attempts, max_item_attempts, owner_lineage,
+                claim_timeout, backoff_base, backoff_max, item_retry_delay, outage_failure_ratio, prefetch,
+                log_every_seconds, dead_cap)
+        for _ in range(3):
+            try:
+                return self._traverse(round_id, range_id, *args)
+            except RoundStateLostError:
+                # Redis lost the round; with a mirror, put it back (cursors at their last checkpoint)
+                # and go on. Without one, or if the mirror never saw it, the loss is an error.
+                if not self.control.restore(round_id):
+                    raise
+        return self._traverse(round_id, range_id, *args)
+
+    def _traverse(self, round_id: str, range_id: int, processor: Processor, chunk_size: int, lease_seconds: float,
+                  max_chunk_attempts: int, max_item_attempts: int, owner_lineage: str, claim_timeout: float | None,
+                  backoff_base: float, backoff_max: float, item_retry_delay: float, outage_failure_ratio: float,
+                  prefetch: bool, log_every_seconds: float, dead_cap: int) -> RangeResult:
         info = self.store.round_info(round_id)
         n_ranges = int(info["n_ranges"])
         if isinstance(range_id, bool) or not isinstance(range_id, int) or not 0 <= range_id < n_ranges:
@@ -481,6 +506,7 @@ class _RangeRun:
         self.arity = self.source.arity
         self.rows_read = 0
         self.chunks = 0
+        self.last_checkpoint = time.monotonic()
         estimate = None
         try:
             estimate = self.source.estimate_rows(claim.cursor, hi) if claim.cursor != hi else 0
@@ -511,9 +537,24 @@ class _RangeRun:
         newly_dead = a.dead - self.state.dead
         self.state = _State(a.cursor, a.done, a.skipped, a.dead, a.retries, a.complete)
         self.chunks += 1
+        self.checkpoint(force=a.complete)
         if newly_dead:
             log.error("round %s range %d: %d item(s) dead-lettered after %d attempts (see dead letters)",
                       self.round_id, self.range_id, newly_dead, self.max_item_attempts)
+
+    def checkpoint(self, force: bool = False) -> None:
+        """Mirror the committed state durably, at most every ``checkpoint_seconds``."""
+        mirror = self.t.mirror
+        if mirror is None or (not force and time.monotonic() - self.last_checkpoint < self.t.checkpoint_seconds):
+            return
+        self.last_checkpoint = time.monotonic()
+        try:
+            mirror.save_range(self.t.stream, self.round_id, self.range_id,
+                              self.store.snapshot_range(self.round_id, self.range_id))
+        except RoundStateLostError:
+            raise
+        except Exception as exc:  # the mirror is a safety net; its outage must not stop the range
+            log.warning("round %s range %d: checkpoint mirror write failed: %s", self.round_id, self.range_id, exc)
 
     def _interpret(self, chunk: Chunk, result: Any) -> tuple[dict[str, str], list[str]]:
         """-> (failed encoded key -> reason, skipped encoded keys), checked against the chunk."""
@@ -557,6 +598,7 @@ class _RangeRun:
                     log.info("round %s range %d: stop requested; committed through %s", self.round_id,
                              self.range_id, display_key(self.state.cursor, self.arity))
                     self.state.stopped = True
+                    self.checkpoint(force=True)
                     return self.state
                 try:
                     rows = pending.result() if pending is not None else self.source.fetch(self.state.cursor, self.hi, self.n)
@@ -611,6 +653,7 @@ class _RangeRun:
                 pool.shutdown(wait=True, cancel_futures=True)
         self.progress.tick(0, self.state.cursor, self.state.done, self.state.skipped, self.state.dead,
                            self.state.retries, force=True)
+        self.checkpoint(force=True)
         return self.state
 
     def _drop(self, pending: Future[list[tuple]] | None) -> None:
