@@ -167,6 +167,23 @@ class StreamControl:
             return None
         return from_tuple(decode_key(wm), len(decode_key(wm)))
 
+    def retention_floor(self) -> Any:
+        """The smallest key the stream may still need: the lowest committed cursor of any
+        incomplete range of an open round, else the watermark (None: keep everything). A source
+        may delete rows with keys ``<=`` this value without breaking any round; deleting above it
+        can remove rows a round has not read yet."""
+        floor: str | None = None
+        for rid in self.store.open_rounds():
+            for r in self.store.ranges(rid):
+                if r["state"] != "complete" and (floor is None or r["cursor"] < floor):
+                    floor = r["cursor"]
+        if floor is None:
+            floor = self.store.watermark()
+        if floor is None or floor == MIN_KEY:
+            return None
+        values = decode_key(floor)
+        return from_tuple(values, len(values))
+
     def open_rounds(self) -> list[str]:
         return self.store.open_rounds()
 

@@ -252,6 +252,10 @@ class KeysetTraversal:
     def range_status(self, round_id: str) -> list[dict[str, Any]]:
         return self.control.range_status(round_id)
 
+    def retention_floor(self) -> Any:
+        """Keys ``<=`` this value may be deleted from the source without harming any round."""
+        return self.control.retention_floor()
+
     # ---- traversal ---------------------------------------------------------------------------
     def request_stop(self) -> None:
         """Ask running ``traverse`` calls to finish the chunk in hand, commit it, and return."""

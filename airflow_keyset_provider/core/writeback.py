@@ -871,7 +871,7 @@ class _BatchWriter:
         self.conn = conn
         self.target = target
         self.isolate = isolate
-        self.savepoints = isolate and conn.dialect.name != "sqlite"
+        self.savepoints = isolate
         self.written: list[Key] = []  # keys as read back from the database
         self.failed: dict[Key, str] = {}
 

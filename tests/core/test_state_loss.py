@@ -85,3 +85,26 @@ def test_incomplete_restored_round_still_refuses_to_close(events, pg_schema_url,
         t.close_round(rnd.round_id)  # restored: range 0 complete, range 1 never started
     assert t.traverse(rnd.round_id, 1, lambda c: None).complete
     assert t.close_round(rnd.round_id).done == 4000
+
+
+def test_retention_floor_is_lowest_open_cursor_else_watermark(events, pg_schema_url, redis_url, key_prefix):
+    t = KeysetTraversal(pg_schema_url, table="events", key="seq", redis_url=redis_url, stream="s",
+                        key_prefix=key_prefix)
+    assert t.retention_floor() is None
+    rnd = t.plan(max_ranges=2)  # (-inf, 2000], (2000, 4000]
+    assert t.retention_floor() is None  # range 0 has read nothing yet: keep everything
+
+    def stop_after(n):
+        def proc(chunk):
+            if chunk.keys[-1] >= n:
+                t.request_stop()
+        return proc
+
+    t.traverse(rnd.round_id, 1, lambda c: None)
+    assert t.traverse(rnd.round_id, 0, stop_after(750), chunk_size=250).stopped
+    t = KeysetTraversal(pg_schema_url, table="events", key="seq", redis_url=redis_url, stream="s",
+                        key_prefix=key_prefix)  # a stop request is final for its traversal object
+    assert t.retention_floor() == 750
+    t.traverse(rnd.round_id, 0, lambda c: None)
+    t.close_round(rnd.round_id)
+    assert t.retention_floor() == 4000
