@@ -75,15 +75,6 @@ class RoundTotals:
                 "dead": self.dead}
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, tuple):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (dt.date, dt.datetime)):
-        return v.isoformat()
-    if isinstance(v, (Decimal, uuid.UUID)):
-        return str(v)
-    return v
-
 
 @dataclass(frozen=True)
 class RoundCheck:

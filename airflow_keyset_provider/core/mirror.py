@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from .errors import ConfigurationError
@@ -55,11 +56,8 @@ class CheckpointMirror:
             return
         self._ensure()
         dialect = self.engine.dialect.name
-        if dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        elif dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        else:  # pragma: no cover - guarded by the supported sources
+        insert: Any = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}.get(dialect)
+        if insert is None:
             raise ConfigurationError(f"checkpoint mirror supports PostgreSQL and SQLite, not {dialect}")
         stmt = insert(self.table)
         stmt = stmt.on_conflict_do_update(index_elements=["stream", "round_id", "range_id"],

@@ -43,7 +43,7 @@ def make_engine(url: str | Engine) -> Engine:
     between chunks. A bare ``postgresql://`` URL gets SQLAlchemy's default driver (psycopg 3 with
     SQLAlchemy 2.1); ``postgresql+psycopg2://`` selects psycopg2. Both work."""
     if isinstance(url, Engine):
-        return url.execution_options(isolation_level="AUTOCOMMIT")  # type: ignore[return-value]
+        return url.execution_options(isolation_level="AUTOCOMMIT")
     try:
         return sa.create_engine(url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
@@ -102,6 +102,7 @@ class SqlSource:
         self.commit_wait_timeout = commit_wait_timeout
         self._table: sa.Table | None = None
         self._fetchers: dict[bool, Callable[[str, str, int], list[tuple]]] = {}
+        self._raw: Any = None  # the DBAPI connection of the hot path, owned by this source
 
     # ---- validation --------------------------------------------------------------------------
     @property
@@ -161,18 +162,18 @@ class SqlSource:
                 unique_sets.append(set(cols))
             ordered_prefixes.append(cols)
         if not any(s and s <= keyset for s in unique_sets):
-            cols = ", ".join(self.key_names)
+            listed = ", ".join(self.key_names)
             raise KeyValidationError(
-                f"key ({cols}) of {self.qualified_name!r} is not unique: no primary key, unique "
+                f"key ({listed}) of {self.qualified_name!r} is not unique: no primary key, unique "
                 "constraint or unique index covers it, so two rows could share a cursor position and "
-                f"one would be skipped. Fix: CREATE UNIQUE INDEX ON {self.qualified_name} ({cols}), or "
+                f"one would be skipped. Fix: CREATE UNIQUE INDEX ON {self.qualified_name} ({listed}), or "
                 "add the primary key as the last key column, e.g. key=['created_at', 'id']."
             )
         if not any(p[: self.arity] == self.key_names for p in ordered_prefixes):
-            cols = ", ".join(self.key_names)
+            listed = ", ".join(self.key_names)
             raise KeyValidationError(
-                f"no index of {self.qualified_name!r} starts with the key columns ({cols}) in that "
-                f"order; every chunk would scan the table. Fix: CREATE INDEX ON {self.qualified_name} ({cols})."
+                f"no index of {self.qualified_name!r} starts with the key columns ({listed}) in that "
+                f"order; every chunk would scan the table. Fix: CREATE INDEX ON {self.qualified_name} ({listed})."
             )
         if self.dialect == "postgresql":
             self._check_collation(key_cols)
@@ -321,7 +322,7 @@ class SqlSource:
             return [tuple(r) for r in conn.execute(stmt)]
 
     def close(self) -> None:
-        raw = getattr(self, "_raw", None)
+        raw = self._raw
         if raw is not None:
             raw.close()
             self._raw = None
@@ -394,7 +395,7 @@ class SqlSource:
         with self.engine.connect() as conn:
             if self.dialect == "postgresql":
                 sql, params_for = self._driver_call(stmt)
-                plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql, params_for(params)).scalar()
+                plan: Any = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql, params_for(params)).scalar()
                 doc = plan if isinstance(plan, list) else json.loads(plan)
                 return int(doc[0]["Plan"]["Plan Rows"])
             count = sa.select(sa.func.count()).select_from(stmt.subquery())

@@ -660,7 +660,7 @@ class _RangeRun:
         self.checkpoint(force=True)
         return self.state
 
-    def _drop(self, pending: Future[list[tuple]] | None) -> None:
+    def _drop(self, pending: Future[list[tuple]] | None) -> Future[list[tuple]] | None:
         """Discard a prefetched chunk: after a failure the same chunk is read again."""
         if pending is not None:
             pending.cancel()
