@@ -379,3 +379,32 @@ def test_dead_letters_can_be_replayed_fenced(pg_engine, pg_schema_url, redis_url
     assert [(r.done, r.dead, r.complete) for r in results] == [(300, 0, True)]
     assert t.dead_letters(rnd.round_id, 0) == []
     assert t.close_round(rnd.round_id).done == 300
+
+
+def test_group_commit_widens_replay_to_one_group(pg_engine, pg_schema_url, redis_url, key_prefix, redis_client):
+    make_events(pg_engine, list(range(1, 2001)))
+    t = traversal(pg_schema_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=1)
+    rec = Recorder()
+    advances = []
+    original = t.store.advance
+
+    def counting_advance(*args, **kwargs):
+        advances.append(args[4])
+        return original(*args, **kwargs)
+
+    t.store.advance = counting_advance  # type: ignore[method-assign]
+
+    def crashing(chunk):
+        rec(chunk)
+        if len(rec.chunks) == 7:
+            raise Crash("died inside the second group")
+
+    with pytest.raises(Crash):
+        t.traverse(rnd.round_id, 0, crashing, chunk_size=100, group_commit_chunks=4, owner_lineage="w")
+    assert len(advances) == 1 and t.range_status(rnd.round_id)[0]["cursor"] == 400  # one group committed
+    res = t.traverse(rnd.round_id, 0, rec, chunk_size=100, group_commit_chunks=4, owner_lineage="w")
+    replayed = sorted(k for k, n in rec.seen.items() if n > 1)
+    assert replayed == list(range(401, 701))  # up to one group (here 3 of its 4 chunks) replayed
+    assert (res.done, res.complete) == (2000, True)
+    assert len(advances) == 1 + 4  # 1600 rows in groups of 4 chunks
