@@ -43,14 +43,14 @@ class Chunk:
         round_id: str,
         range_id: int,
         columns: Sequence[str],
-        values: list[tuple],
+        values: Sequence[tuple],
         key_of: Callable[[tuple], Key],
         attempt: int = 1,
     ) -> None:
         self.round_id = round_id
         self.range_id = range_id
         self.columns = tuple(columns)
-        self._values = values
+        self._values: Any = values
         self.key_of = key_of
         self.attempt = attempt
         self._rows: list[dict[str, Any]] | None = None
@@ -62,20 +62,23 @@ class Chunk:
     @property
     def values(self) -> list[tuple]:
         """Raw row tuples in ``columns`` order (the cheapest view)."""
+        materialize = getattr(self._values, "materialize", None)
+        if materialize is not None:  # still in the driver's buffer: convert on first access
+            self._values = materialize()
         return self._values
 
     @property
     def rows(self) -> list[dict[str, Any]]:
         if self._rows is None:
             cols = self.columns
-            self._rows = [dict(zip(cols, v, strict=True)) for v in self._values]
+            self._rows = [dict(zip(cols, v, strict=True)) for v in self.values]
         return self._rows
 
     @property
     def keys(self) -> list[Key]:
         if self._keys is None:
             key_of = self.key_of
-            self._keys = [key_of(v) for v in self._values]
+            self._keys = [key_of(v) for v in self.values]
         return self._keys
 
     def __repr__(self) -> str:

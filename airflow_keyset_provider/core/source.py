@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -36,6 +36,50 @@ from .keys import MIN_KEY, decode_key, encode_key
 log = logging.getLogger(__name__)
 
 _BYTE_ORDER_COLLATIONS = {"C", "POSIX", "C.UTF-8", "C.utf8", "ucs_basic", "pg_c_utf8"}
+
+
+class FetchedRows(Sequence[tuple]):
+    """One chunk's rows, still in the driver's result buffer (C memory, one chunk). Its length and
+    last row are known at once; the rows become Python objects only when something reads them, so
+    a processor that needs only the count (or a prefetch that overlaps it) pays nothing for them."""
+
+    __slots__ = ("_convert", "_cur", "_last", "_n", "_rows")
+
+    def __init__(self, cur: Any, n: int, last: tuple, convert: Callable[[list], list[tuple]]) -> None:
+        self._cur, self._n, self._last, self._convert = cur, n, last, convert
+        self._rows: list[tuple] | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def materialize(self) -> list[tuple]:
+        if self._rows is None:
+            self._rows = self._convert(self._cur.fetchall())
+            self.close()
+        return self._rows
+
+    def __getitem__(self, i: Any) -> Any:
+        if self._rows is None and isinstance(i, int) and i in (-1, self._n - 1):
+            return self._last
+        return self.materialize()[i]
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self.materialize())
+
+    def close(self) -> None:
+        """Free the driver's buffer (rows not materialized yet are gone)."""
+        if self._cur is not None:
+            self._cur.close()
+            self._cur = None
+
+
+def materialize(rows: Sequence[tuple]) -> list[tuple]:
+    return rows.materialize() if isinstance(rows, FetchedRows) else list(rows)
+
+
+def release(rows: Sequence[tuple] | None) -> None:
+    if isinstance(rows, FetchedRows):
+        rows.close()
 
 
 def make_engine(url: str | Engine) -> Engine:
@@ -101,7 +145,7 @@ class SqlSource:
         self.settle_seconds = settle_seconds
         self.commit_wait_timeout = commit_wait_timeout
         self._table: sa.Table | None = None
-        self._fetchers: dict[bool, Callable[[str, str, int], list[tuple]]] = {}
+        self._fetchers: dict[bool, Callable[[str, str, int], Sequence[tuple]]] = {}
         self._raw: Any = None  # the DBAPI connection of the hot path, owned by this source
 
     # ---- validation --------------------------------------------------------------------------
@@ -120,6 +164,11 @@ class SqlSource:
             self.validate()
         assert self._table is not None
         return self._table
+
+    def ensure_validated(self) -> None:
+        """Validate once per source object (``validate`` reads the catalog every time)."""
+        if self._table is None:
+            self.validate()
 
     def validate(self) -> None:
         """Refuse a key that does not give a stable total order. Reads the catalog only."""
@@ -245,8 +294,9 @@ class SqlSource:
         arity = self.arity
         return (lambda row: row[0]) if arity == 1 else (lambda row: tuple(row[:arity]))
 
-    def fetch(self, lo: str, hi: str, n: int) -> list[tuple]:
-        """Rows with ``lo < key <= hi`` in key order, at most ``n``: one round trip."""
+    def fetch(self, lo: str, hi: str, n: int) -> Sequence[tuple]:
+        """Rows with ``lo < key <= hi`` in key order, at most ``n``: one round trip. The result may
+        be a ``FetchedRows`` (lazy); ``materialize`` it to get a list, ``release`` it when done."""
         has_lo = lo != MIN_KEY
         fetcher = self._fetchers.get(has_lo)
         if fetcher is None:
@@ -272,7 +322,7 @@ class SqlSource:
 
         return compiled.string, params_for
 
-    def _compile_fetcher(self, has_lo: bool) -> Callable[[str, str, int], list[tuple]]:
+    def _compile_fetcher(self, has_lo: bool) -> Callable[[str, str, int], Sequence[tuple]]:
         """Compile the chunk query once and run it on the raw DBAPI cursor: SQLAlchemy's result
         machinery costs about 0.5 us per row, more than PostgreSQL spends producing it. Type
         conversion still follows SQLAlchemy's own processors, applied only where a column has one."""
@@ -284,26 +334,36 @@ class SqlSource:
         raw = self.engine.raw_connection()
         self._raw = raw
 
-        def run(lo: str, hi: str, n: int) -> list[tuple]:
+        def convert(rows: Sequence[Any]) -> list[tuple]:
+            if not active:
+                return list(rows) if not rows or isinstance(rows[0], tuple) else [tuple(r) for r in rows]
+            out = []
+            for row in rows:
+                lst = list(row)
+                for i, p in active:
+                    lst[i] = p(lst[i])
+                out.append(tuple(lst))
+            return out
+
+        def run(lo: str, hi: str, n: int) -> Sequence[tuple]:
             values: dict[str, Any] = {"n": n, **self._key_params(hi, "h")}
             if has_lo:
                 values.update(self._key_params(lo, "c"))
             cur = raw.cursor()
             try:
                 cur.execute(sql, params_for(values))
-                rows = cur.fetchall()
-            finally:
+                count = cur.rowcount
+                if count > 0 and hasattr(cur, "scroll"):
+                    cur.scroll(count - 1, mode="absolute")
+                    last = convert([cur.fetchone()])[0]
+                    cur.scroll(0, mode="absolute")
+                    return FetchedRows(cur, count, last, convert)
+                rows = convert(cur.fetchall())
+            except BaseException:
                 cur.close()
-            if active:
-                out = []
-                for row in rows:
-                    lst = list(row)
-                    for i, p in active:
-                        lst[i] = p(lst[i])
-                    out.append(tuple(lst))
-                return out
-            return rows if isinstance(rows, list) and (not rows or isinstance(rows[0], tuple)) \
-                else [tuple(r) for r in rows]
+                raise
+            cur.close()
+            return rows
 
         return run
 

@@ -55,7 +55,7 @@ from .keys import (
 )
 from .mirror import CheckpointMirror
 from .planner import MAX_MAP_LENGTH, split
-from .source import SqlSource
+from .source import SqlSource, release
 from .store import Claim, CursorStore
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -301,7 +301,7 @@ class KeysetTraversal:
         if isinstance(group_commit_chunks, bool) or not isinstance(group_commit_chunks, int) or group_commit_chunks < 1:
             raise ConfigurationError(f"group_commit_chunks must be a positive integer, got {group_commit_chunks!r}")
         _validate_traverse_args(processor, chunk_size, lease_seconds, max_chunk_attempts, max_item_attempts)
-        self.source.validate()
+        self.source.ensure_validated()
         args = (processor, chunk_size, lease_seconds, max_chunk_attempts, max_item_attempts, owner_lineage,
                 claim_timeout, backoff_base, backoff_max, item_retry_delay, outage_failure_ratio, prefetch,
                 log_every_seconds, dead_cap, group_commit_chunks, group_commit_seconds)
@@ -627,7 +627,7 @@ class _RangeRun:
     # -- main loop --
     def run(self, heart: _Heartbeat) -> _State:
         pool = ThreadPoolExecutor(1, thread_name_prefix="keyset-prefetch") if self.prefetch else None
-        pending: Future[list[tuple]] | None = None
+        pending: Future[Sequence[tuple]] | None = None
         attempt = 0
         # ``read`` is how far this worker has processed; the committed cursor (``state.cursor``)
         # catches up at every flush. With group commit off (the default) they never differ
@@ -679,6 +679,7 @@ class _RangeRun:
                             f"{self.outage_ratio}; treating it as a dependency failure, not as bad items "
                             f"(first: {next(iter(failed.values()))})")
                 except RetryableError as exc:
+                    release(rows)
                     pending = self._drop(pending)
                     flush()
                     attempt += 1
@@ -687,6 +688,7 @@ class _RangeRun:
                 except KeysetError:
                     raise
                 except Exception as exc:
+                    release(rows)
                     pending = self._drop(pending)
                     flush()
                     attempt += 1
@@ -699,6 +701,7 @@ class _RangeRun:
                     log.warning("round %s range %d: item %s failed: %s", self.round_id, self.range_id,
                                 display_key(enc, self.arity), reason)
                 group.add(len(rows) - len(failed) - len(skipped), len(skipped), failed.items())
+                release(rows)
                 read = last
                 if group.chunks >= self.group_chunks or (
                         self.group_seconds is not None and time.monotonic() - group.since >= self.group_seconds):
@@ -715,12 +718,12 @@ class _RangeRun:
         self.checkpoint(force=True)
         return self.state
 
-    def _drop(self, pending: Future[list[tuple]] | None) -> Future[list[tuple]] | None:
+    def _drop(self, pending: Future[Sequence[tuple]] | None) -> Future[Sequence[tuple]] | None:
         """Discard a prefetched chunk: after a failure the same chunk is read again."""
         if pending is not None:
             pending.cancel()
             try:
-                pending.result()
+                release(pending.result())
             except Exception:
                 log.debug("prefetch discarded", exc_info=True)
         return None

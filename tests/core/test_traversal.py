@@ -408,3 +408,22 @@ def test_group_commit_widens_replay_to_one_group(pg_engine, pg_schema_url, redis
     assert replayed == list(range(401, 701))  # up to one group (here 3 of its 4 chunks) replayed
     assert (res.done, res.complete) == (2000, True)
     assert len(advances) == 1 + 4  # 1600 rows in groups of 4 chunks
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg"])
+def test_both_postgres_drivers_and_lazy_rows(pg_engine, pg_schema_url, redis_url, key_prefix, driver):
+    make_events(pg_engine, list(range(1, 3001)))
+    url = pg_schema_url.replace("postgresql+psycopg2://", f"postgresql+{driver}://")
+    t = traversal(url, redis_url, key_prefix, columns=["payload"])
+    rnd = t.plan(max_ranges=2)
+    counted, payloads = [], set()
+
+    def proc(chunk):
+        counted.append(len(chunk))  # length alone does not convert the rows
+        if chunk.range_id == 1:
+            payloads.update(r["payload"] for r in chunk.rows)
+
+    run_all(t, rnd, proc, chunk_size=700)
+    assert sum(counted) == 3000
+    assert payloads == {f"e{k}" for k in range(rnd.ranges[1].lo + 1, 3001)}
+    assert t.close_round(rnd.round_id).done == 3000
