@@ -470,10 +470,19 @@ class SqlSource:
         filt = self._range_filter(lo != MIN_KEY)
         with self.engine.connect() as conn:
             if self.dialect == "postgresql" and est > exact_limit:
-                pct = min(100.0, 100.0 * sample_rows / max(est, 1))
-                sampled = self.table.tablesample(sa.func.system(pct), name="s")
+                # Block sampling of a table stored in key order draws whole runs of neighbouring
+                # keys, so read at least ~2048 blocks and thin them at random back to sample_rows.
+                quote = self.engine.dialect.identifier_preparer.quote
+                rel = (quote(self.schema) + "." if self.schema else "") + quote(self.table_name)
+                pages = int(conn.execute(sa.text("SELECT relpages FROM pg_class WHERE oid = CAST(:r AS regclass)"),
+                                         {"r": rel}).scalar() or 1)
+                fraction = min(1.0, max(sample_rows / max(est, 1), 2048 / max(pages, 1)))
+                keep = min(1.0, sample_rows / max(est * fraction, 1))
+                sampled = self.table.tablesample(sa.func.system(100.0 * fraction), name="s")
                 scols = [sampled.c[k] for k in self.key_names]
                 stmt = sa.select(*scols).where(*self._range_filter(lo != MIN_KEY, on=sampled))
+                if keep < 1.0:
+                    stmt = stmt.where(sa.func.random() < keep)
                 sample = sorted(tuple(r) for r in conn.execute(stmt, params))
                 if len(sample) >= parts * 4:
                     step = len(sample) / parts
