@@ -258,7 +258,8 @@ class KeysetTraversal:
 
     # ---- traversal ---------------------------------------------------------------------------
     def request_stop(self) -> None:
-        """Ask running ``traverse`` calls to finish the chunk in hand, commit it, and return."""
+        """Ask the running ``traverse`` call to finish the chunk in hand, commit it, and return.
+        The request applies to the call in progress (or the next one, if none is running)."""
         self._stop.set()
 
     def traverse(
@@ -305,6 +306,12 @@ class KeysetTraversal:
         args = (processor, chunk_size, lease_seconds, max_chunk_attempts, max_item_attempts, owner_lineage,
                 claim_timeout, backoff_base, backoff_max, item_retry_delay, outage_failure_ratio, prefetch,
                 log_every_seconds, dead_cap, group_commit_chunks, group_commit_seconds)
+        try:
+            return self._traverse_restoring(round_id, range_id, args)
+        finally:
+            self._stop.clear()  # a stop request ends this call, not the traversal object
+
+    def _traverse_restoring(self, round_id: str, range_id: int, args: tuple) -> RangeResult:
         for _ in range(3):
             try:
                 return self._traverse(round_id, range_id, *args)

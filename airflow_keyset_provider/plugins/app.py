@@ -1,0 +1,176 @@
+"""The FastAPI app behind the Airflow UI page: one HTML page and a read-only JSON API.
+
+Mounted by the Airflow API server under ``/keyset`` (see ``keyset.py``); imported only there, on
+the first request, so other Airflow processes that load plugins never import FastAPI or the API
+server's security module because of this provider.
+
+Routes (relative to the mount point)::
+
+    GET /                                        the page (HTML; fetches the routes below)
+    GET /icon.svg                                navigation icon (public, static)
+    GET /api/streams                             streams under the key prefix
+    GET /api/streams/{stream}?closed=3           watermark, retention floor, open + recent rounds
+    GET /api/streams/{stream}/rounds/{round_id}?dead=3
+                                                 one round: ranges, progress, lag, dead letters
+
+Guarantees:
+
+- **Airflow's authentication**: every route but the icon requires what the Airflow UI and REST
+  API require, through the API server's own dependency (``GetUserDep``: the ``Authorization:
+  Bearer <JWT>`` header, else the ``_token`` cookie the Airflow UI sets at login). No credential:
+  401; an invalid or expired token: 401/403; a user the auth manager does not authorize for the
+  custom view ``RESOURCE_NAME`` with method ``GET``: 403. An unauthenticated browser on the page
+  gets a 401 page with a link to Airflow's login that returns here.
+- **Read-only**: only ``GET`` routes exist, and they only read Redis (see ``status.py``).
+- **No credentials leave the server**: the Redis client is built from the Airflow connection
+  ``[keyset] redis_conn_id`` (default ``redis_default``); responses name the connection id and the
+  key prefix (``[keyset] key_prefix``, default ``ks``), never a host password or URI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import threading
+from importlib import resources
+from typing import Annotated, Any
+
+import redis
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+from airflow.api_fastapi.core_api.security import GetUserDep
+from airflow.configuration import conf
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..core.errors import ConfigurationError, StoreUnavailableError
+from . import status as view
+
+#: The custom view name the auth manager is asked about (method ``GET``). SimpleAuthManager lets
+#: every role from viewer up see it; with another auth manager, grant read on this resource.
+RESOURCE_NAME = "Keyset"
+CONFIG_SECTION = "keyset"
+DEFAULT_REDIS_CONN_ID = "redis_default"
+DEFAULT_KEY_PREFIX = "ks"
+
+_clients: dict[str, redis.Redis] = {}
+_clients_lock = threading.Lock()
+
+
+def settings() -> tuple[str, str]:
+    """``(redis_conn_id, key_prefix)`` from the Airflow configuration section ``[keyset]``
+    (environment: ``AIRFLOW__KEYSET__REDIS_CONN_ID``, ``AIRFLOW__KEYSET__KEY_PREFIX``)."""
+    conn_id = conf.get(CONFIG_SECTION, "redis_conn_id", fallback=DEFAULT_REDIS_CONN_ID) or DEFAULT_REDIS_CONN_ID
+    prefix = conf.get(CONFIG_SECTION, "key_prefix", fallback=DEFAULT_KEY_PREFIX) or DEFAULT_KEY_PREFIX
+    return conn_id, prefix
+
+
+def _client(conn_id: str) -> redis.Redis:
+    """One pooled client per connection id, built through ``KeysetHook`` (so it has the same
+    socket timeouts, TLS and AUTH handling as the operators)."""
+    with _clients_lock:
+        client = _clients.get(conn_id)
+        if client is None:
+            from ..hooks.keyset import KeysetHook
+
+            client = KeysetHook(redis_conn_id=conn_id).redis_client()
+            _clients[conn_id] = client
+        return client
+
+
+def _forget(conn_id: str) -> None:
+    """Drop a client after a Redis error, so a fixed connection is picked up on the next call."""
+    with _clients_lock:
+        client = _clients.pop(conn_id, None)
+    if client is not None:
+        with contextlib.suppress(Exception):
+            client.close()
+
+
+def authorized_user(user: GetUserDep) -> BaseUser:
+    """The signed-in user, if the auth manager lets them read the ``RESOURCE_NAME`` view."""
+    if not get_auth_manager().is_authorized_custom_view(method="GET", resource_name=RESOURCE_NAME, user=user):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"not authorized to read the {RESOURCE_NAME} view")
+    return user
+
+
+AuthorizedUser = Annotated[BaseUser, Depends(authorized_user)]
+
+
+def _read(fn: Any, *args: Any) -> Any:
+    """Run one read against Redis and map failures to HTTP errors that name no secret."""
+    conn_id, prefix = settings()
+    try:
+        return fn(_client(conn_id), prefix, *args)
+    except view.NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    except view.StateLost as exc:
+        raise HTTPException(status.HTTP_410_GONE, str(exc)) from exc
+    except ConfigurationError as exc:  # connection missing or of the wrong type
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from exc
+    except (redis.RedisError, StoreUnavailableError) as exc:
+        _forget(conn_id)
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"Redis of connection {conn_id!r} is unavailable: {type(exc).__name__}: {exc}",
+        ) from exc
+
+
+def _page_template() -> str:
+    return (resources.files(__package__) / "static" / "keyset.html").read_text(encoding="utf-8")
+
+
+def _unauthenticated_page(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
+    page = str(request.url)
+    try:
+        login = get_auth_manager().get_url_login(next_url=page)
+    except Exception:
+        login = "/"
+    body = (
+        "<!doctype html><title>Keyset traversals</title>"
+        f"<p>{html.escape(str(exc.detail))}.</p>"
+        f'<p><a href="{html.escape(login, quote=True)}">Sign in to Airflow</a> to see the keyset traversals.</p>'
+    )
+    return HTMLResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+def create_app() -> FastAPI:
+    """The app the plugin mounts (see the module docstring for routes and guarantees)."""
+    app = FastAPI(title="Keyset traversals", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _errors(request: Request, exc: StarletteHTTPException) -> Response:
+        wants_html = "text/html" in request.headers.get("accept", "")
+        if wants_html and request.url.path.rstrip("/") == request.scope.get("root_path", "").rstrip("/") \
+                and exc.status_code in (401, 403):
+            return _unauthenticated_page(request, exc)
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def page(request: Request, _user: AuthorizedUser) -> HTMLResponse:
+        base = request.scope.get("root_path", "").rstrip("/") + "/"
+        text = _page_template().replace("__BASE_HREF__", html.escape(base, quote=True))
+        return HTMLResponse(text, headers={"Cache-Control": "no-store"})
+
+    @app.get("/icon.svg", include_in_schema=False)
+    def icon() -> Response:
+        svg = (resources.files(__package__) / "static" / "icon.svg").read_bytes()
+        return Response(svg, media_type="image/svg+xml", headers={"Cache-Control": "max-age=3600"})
+
+    @app.get("/api/streams")
+    def streams(_user: AuthorizedUser) -> dict[str, Any]:
+        conn_id, prefix = settings()
+        return {"redis_conn_id": conn_id, "key_prefix": prefix, "streams": _read(view.streams)}
+
+    @app.get("/api/streams/{stream}")
+    def stream(stream: str, _user: AuthorizedUser,
+               closed: Annotated[int, Query(ge=0, le=20)] = 3) -> dict[str, Any]:
+        return _read(view.stream_view, stream, closed)
+
+    @app.get("/api/streams/{stream}/rounds/{round_id}")
+    def round_(stream: str, round_id: str, _user: AuthorizedUser,
+               dead: Annotated[int, Query(ge=0, le=50)] = 3) -> dict[str, Any]:
+        return _read(view.round_view, stream, round_id, dead)
+
+    return app

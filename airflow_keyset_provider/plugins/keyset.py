@@ -1,0 +1,63 @@
+"""``KeysetPlugin``: the Airflow 3 plugin that puts the keyset traversal page into the Airflow UI.
+
+- ``fastapi_apps``: the page and its read-only JSON API, mounted by the API server at
+  ``URL_PREFIX`` (``/keyset``) and protected by Airflow's own authentication (see ``app.py``).
+- ``external_views``: a navigation entry under *Browse* that embeds ``keyset/`` (relative to the
+  UI's base URL, so it works behind a path prefix) at the UI route ``/plugin/keyset``.
+
+Every Airflow process that loads plugins imports this module (schedulers and task runners too),
+so it stays cheap: the FastAPI app is built on its first request, inside the API server only.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+# The Task SDK class is the one providers use (as apache-airflow-providers-common-compat does).
+from airflow.sdk.plugins_manager import AirflowPlugin
+
+URL_PREFIX = "/keyset"
+UI_ROUTE = "keyset"
+
+
+class LazyApp:
+    """An ASGI app that builds the real FastAPI app (``app.create_app``) on its first call.
+
+    Starlette's ``Mount`` only needs an ASGI callable, so the API server serves it like any
+    FastAPI sub-app; lifespan events are not forwarded to mounted apps, and none are needed."""
+
+    def __init__(self) -> None:
+        self._app: Any = None
+        self._lock = threading.Lock()
+
+    def _get(self) -> Any:
+        if self._app is None:
+            with self._lock:
+                if self._app is None:
+                    from .app import create_app
+
+                    self._app = create_app()
+        return self._app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._get()(scope, receive, send)
+
+
+class KeysetPlugin(AirflowPlugin):
+    """Registers the "Keyset traversals" page (see the module docstring)."""
+
+    name = "keyset"
+    fastapi_apps = [
+        {"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "Keyset traversals"},
+    ]
+    external_views = [
+        {
+            "name": "Keyset traversals",
+            "href": "keyset/",
+            "url_route": UI_ROUTE,
+            "destination": "nav",
+            "category": "browse",
+            "icon": "keyset/icon.svg",
+        },
+    ]

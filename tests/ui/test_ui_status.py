@@ -1,0 +1,66 @@
+"""What the UI page's JSON says about ranges, read from real Redis (no Airflow, no browser).
+
+The page marks a range *lagging* when it is not complete and nobody owns it, or its owner stopped
+heartbeating (last beat older than twice the expected interval, a third of the lease). Progress
+is a key-space fraction where one exists, else the page shows counts only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+import sqlalchemy as sa
+
+from airflow_keyset_provider.core import KeysetTraversal
+from airflow_keyset_provider.plugins import status
+from airflow_keyset_provider.plugins.status import lag_reason
+
+
+def _range(**kw: Any) -> dict[str, Any]:
+    return {"state": "running", "owner": "worker#1", "heartbeat_age_s": 1.0, **kw}
+
+
+def test_lag_rules() -> None:
+    assert lag_reason("closed", _range(owner=""), None) is None  # a closed round never lags
+    assert lag_reason("open", _range(state="complete", owner=""), None) is None
+    assert lag_reason("open", _range(), expected_heartbeat_s=20) is None  # fresh owner
+    assert lag_reason("open", _range(heartbeat_age_s=39.0), 20) is None  # within 2x the interval
+    assert "stale owner" in (lag_reason("open", _range(heartbeat_age_s=41.0), 20) or "")
+    assert lag_reason("open", _range(owner="", heartbeat_age_s=None), None) == "no owner: never claimed"
+    assert "released unfinished" in (lag_reason("open", _range(state="pending", owner=""), None) or "")
+
+
+def test_round_view_from_redis(sqlite_url: str, redis_url: str, redis_client: redis.Redis, key_prefix: str) -> None:
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+        conn.execute(sa.text("INSERT INTO t VALUES (:k)"), [{"k": i} for i in range(1, 201)])
+    engine.dispose()
+    t = KeysetTraversal(sqlite_url, table="t", key="k", redis_url=redis_url, stream="s", key_prefix=key_prefix)
+    try:
+        rnd = t.plan(max_ranges=3)
+        # Range 0 starts at -inf: once its cursor moved, no key-space fraction exists (counts only).
+        t.traverse(rnd.round_id, 0, lambda chunk: t.request_stop(), chunk_size=10)
+        # Range 1: an owner whose 300 ms lease (100 ms heartbeats) went silent.
+        claim = t.store.claim(rnd.round_id, 1, "worker#silent", "", 300)
+        assert not isinstance(claim, tuple), claim
+        view = status.round_view(redis_client, key_prefix, "s", rnd.round_id)
+        while not view["ranges"][1]["lagging"]:  # wait (no timing assertion) for 2 intervals to pass
+            time.sleep(0.05)
+            view = status.round_view(redis_client, key_prefix, "s", rnd.round_id)
+    finally:
+        t.close()
+
+    r0, r1, r2 = view["ranges"]
+    assert r0["progress"] is None and r0["progress_basis"] == "counts only" and r0["done"] == 10
+    assert r0["lagging"] and r0["lag_reason"].startswith("no owner: released unfinished")
+    assert r1["owner"] == "worker#silent" and r1["expected_heartbeat_s"] == 0.1
+    assert r1["lag_reason"].startswith("stale owner: last heartbeat")
+    assert r2["lag_reason"] == "no owner: never claimed" and r2["progress"] == 0.0
+    assert view["lagging"] == 3 and all(r["dead_letters"] == [] for r in view["ranges"])
+
+    summary = status.stream_view(redis_client, key_prefix, "s")
+    assert [(r["round_id"], r["state"], r["lagging"]) for r in summary["rounds"]] == [(rnd.round_id, "open", 3)]
+    assert [s["stream"] for s in status.streams(redis_client, key_prefix)] == ["s"]
