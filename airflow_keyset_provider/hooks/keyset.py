@@ -1,0 +1,129 @@
+"""``KeysetHook``: Airflow connections -> the engine's source engine and Redis client.
+
+Connections are resolved through the official provider hooks (``PostgresHook``, ``SqliteHook``,
+``RedisHook``), so whatever those hooks support (extras such as ``sqlalchemy_query``, SSL for
+Redis) works here too. Guarantees:
+
+- a source connection must be of type ``postgres`` or ``sqlite`` and the store connection of type
+  ``redis``; anything else, or a connection id that is not defined, raises
+  :class:`~airflow_keyset_provider.core.ConfigurationError` naming the connection id and what to do;
+- credentials never reach a log line, an error message or XCom: the hook hands SQLAlchemy a
+  ``URL`` object (whose rendering hides the password) and never formats connection URIs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import sqlalchemy as sa
+from airflow.sdk import BaseHook
+
+from airflow_keyset_provider.core import ConfigurationError, KeysetTraversal, StreamControl
+from airflow_keyset_provider.core.source import make_engine
+from airflow_keyset_provider.core.store import CursorStore
+
+SOURCE_CONN_TYPES = ("postgres", "sqlite")
+STORE_CONN_TYPES = ("redis",)
+
+# Applied to the Redis client when the connection does not set them: a hung Redis must fail a
+# call (and so the try) instead of blocking a worker slot forever.
+_REDIS_SOCKET_DEFAULTS = {"socket_connect_timeout": 5.0, "socket_timeout": 30.0, "health_check_interval": 30}
+
+
+def _conn_type(conn_id: str, role: str, allowed: Sequence[str]) -> str:
+    """The connection's type, checked against ``allowed``; clear errors for missing/wrong ones."""
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception as exc:  # AirflowNotFoundException and friends; the message names no secret
+        if "isn't defined" in str(exc) or type(exc).__name__ == "AirflowNotFoundException":
+            raise ConfigurationError(
+                f"{role} connection {conn_id!r} is not defined. Create it in the Airflow UI "
+                f"(Admin > Connections, type {' or '.join(allowed)}) or set the environment "
+                f"variable AIRFLOW_CONN_{conn_id.upper()}."
+            ) from exc
+        raise
+    conn_type = (conn.conn_type or "").lower()
+    if conn_type == "postgresql":
+        conn_type = "postgres"
+    if conn_type not in allowed:
+        raise ConfigurationError(
+            f"{role} connection {conn_id!r} has type {conn.conn_type!r}; it must be of type "
+            f"{' or '.join(repr(a) for a in allowed)}."
+        )
+    return conn_type
+
+
+class KeysetHook(BaseHook):
+    """Builds ``KeysetTraversal`` / ``StreamControl`` objects from Airflow connection ids.
+
+    :param source_conn_id: a ``postgres`` or ``sqlite`` connection (the traversed table's database).
+        Not needed for round-level operations (``control``).
+    :param redis_conn_id: a ``redis`` connection (the cursor store).
+    """
+
+    hook_name = "Keyset traversal"
+
+    def __init__(self, source_conn_id: str | None = None, redis_conn_id: str = "redis_default") -> None:
+        super().__init__()
+        self.source_conn_id = source_conn_id
+        self.redis_conn_id = redis_conn_id
+
+    # ---- connections ---------------------------------------------------------------------
+    def source_url(self) -> sa.URL | str:
+        """SQLAlchemy URL of the source connection (a ``URL`` object for PostgreSQL, so the
+        password is hidden whenever it is rendered)."""
+        if not self.source_conn_id:
+            raise ConfigurationError("source_conn_id is required: name a postgres or sqlite connection")
+        kind = _conn_type(self.source_conn_id, "source", SOURCE_CONN_TYPES)
+        if kind == "postgres":
+            from airflow.providers.postgres.hooks.postgres import PostgresHook
+
+            return PostgresHook(postgres_conn_id=self.source_conn_id).sqlalchemy_url
+        from airflow.providers.sqlite.hooks.sqlite import SqliteHook
+
+        return SqliteHook(sqlite_conn_id=self.source_conn_id).get_uri()
+
+    def get_conn(self) -> sa.Engine:
+        """An autocommit SQLAlchemy engine on the source (the same kind the engine reads with)."""
+        return make_engine(self.source_url())  # type: ignore[arg-type]
+
+    def redis_client(self) -> redis.Redis:
+        """The Redis client of ``redis_conn_id`` (via ``RedisHook``), with socket timeouts."""
+        _conn_type(self.redis_conn_id, "Redis (cursor store)", STORE_CONN_TYPES)
+        from airflow.providers.redis.hooks.redis import RedisHook
+
+        client = RedisHook(redis_conn_id=self.redis_conn_id).get_conn()
+        pool_kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+        if isinstance(pool_kwargs, dict):
+            for name, value in _REDIS_SOCKET_DEFAULTS.items():
+                if pool_kwargs.get(name) is None:
+                    pool_kwargs[name] = value
+        return client
+
+    # ---- engine objects ------------------------------------------------------------------
+    def traversal(
+        self,
+        *,
+        table: str,
+        key: str | Sequence[str],
+        stream: str,
+        where: str | None = None,
+        columns: Sequence[str] | None = None,
+        key_prefix: str = "ks",
+        **kwargs: Any,
+    ) -> KeysetTraversal:
+        """A ``KeysetTraversal`` over ``table`` of the source connection, cursors in Redis."""
+        return KeysetTraversal(
+            self.source_url(), table=table, key=key, stream=stream, where=where,
+            columns=list(columns) if columns is not None else None,
+            redis_client=self.redis_client(), key_prefix=key_prefix, **kwargs,
+        )
+
+    def control(self, stream: str, key_prefix: str = "ks") -> StreamControl:
+        """Round-level operations on ``stream`` (no source connection needed)."""
+        return StreamControl(CursorStore(self.redis_client(), stream, prefix=key_prefix))
+
+
+__all__ = ["SOURCE_CONN_TYPES", "STORE_CONN_TYPES", "KeysetHook"]
