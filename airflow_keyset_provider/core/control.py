@@ -72,7 +72,7 @@ class RoundTotals:
     def as_dict(self) -> dict[str, Any]:
         return {"round_id": self.round_id, "start_key": _jsonable(self.start_key),
                 "end_key": _jsonable(self.end_key), "done": self.done, "skipped": self.skipped,
-                "dead": self.dead}
+                "dead": self.dead, "watermark": _jsonable(self.watermark)}
 
 
 

@@ -328,11 +328,21 @@ class SqlSource:
         conversion still follows SQLAlchemy's own processors, applied only where a column has one."""
         dialect = self.engine.dialect
         sql, params_for = self._driver_call(self._chunk_statement(has_lo))
-        procs = [self.table.c[c].type.dialect_impl(dialect).result_processor(dialect, None)
-                 for c in self.column_names]
-        active = [(i, p) for i, p in enumerate(procs) if p is not None]
+        impls = [self.table.c[c].type.dialect_impl(dialect) for c in self.column_names]
+        active: list[tuple[int, Callable[[Any], Any]]] = []
+        known = False
         raw = self.engine.raw_connection()
         self._raw = raw
+
+        def learn(description: Sequence[Any]) -> None:
+            # Result processors depend on the driver's column type code (PostgreSQL numeric
+            # needs it), which only the first result's description tells.
+            nonlocal known
+            for i, (impl, desc) in enumerate(zip(impls, description, strict=True)):
+                proc = impl.result_processor(dialect, desc[1])
+                if proc is not None:
+                    active.append((i, proc))
+            known = True
 
         def convert(rows: Sequence[Any]) -> list[tuple]:
             if not active:
@@ -352,6 +362,8 @@ class SqlSource:
             cur = raw.cursor()
             try:
                 cur.execute(sql, params_for(values))
+                if not known:
+                    learn(cur.description)
                 count = cur.rowcount
                 if count > 0 and hasattr(cur, "scroll"):
                     cur.scroll(count - 1, mode="absolute")

@@ -449,6 +449,8 @@ class CursorStore:
         if chained:
             open_id = self.client.get(f"{self.base}:chained")
             if open_id is not None:
+                if idempotency_key:  # this request now belongs to that round, even after it closes
+                    self.client.hsetnx(f"{self.base}:by_key", idempotency_key, open_id)
                 return _s(open_id)
         return None
 

@@ -427,3 +427,26 @@ def test_both_postgres_drivers_and_lazy_rows(pg_engine, pg_schema_url, redis_url
     assert sum(counted) == 3000
     assert payloads == {f"e{k}" for k in range(rnd.ranges[1].lo + 1, 3001)}
     assert t.close_round(rnd.round_id).done == 3000
+
+
+def test_numeric_columns_and_keys_on_postgres(pg_engine, pg_schema_url, redis_url, key_prefix):
+    from decimal import Decimal
+    with pg_engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE prices (sku numeric(12,2) PRIMARY KEY, amount numeric(12,2) NOT NULL)"))
+        c.execute(sa.text("INSERT INTO prices SELECT g / 100.0, g * 2 / 100.0 FROM generate_series(1, 500) g"))
+    t = KeysetTraversal(pg_schema_url, table="prices", key="sku", columns=["amount"], redis_url=redis_url,
+                        stream="p", key_prefix=key_prefix)
+    rnd = t.plan(max_ranges=2, start_key=Decimal("0.50"))
+    amounts = []
+    run_all(t, rnd, lambda ch: amounts.extend(r["amount"] for r in ch.rows), chunk_size=90)
+    assert len(amounts) == 450 and amounts[0] == Decimal("1.02") and isinstance(amounts[0], Decimal)
+
+
+def test_plan_joining_the_open_round_remembers_its_round_key(pg_engine, pg_schema_url, redis_url, key_prefix):
+    make_events(pg_engine, list(range(1, 101)))
+    t = traversal(pg_schema_url, redis_url, key_prefix)
+    r1 = t.plan(2, round_key="run-1/plan")
+    assert t.plan(2, round_key="run-2/plan").round_id == r1.round_id  # night 2 finishes night 1's round
+    run_all(t, r1, Recorder())
+    t.close_round(r1.round_id)
+    assert t.plan(2, round_key="run-2/plan").round_id == r1.round_id  # a retry of night 2's plan: same round

@@ -1,0 +1,206 @@
+"""``BarrierSensor``: succeed only when a whole round is traversed, then close it.
+
+The barrier looks at the round's state in Redis, never at Airflow task states: a traverse task
+marked "success" by hand, skipped, or cleared does not move a cursor, so it cannot open the
+barrier. Guarantees:
+
+- It succeeds only when every range of the round is complete and the ranges cover
+  ``(start, end]`` with no gap (the close re-checks both atomically in Redis). Then it closes the
+  round, which moves the stream's watermark to ``end`` (forward only), and returns the totals
+  (``round_id``, ``start_key``, ``end_key``, ``done``, ``skipped``, ``dead``, ``watermark``,
+  ``stream``) as its XCom. Closing is idempotent: a retried barrier returns the same totals.
+- With ``max_dead_letters`` set and more items dead-lettered than that, it fails *without*
+  closing: the round stays open and the watermark does not move, so nothing downstream treats the
+  round as done until a person has looked at the dead letters (then either raise the limit and
+  clear the barrier, or reset the round to traverse it again). Retrying cannot fix this, so the
+  task fails without retries.
+- On timeout it fails with the lagging ranges: range, cursor, state, owner, last heartbeat.
+- Modes: ``poke``, ``reschedule``, and ``deferrable=True`` (default from Airflow's
+  ``[operators] default_deferrable``), which hands the wait to ``KeysetRoundTrigger`` in the
+  triggerer; the worker closes the round when the trigger fires.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
+
+from airflow_keyset_provider.core import StreamControl
+from airflow_keyset_provider.core.control import describe_range
+from airflow_keyset_provider.hooks.keyset import KeysetHook
+from airflow_keyset_provider.operators.keyset import (
+    ROUND_ID_XCOM_KEY,
+    ROUND_XCOM_KEY,
+    airflow_errors,
+    jsonable,
+    key_label,
+)
+from airflow_keyset_provider.triggers.keyset import KeysetRoundTrigger
+
+_MAX_LISTED = 20  # lagging ranges listed in one message
+
+
+def _lagging_text(lines: list[str]) -> str:
+    if not lines:
+        return "no lagging range recorded"
+    more = f"; ... and {len(lines) - _MAX_LISTED} more" if len(lines) > _MAX_LISTED else ""
+    return "; ".join(lines[:_MAX_LISTED]) + more
+
+
+class BarrierSensor(BaseSensorOperator):
+    """Wait until every range of a round is complete, close the round, return its totals.
+
+    :param plan_task_id: the ``PlanRangesOperator`` of this DAG run whose round to wait for.
+    :param round_id: wait for this round instead (e.g. from another DAG); then give ``stream``
+        (default: this DAG's id) and ``key_prefix`` if they are not the defaults.
+    :param stream: the round's stream (default: the plan's stream, else this DAG's id).
+    :param redis_conn_id: Airflow ``redis`` connection of the cursor store.
+    :param key_prefix: the engine's Redis key prefix (default: the plan's, else ``ks``).
+    :param max_dead_letters: fail (without closing) when more items than this were dead-lettered.
+    :param deferrable: wait in the triggerer instead of a worker slot.
+    :param poke_interval: seconds between checks (also the trigger's poll interval).
+    """
+
+    template_fields: Sequence[str] = ("round_id", "stream", "plan_task_id", "key_prefix")
+    ui_color = "#f3e3d8"
+
+    def __init__(
+        self,
+        *,
+        plan_task_id: str | None = "plan",
+        round_id: str | None = None,
+        stream: str | None = None,
+        redis_conn_id: str = "redis_default",
+        key_prefix: str | None = None,
+        max_dead_letters: int | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not plan_task_id and not round_id:
+            raise ValueError("BarrierSensor needs plan_task_id (a PlanRangesOperator of this DAG) or round_id")
+        if max_dead_letters is not None and (isinstance(max_dead_letters, bool) or max_dead_letters < 0):
+            raise ValueError(f"max_dead_letters must be None or a non-negative integer, got {max_dead_letters!r}")
+        self.plan_task_id = plan_task_id
+        self.round_id = round_id
+        self.stream = stream
+        self.redis_conn_id = redis_conn_id
+        self.key_prefix = key_prefix
+        self.max_dead_letters = max_dead_letters
+        self.deferrable = deferrable
+
+    # ---- which round ---------------------------------------------------------------------
+    def _target(self, context: Context) -> tuple[str, str, str]:
+        """-> (round_id, stream, key_prefix)."""
+        if self.round_id:
+            return str(self.round_id), self.stream or self.dag_id, self.key_prefix or "ks"
+        ti = context["ti"]
+        info = ti.xcom_pull(task_ids=self.plan_task_id, key=ROUND_XCOM_KEY) or {}
+        round_id = info.get("round_id") or ti.xcom_pull(task_ids=self.plan_task_id, key=ROUND_ID_XCOM_KEY)
+        if not round_id:
+            raise AirflowFailException(
+                f"task {self.plan_task_id!r} pushed no round id in this DAG run: the barrier must run "
+                "after its PlanRangesOperator (or pass round_id=)"
+            )
+        return (str(round_id), self.stream or info.get("stream") or self.dag_id,
+                self.key_prefix or info.get("key_prefix") or "ks")
+
+    def _control(self, context: Context) -> tuple[str, StreamControl]:
+        """The round and a control on its stream; one Redis client per task try, not per poke."""
+        round_id, stream, prefix = self._target(context)
+        cached = getattr(self, "_cached_control", None)
+        if cached is None or cached[0] != (stream, prefix):
+            with airflow_errors():
+                cached = ((stream, prefix), KeysetHook(redis_conn_id=self.redis_conn_id).control(stream, prefix))
+            self._cached_control = cached
+        return round_id, cached[1]
+
+    # ---- the check and the close -----------------------------------------------------------
+    def poke(self, context: Context) -> bool | PokeReturnValue:
+        round_id, ctl = self._control(context)
+        with airflow_errors():
+            check = ctl.check_round(round_id)
+        if not check.complete:
+            self.log.info("round %s: %d range(s) not complete: %s", round_id, len(check.lagging),
+                          _lagging_text([describe_range(r) for r in check.lagging]))
+            return False
+        return PokeReturnValue(is_done=True, xcom_value=self._close(ctl, round_id))
+
+    def _close(self, ctl: StreamControl, round_id: str) -> dict[str, Any]:
+        with airflow_errors():
+            if self.max_dead_letters is not None and ctl.round(round_id).state != "closed":
+                status = ctl.range_status(round_id)
+                dead = sum(r["dead"] for r in status)
+                if dead > self.max_dead_letters:
+                    where = ", ".join(f"range {r['range_id']}: {r['dead']}" for r in status if r["dead"])
+                    raise AirflowFailException(
+                        f"round {round_id}: {dead} item(s) dead-lettered ({where}), more than "
+                        f"max_dead_letters={self.max_dead_letters}. The round stays open and the "
+                        "watermark did not move. Inspect the dead letters (StreamControl.dead_letters), "
+                        "then raise the limit and clear this task, or reset the round to traverse it again."
+                    )
+            totals = ctl.close_round(round_id)
+        out = totals.as_dict()
+        out["watermark"] = jsonable(totals.watermark)
+        out["stream"] = ctl.stream
+        self.log.info(
+            "round %s (%s, %s] closed: done %d, skipped %d, dead %d; stream %s watermark now %s",
+            round_id, key_label(out["start_key"]), key_label(out["end_key"]), totals.done, totals.skipped,
+            totals.dead, ctl.stream, key_label(out["watermark"]),
+        )
+        return out
+
+    def _lagging_now(self, context: Context) -> str:
+        try:
+            round_id, ctl = self._control(context)
+            return _lagging_text([describe_range(r) for r in ctl.check_round(round_id).lagging])
+        except Exception as exc:  # the timeout is the error; the listing is a best effort
+            return f"(could not list the lagging ranges: {exc})"
+
+    # ---- execution paths -------------------------------------------------------------------
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            try:
+                return super().execute(context)
+            except AirflowSensorTimeout as exc:
+                raise AirflowSensorTimeout(f"{exc} Lagging ranges: {self._lagging_now(context)}") from exc
+        round_id, ctl = self._control(context)
+        with airflow_errors():
+            check = ctl.check_round(round_id)
+        if check.complete:
+            return self._close(ctl, round_id)
+        _, stream, prefix = self._target(context)
+        self.log.info("round %s: %d range(s) not complete; deferring (timeout %.0f s)", round_id,
+                      len(check.lagging), self.timeout)
+        self.defer(
+            trigger=KeysetRoundTrigger(round_id=round_id, stream=stream, redis_conn_id=self.redis_conn_id,
+                                       key_prefix=prefix, poll_interval=self.poke_interval,
+                                       deadline=time.time() + self.timeout),
+            method_name="execute_complete",
+            # a backstop only: the trigger fires its own timeout event, with the lagging ranges
+            timeout=dt.timedelta(seconds=self.timeout + max(60.0, self.poke_interval * 2)),
+        )
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:
+        event = event or {}
+        status = event.get("status")
+        round_id = event.get("round_id")
+        if status == "complete":
+            _, ctl = self._control(context)
+            return self._close(ctl, str(round_id))
+        if status == "timeout":
+            raise AirflowSensorTimeout(
+                f"round {round_id} is not complete after {self.timeout:.0f} s. Lagging ranges: "
+                f"{_lagging_text(list(event.get('lagging') or []))}"
+            )
+        if status == "error":
+            raise AirflowFailException(f"round {round_id}: {event.get('message')}")
+        raise AirflowException(f"unexpected event from KeysetRoundTrigger: {event!r}")
+
+
+__all__ = ["BarrierSensor"]

@@ -1,0 +1,158 @@
+"""``KeysetRoundTrigger``: the deferrable half of ``BarrierSensor``.
+
+It polls the round's state in Redis every ``poll_interval`` seconds (the same read-only
+``StreamControl.check_round`` the sensor pokes with) and fires once when every range is complete,
+or once when ``deadline`` passes (with the lagging ranges), or once with an error when the round
+cannot be found. Between polls it listens to the stream's pub/sub events channel, where the
+engine announces completed ranges, to re-check early; messages are a hint only: a lost or missing
+message only delays the answer to the next poll, and a broken subscription falls back to polling.
+The trigger never closes the round: ``BarrierSensor.execute_complete`` does, in the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+from asgiref.sync import sync_to_async
+
+from airflow_keyset_provider.core import (
+    ConfigurationError,
+    KeysetError,
+    RoundNotFoundError,
+    RoundStateLostError,
+    StreamControl,
+)
+from airflow_keyset_provider.core.control import describe_range
+from airflow_keyset_provider.core.store import CursorStore
+
+# How often the pub/sub channel is checked (non-blocking) between two polls of the round.
+_HINT_CHECK_SECONDS = 0.5
+
+
+class KeysetRoundTrigger(BaseTrigger):
+    """Fires ``{"status": "complete" | "timeout" | "error", "round_id", ...}`` for one round.
+
+    :param round_id: the round to watch.
+    :param stream: the round's stream.
+    :param redis_conn_id: Airflow ``redis`` connection of the cursor store.
+    :param key_prefix: the engine's Redis key prefix.
+    :param poll_interval: seconds between two reads of the round's state.
+    :param deadline: UNIX time after which the trigger fires ``timeout`` with the lagging ranges
+        (``lagging``: one description per range: cursor, owner, last heartbeat); None waits forever.
+    """
+
+    def __init__(
+        self,
+        round_id: str,
+        stream: str,
+        redis_conn_id: str = "redis_default",
+        key_prefix: str = "ks",
+        poll_interval: float = 30.0,
+        deadline: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.round_id = round_id
+        self.stream = stream
+        self.redis_conn_id = redis_conn_id
+        self.key_prefix = key_prefix
+        self.poll_interval = poll_interval
+        self.deadline = deadline
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {"round_id": self.round_id, "stream": self.stream, "redis_conn_id": self.redis_conn_id,
+             "key_prefix": self.key_prefix, "poll_interval": self.poll_interval, "deadline": self.deadline},
+        )
+
+    def _connect(self) -> tuple[StreamControl, Any]:
+        from airflow_keyset_provider.hooks.keyset import KeysetHook
+
+        client = KeysetHook(redis_conn_id=self.redis_conn_id).redis_client()
+        ctl = StreamControl(CursorStore(client, self.stream, prefix=self.key_prefix))
+        pubsub = None
+        try:
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub.subscribe(ctl.store.events_channel)
+        except Exception as exc:  # pub/sub is an optimisation only
+            self.log.info("round %s: no pub/sub wake-ups (%s); polling every %.0f s", self.round_id, exc,
+                          self.poll_interval)
+            pubsub = None
+        return ctl, pubsub
+
+    def _hint(self, pubsub: Any) -> bool:
+        """True if a 'range complete' message for this round arrived (non-blocking)."""
+        message = pubsub.get_message(timeout=0)
+        while message is not None:
+            data = message.get("data")
+            text = data.decode() if isinstance(data, bytes) else str(data)
+            if text.startswith(f"{self.round_id}:"):
+                return True
+            message = pubsub.get_message(timeout=0)
+        return False
+
+    async def _wait(self, pubsub: Any, seconds: float) -> Any:
+        """Sleep up to ``seconds``, returning early on a pub/sub hint. Returns the pubsub to keep
+        using (None once it broke)."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if pubsub is not None:
+                try:
+                    if await sync_to_async(self._hint)(pubsub):
+                        return pubsub
+                except Exception as exc:
+                    self.log.info("round %s: pub/sub stopped (%s); falling back to polling", self.round_id, exc)
+                    await sync_to_async(_close_quietly)(pubsub)
+                    pubsub = None
+            await asyncio.sleep(min(left, _HINT_CHECK_SECONDS) if pubsub is not None else left)
+        return pubsub
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        try:
+            ctl, pubsub = await sync_to_async(self._connect)()
+        except ConfigurationError as exc:
+            yield TriggerEvent({"status": "error", "round_id": self.round_id, "message": str(exc)})
+            return
+        try:
+            while True:
+                check = None
+                try:
+                    check = await sync_to_async(ctl.check_round)(self.round_id)
+                except (RoundStateLostError, RoundNotFoundError, ConfigurationError) as exc:
+                    yield TriggerEvent({"status": "error", "round_id": self.round_id,
+                                        "message": f"{type(exc).__name__}: {exc}"})
+                    return
+                except (KeysetError, redis.RedisError) as exc:  # transient: keep polling until the deadline
+                    self.log.warning("round %s: could not read the round's state: %s", self.round_id, exc)
+                if check is not None and check.complete:
+                    self.log.info("round %s: every range is complete", self.round_id)
+                    yield TriggerEvent({"status": "complete", "round_id": self.round_id})
+                    return
+                now = time.time()
+                if self.deadline is not None and now >= self.deadline:
+                    lagging = [describe_range(r) for r in check.lagging] if check is not None \
+                        else ["(the round's state could not be read from Redis at the deadline)"]
+                    yield TriggerEvent({"status": "timeout", "round_id": self.round_id, "lagging": lagging})
+                    return
+                if check is not None:
+                    self.log.info("round %s: %d range(s) not complete yet", self.round_id, len(check.lagging))
+                wait = self.poll_interval if self.deadline is None else min(self.poll_interval, self.deadline - now)
+                pubsub = await self._wait(pubsub, max(wait, 0.0))
+        finally:
+            if pubsub is not None:
+                await sync_to_async(_close_quietly)(pubsub)
+            await sync_to_async(_close_quietly)(ctl.store.client)
+
+
+def _close_quietly(obj: Any) -> None:
+    with contextlib.suppress(Exception):  # closing is best effort
+        obj.close()
+
+
+__all__ = ["KeysetRoundTrigger"]
