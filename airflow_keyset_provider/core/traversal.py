@@ -38,6 +38,7 @@ from .chunk import Chunk, ChunkResult
 from .control import RangeSpec, Round, RoundTotals, StreamControl, _decode
 from .errors import (
     ConfigurationError,
+    CursorConflictError,
     DependencyFailedError,
     KeysetError,
     LeaseHeldError,
@@ -53,6 +54,7 @@ from .keys import (
     display_key,
     encode_key,
 )
+from .metrics import Metrics, NullMetrics
 from .mirror import CheckpointMirror
 from .planner import MAX_MAP_LENGTH, split
 from .source import SqlSource, release
@@ -149,6 +151,7 @@ class KeysetTraversal:
         commit_wait_timeout: float = 60.0,
         checkpoint_url: Any = None,
         checkpoint_seconds: float = 10.0,
+        metrics: Metrics | None = None,
     ) -> None:
         if redis_client is None:
             if not redis_url:
@@ -163,6 +166,8 @@ class KeysetTraversal:
         self.store = CursorStore(redis_client, stream, prefix=key_prefix)
         self.mirror = CheckpointMirror(checkpoint_url) if checkpoint_url is not None else None
         self.checkpoint_seconds = checkpoint_seconds
+        self.metrics: Metrics = metrics or NullMetrics()
+        self.tags = {"stream": stream}
         self.control = StreamControl(self.store, self.mirror)
         self.stream = stream
         self.arity = self.source.arity
@@ -320,6 +325,7 @@ class KeysetTraversal:
                 # and go on. Without one, or if the mirror never saw it, the loss is an error.
                 if not self.control.restore(round_id):
                     raise
+                self.metrics.incr("state.restored", tags=self.tags)
         return self._traverse(round_id, range_id, *args)
 
     def _traverse(self, round_id: str, range_id: int, processor: Processor, chunk_size: int, lease_seconds: float,
@@ -347,6 +353,7 @@ class KeysetTraversal:
                      round_id, range_id, claim.done, claim.skipped, claim.dead)
             return RangeResult(round_id, range_id, claim.done, claim.skipped, claim.dead, True, claim.cursor)
         if claim.takeover:
+            self.metrics.incr("lease.takeover", tags=self.tags)
             log.warning("round %s range %d: took over from a previous owner at cursor %s (that owner is "
                         "fenced; up to one chunk will be replayed)", round_id, range_id,
                         display_key(claim.cursor, self.arity))
@@ -562,6 +569,7 @@ class _RangeRun:
 
     # -- helpers --
     def _backoff(self, attempt: int, what: str, exc: BaseException) -> None:
+        self.t.metrics.incr("dependency.failure", tags=self.t.tags)
         if attempt >= self.max_chunk_attempts:
             raise DependencyFailedError(
                 f"round {self.round_id} range {self.range_id}: {what} failed {attempt} times in a row "
@@ -577,9 +585,21 @@ class _RangeRun:
 
     def _commit(self, new: str, done: int, skipped: int, resolved: Sequence[tuple[str, str]] = (),
                 failed: Sequence[tuple[str, str]] = ()) -> None:
-        a = self.store.advance(self.round_id, self.range_id, self.token, self.state.cursor, new, done=done,
-                               skipped=skipped, lease_ms=self.lease_ms, max_item_attempts=self.max_item_attempts,
-                               dead_cap=self.dead_cap, resolved=resolved, failed=failed)
+        metrics, tags = self.t.metrics, self.t.tags
+        started = time.perf_counter()
+        try:
+            a = self.store.advance(self.round_id, self.range_id, self.token, self.state.cursor, new, done=done,
+                                   skipped=skipped, lease_ms=self.lease_ms, max_item_attempts=self.max_item_attempts,
+                                   dead_cap=self.dead_cap, resolved=resolved, failed=failed)
+        except (LeaseLostError, CursorConflictError):
+            metrics.incr("advance.refused", tags=tags)
+            raise
+        metrics.timing("chunk.commit", (time.perf_counter() - started) * 1000, tags=tags)
+        metrics.incr("chunks", tags=tags)
+        for name, delta in (("rows.done", a.done - self.state.done), ("rows.skipped", a.skipped - self.state.skipped),
+                            ("rows.dead", a.dead - self.state.dead)):
+            if delta:
+                metrics.incr(name, delta, tags=tags)
         newly_dead = a.dead - self.state.dead
         self.state = _State(a.cursor, a.done, a.skipped, a.dead, a.retries, a.complete)
         self.chunks += 1
@@ -678,7 +698,9 @@ class _RangeRun:
                     pending = pool.submit(self.source.fetch, last, self.hi, self.n)
                 chunk = Chunk(self.round_id, self.range_id, self.source.column_names, rows, self.key_of, attempt + 1)
                 try:
+                    started = time.perf_counter()
                     result = self.processor(chunk)
+                    self.t.metrics.timing("chunk.process", (time.perf_counter() - started) * 1000, tags=self.t.tags)
                     failed, skipped = self._interpret(chunk, result)
                     if len(failed) >= 2 and len(failed) > self.outage_ratio * len(rows):
                         raise RetryableError(

@@ -13,6 +13,8 @@ Redis) works here too. Guarantees:
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,6 +105,10 @@ class KeysetHook(BaseHook):
         return client
 
     # ---- engine objects ------------------------------------------------------------------
+    @staticmethod
+    def metrics() -> AirflowStatsMetrics:
+        return AirflowStatsMetrics()
+
     def traversal(
         self,
         *,
@@ -118,7 +124,8 @@ class KeysetHook(BaseHook):
         return KeysetTraversal(
             self.source_url(), table=table, key=key, stream=stream, where=where,
             columns=list(columns) if columns is not None else None,
-            redis_client=self.redis_client(), key_prefix=key_prefix, **kwargs,
+            redis_client=self.redis_client(), key_prefix=key_prefix,
+            **{"metrics": self.metrics(), **kwargs},
         )
 
     def control(self, stream: str, key_prefix: str = "ks") -> StreamControl:
@@ -126,4 +133,23 @@ class KeysetHook(BaseHook):
         return StreamControl(CursorStore(self.redis_client(), stream, prefix=key_prefix))
 
 
-__all__ = ["SOURCE_CONN_TYPES", "STORE_CONN_TYPES", "KeysetHook"]
+class AirflowStatsMetrics:
+    """The engine's metrics (``core.metrics``) sent to Airflow's ``Stats`` as ``keyset.<name>``,
+    so they reach StatsD or OpenTelemetry as the deployment configures. Never raises."""
+
+    def incr(self, name: str, count: int = 1, tags: dict[str, str] | None = None) -> None:
+        with contextlib.suppress(Exception):
+            _stats().incr(f"keyset.{name}", count, tags=tags)
+
+    def timing(self, name: str, ms: float, tags: dict[str, str] | None = None) -> None:
+        with contextlib.suppress(Exception):
+            _stats().timing(f"keyset.{name}", datetime.timedelta(milliseconds=ms), tags=tags)
+
+
+def _stats() -> Any:
+    from airflow.sdk.observability.stats import Stats
+
+    return Stats
+
+
+__all__ = ["SOURCE_CONN_TYPES", "STORE_CONN_TYPES", "AirflowStatsMetrics", "KeysetHook"]

@@ -32,7 +32,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from airflow_keyset_provider.core import StreamControl
 from airflow_keyset_provider.core.control import describe_range
-from airflow_keyset_provider.hooks.keyset import KeysetHook
+from airflow_keyset_provider.hooks.keyset import AirflowStatsMetrics, KeysetHook
 from airflow_keyset_provider.operators.keyset import (
     ROUND_ID_XCOM_KEY,
     ROUND_XCOM_KEY,
@@ -145,6 +145,11 @@ class BarrierSensor(BaseSensorOperator):
                         "then raise the limit and clear this task, or reset the round to traverse it again."
                     )
             totals = ctl.close_round(round_id)
+            created_ms = int(ctl.store.round_info(round_id).get("created_ms", "0") or 0)
+        metrics, tags = AirflowStatsMetrics(), {"stream": ctl.stream}
+        metrics.incr("barrier.closed", tags=tags)
+        if created_ms:  # plan -> closed: how long the barrier's round took to finish
+            metrics.timing("round.duration", time.time() * 1000 - created_ms, tags=tags)
         out = totals.as_dict()
         out["watermark"] = jsonable(totals.watermark)
         out["stream"] = ctl.stream
