@@ -323,26 +323,13 @@ def apply_rates(before: dict[str, Any], after: dict[str, Any], seconds: float) -
     after["eta_s"] = max(etas) if running and len(etas) == len(running) else (0.0 if not running else None)
 
 
-def retention_floor(ctl: StreamControl, rounds: Sequence[dict[str, Any]]) -> str | None:
-    """Encoded key at or below which the source may drop rows: every key above it is still to
-    be read, by an open round from its lowest unfinished cursor (from ``lo`` while items of the
-    range wait in the retry set: they are re-read by key), or by the next chained round (from the
-    open chained round's ``end``, else from the watermark). None: nothing was ever planned."""
-    candidates = []
-    chained = [r for r in rounds if r["chained"] and r["state"] != "closed"]
-    if chained:
-        candidates.append(chained[0]["end_encoded"])
-    else:
-        wm = ctl.store.watermark()
-        if wm is not None:
-            candidates.append(wm)
-    for rnd in rounds:
-        if rnd["state"] == "closed":
-            continue
-        for r in rnd["ranges"]:
-            if r["state"] != "complete":
-                candidates.append(r["lo_encoded"] if r["retries"] else r["cursor_encoded"])
-    return min(candidates) if candidates else None
+def _label(value: Any) -> str:
+    """A decoded key as the engine's logs show it: ``-inf``, ``42``, ``(2024-01-01T00:00:00+00:00, 7)``."""
+    if value is None:
+        return "-inf"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(str(_jsonable(v)) for v in value) + ")"
+    return str(_jsonable(value))
 
 
 def stream_snapshot(ctl: StreamControl, round_id: str | None = None) -> dict[str, Any]:
@@ -357,14 +344,14 @@ def stream_snapshot(ctl: StreamControl, round_id: str | None = None) -> dict[str
         rounds = known or [round_snapshot(ctl, round_id)]
     arity = _stream_arity(ctl, rounds or open_rounds)
     wm = ctl.store.watermark()
-    floor = retention_floor(ctl, open_rounds)
+    floor = ctl.retention_floor()  # the engine's definition, shared with the UI and the docs
     seq = ctl.store.client.get(f"{ctl.store.base}:seq")
     return {
         "stream": ctl.stream, "key_prefix": ctl.store.base.split(":{", 1)[0],
         "watermark": _jsonable(_decode(wm, arity)) if wm else None,
         "watermark_label": display_key(wm, arity) if wm else None,
-        "retention_floor": _jsonable(_decode(floor, arity)) if floor else None,
-        "retention_floor_label": display_key(floor, arity) if floor is not None else None,
+        "retention_floor": _jsonable(floor),
+        "retention_floor_label": _label(floor) if floor is not None else None,
         "rounds_planned": int(seq) if seq else 0,
         "open_rounds": open_ids,
         "rounds": rounds,

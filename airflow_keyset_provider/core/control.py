@@ -159,18 +159,20 @@ class StreamControl:
         return from_tuple(decode_key(wm), len(decode_key(wm)))
 
     def retention_floor(self) -> Any:
-        """The smallest key the stream may still need: the lowest committed cursor of any
-        incomplete range of an open round, else the watermark (None: keep everything). A source
-        may delete rows with keys ``<=`` this value without breaking any round; deleting above it
-        can remove rows a round has not read yet."""
-        floor: str | None = None
+        """The highest key at or below which the source may delete rows without harming any round
+        (None: keep everything). It is the lowest of: each incomplete range's cursor (its ``lo``
+        while it has items waiting for a retry, which are re-read by key), and the watermark unless
+        a chained round is open (the next chained round starts there)."""
+        candidates: list[str] = []
+        chained_open = self.store.lookup(None, chained=True)
         for rid in self.store.open_rounds():
             for r in self.store.ranges(rid):
-                if r["state"] != "complete" and (floor is None or r["cursor"] < floor):
-                    floor = r["cursor"]
-        if floor is None:
-            floor = self.store.watermark()
-        if floor is None or floor == MIN_KEY:
+                if r["state"] != "complete":
+                    candidates.append(r["lo"] if int(r["retries"]) else r["cursor"])
+        if chained_open is None:
+            candidates.append(self.store.watermark() or MIN_KEY)
+        floor = min(candidates) if candidates else MIN_KEY
+        if floor == MIN_KEY:
             return None
         values = decode_key(floor)
         return from_tuple(values, len(values))

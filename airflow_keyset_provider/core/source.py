@@ -16,6 +16,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -134,6 +135,7 @@ class SqlSource:
             raise ConfigurationError(f"key lists a column twice: {keys}")
         if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)):
             raise ConfigurationError(f"columns must be a list of column names, got {columns!r}")
+        self._owns_engine = not isinstance(url, Engine)  # never dispose a caller's engine
         self.engine = make_engine(url)
         self.dialect = self.engine.dialect.name
         schema, _, name = table.rpartition(".")
@@ -393,13 +395,23 @@ class SqlSource:
         with self.engine.connect() as conn:
             return [tuple(r) for r in conn.execute(stmt)]
 
+    def reset(self) -> None:
+        """After a failed fetch: drop the hot-path connection (it may be broken) so the next fetch
+        opens a fresh one."""
+        raw, self._raw = self._raw, None
+        self._fetchers.clear()
+        if raw is not None:
+            with contextlib.suppress(Exception):
+                raw.invalidate()
+
     def close(self) -> None:
         raw = self._raw
         if raw is not None:
             raw.close()
             self._raw = None
             self._fetchers.clear()
-        self.engine.dispose()
+        if self._owns_engine:
+            self.engine.dispose()
 
     # ---- bounds ------------------------------------------------------------------------------
     def max_key(self, conn: sa.Connection) -> tuple | None:

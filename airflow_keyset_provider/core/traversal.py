@@ -684,7 +684,7 @@ class _RangeRun:
                     pending = None
                     flush()
                     attempt += 1
-                    self.source.close()
+                    self.source.reset()
                     self._backoff(attempt, "reading the chunk", exc)
                     continue
                 pending = None
