@@ -36,7 +36,9 @@ from .keys import MIN_KEY, decode_key, encode_key
 
 log = logging.getLogger(__name__)
 
-_BYTE_ORDER_COLLATIONS = {"C", "POSIX", "C.UTF-8", "C.utf8", "ucs_basic", "pg_c_utf8"}
+# collations that compare by code point (= UTF-8 byte order), as the encoded keys do; PostgreSQL
+# 17+ built-in pg_c_utf8 and 18+ pg_unicode_fast sort by code point too
+_BYTE_ORDER_COLLATIONS = {"C", "POSIX", "C.UTF-8", "C.utf8", "ucs_basic", "pg_c_utf8", "pg_unicode_fast"}
 
 
 class FetchedRows(Sequence[tuple]):

@@ -117,9 +117,10 @@ class _Progress:
         elapsed = max(now - self.started, 1e-9)
         rate = self.rows / elapsed
         eta = ""
-        if self.estimate and rate > 0:
-            left = max(self.estimate - self.rows, 0)
-            eta = f", ETA {dt.timedelta(seconds=int(left / rate))}"
+        if self.estimate and rate > 0 and self.rows < self.estimate:
+            eta = f", ETA {dt.timedelta(seconds=int((self.estimate - self.rows) / rate))}"
+        elif self.estimate is not None and self.rows >= self.estimate and not force:
+            eta = ", ETA unknown (more rows than the planner estimated; ANALYZE the table)"
         log.info(
             "round %s range %d: cursor %s of %s; done %d, skipped %d, dead %d, retry %d; %d rows in %.1f s "
             "(%.0f rows/s%s)", self.round_id, self.range_id, display_key(cursor, self.arity), self.hi_label,

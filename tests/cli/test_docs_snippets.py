@@ -567,10 +567,28 @@ def _in_source(relpath: str, *phrases: str) -> None:
 def test_troubleshooting_quotes_key_validation_errors(pg_schema_url: str, pg_engine: sa.Engine, redis_url: str,
                                                      key_prefix: str) -> None:
     from airflow_keyset_provider.core import KeysetTraversal
+    from airflow_keyset_provider.core.source import _BYTE_ORDER_COLLATIONS
 
+    # A collation that does not order by code point, if the server can use one (ICU or an OS
+    # locale); a server built without ICU and without locales (the embedded one) has none at all.
+    with pg_engine.connect() as c:
+        candidates = c.execute(sa.text(
+            "SELECT collname FROM pg_collation WHERE collencoding IN (-1, pg_char_to_encoding('UTF8')) "
+            "AND NOT collname = ANY(:byte_order) ORDER BY collname = 'en-US-x-icu' DESC, collname"),
+            {"byte_order": sorted(_BYTE_ORDER_COLLATIONS | {"default"})}).scalars().all()
+    other = None
+    for name in [*candidates, None]:
+        collate = f'COLLATE "{name}"' if name else ""
+        try:
+            with pg_engine.begin() as c:
+                c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL, "
+                                  "created_at timestamptz, score float8 NOT NULL UNIQUE, "
+                                  f"name text {collate} NOT NULL UNIQUE)")
+        except sa.exc.DBAPIError:  # listed but unusable here (e.g. ICU in a build without ICU)
+            continue
+        other = name
+        break
     with pg_engine.begin() as c:
-        c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL, created_at timestamptz, "
-                          "score float8 NOT NULL UNIQUE, name text COLLATE \"en-US-x-icu\" NOT NULL UNIQUE)")
         c.exec_driver_sql("CREATE TABLE events_copy (seq bigint NOT NULL, payload text)")
         c.exec_driver_sql("CREATE INDEX ON events_copy (seq)")
         c.exec_driver_sql("CREATE TABLE pairs (a bigint NOT NULL, b bigint NOT NULL, PRIMARY KEY (b, a))")
@@ -597,9 +615,13 @@ def test_troubleshooting_quotes_key_validation_errors(pg_schema_url: str, pg_eng
             "the table. Fix: CREATE INDEX ON ")
     _quoted(plan("events", "score"), "key column 'score' has type DOUBLE PRECISION, whose values are not exact or "
             "not unique enough to order by. Use an integer, text, timestamp, date, UUID or numeric column.")
-    _quoted(plan("events", "name"), "text key column 'name' uses collation 'en-US-x-icu', which does not order by "
-            "code point, so cursors compared in Redis would disagree with the database. Fix: ALTER TABLE ",
-            " ALTER COLUMN name TYPE text COLLATE \"C\" (or page by another key).")
+    collation_tail = ("which does not order by code point, so cursors compared in Redis would disagree with the "
+                      "database. Fix: ALTER TABLE ")
+    if other:
+        _quoted(plan("events", "name"), f"text key column 'name' uses collation '{other}', {collation_tail}",
+                " ALTER COLUMN name TYPE text COLLATE \"C\" (or page by another key).")
+    else:  # every collation here orders by code point: the refusal cannot happen, so check its text
+        _in_source("core/source.py", collation_tail)
     _quoted(plan("events", "seq", start_key=50, end_key=10), "start_key 50 is above end_key 10: a round is start < key <= end")
     _quoted(plan("events", "seq", start_key="x"), "start_key='x' (str) does not fit a int key column")
 
