@@ -104,7 +104,9 @@ def _key_kind(col: sa.Column) -> str:
             f"key column {col.name!r} has type {t}, whose values are not exact or not unique "
             "enough to order by. Use an integer, text, timestamp, date, UUID or numeric column."
         )
-    for cls, kind in ((sa.Integer, "int"), (sa.Numeric, "decimal"), (sa.DateTime, "timestamp"),
+    if isinstance(t, sa.DateTime):
+        return "timestamptz" if t.timezone else "timestamp"
+    for cls, kind in ((sa.Integer, "int"), (sa.Numeric, "decimal"),
                       (sa.Date, "date"), (sa.Uuid, "uuid"), (sa.String, "text")):
         if isinstance(t, cls):
             return kind
@@ -130,7 +132,7 @@ class SqlSource:
     ) -> None:
         if not isinstance(table, str) or not table.strip():
             raise ConfigurationError("table must be a non-empty table name, e.g. 'events' or 'app.events'")
-        keys = [key] if isinstance(key, str) else list(key or [])
+        keys = [key] if isinstance(key, str) else list(key) if isinstance(key, (list, tuple)) else []
         if not keys or not all(isinstance(k, str) and k for k in keys):
             raise ConfigurationError(f"key must be a column name or a list of column names, got {key!r}")
         if len(set(keys)) != len(keys):

@@ -12,6 +12,7 @@ Key layout (``P`` is the key prefix, ``ks`` by default; ``S`` the stream)::
     P:{S}:open                      set     ids of open rounds
     P:{S}:chained                   string  id of the open round that started at the watermark
     P:{S}:by_key                    hash    idempotency key (e.g. Airflow run id) -> round id
+    P:{S}:ahead                     hash    closed rounds above a gap: round id -> "start|end"
     P:{S}:round:R                   hash    start, end, n_ranges, state, chained, source, totals
     P:{S}:round:R:range:I           hash    lo, hi, cursor, owner, lineage, epoch, lease_until,
                                             heartbeat_ms, done, skipped, dead, state, takeovers
@@ -293,9 +294,10 @@ CLOSE_ROUND = (
     """
 -- Close a round if, and only if, every range is complete and the ranges cover (start, end]
 -- with no gap and no overlap; then move the stream's watermark forward (never backwards), and
--- only when the round continues the contiguous completed prefix (it started at or below it).
--- KEYS[1] round hash  KEYS[2] watermark  KEYS[3] open set  KEYS[4] chained id
--- KEYS[5..] range hashes in range order.
+-- only over the contiguous completed prefix: a round that starts above the watermark is parked
+-- in the "ahead" hash and absorbed once the rounds below it have closed.
+-- KEYS[1] round hash  KEYS[2] watermark  KEYS[3] open set  KEYS[4] chained id  KEYS[5] ahead hash
+-- KEYS[6..] range hashes in range order.
 -- Returns {'lost'} | {'incomplete', range ids...} | {'gap', range id}
 --       | {'closed', done, skipped, dead, watermark}  (idempotent once closed)
 """
@@ -311,23 +313,38 @@ end
 local expect = rnd[2]
 local done, skipped, dead = 0, 0, 0
 local lagging = {}
-for i = 5, #KEYS do
+for i = 6, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 0 then return {'lost'} end
   local r = redis.call('HMGET', KEYS[i], 'lo', 'hi', 'cursor', 'state', 'done', 'skipped', 'dead')
-  if r[1] ~= expect then return {'gap', tostring(i - 5)} end
+  if r[1] ~= expect then return {'gap', tostring(i - 6)} end
   expect = r[2]
-  if r[4] ~= 'complete' or r[3] ~= r[2] then table.insert(lagging, tostring(i - 5)) end
+  if r[4] ~= 'complete' or r[3] ~= r[2] then table.insert(lagging, tostring(i - 6)) end
   done, skipped, dead = done + tonumber(r[5]), skipped + tonumber(r[6]), dead + tonumber(r[7])
 end
-if expect ~= rnd[3] then return {'gap', tostring(#KEYS - 4)} end
+if expect ~= rnd[3] then return {'gap', tostring(#KEYS - 5)} end
 if #lagging > 0 then return {'incomplete', unpack(lagging)} end
 redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_ms', now, 'done', done, 'skipped', skipped, 'dead', dead)
 redis.call('SREM', KEYS[3], rnd[4])
 if redis.call('GET', KEYS[4]) == rnd[4] then redis.call('DEL', KEYS[4]) end
-local contiguous = (rnd[5] == '1') or (wm == false and rnd[2] == '') or (wm and rnd[2] <= wm)
-if contiguous and (wm == false or rnd[3] > wm) then
-  redis.call('SET', KEYS[2], rnd[3])
-  wm = rnd[3]
+local function reaches(start) return (wm == false and start == '') or (wm and start <= wm) end
+if (rnd[5] == '1') or reaches(rnd[2]) then
+  if wm == false or rnd[3] > wm then wm = rnd[3] end
+  -- absorb parked rounds that now touch the prefix, until none does
+  local moved = true
+  while moved do
+    moved = false
+    local ahead = redis.call('HGETALL', KEYS[5])
+    for j = 1, #ahead, 2 do
+      local s, e = string.match(ahead[j + 1], '^([^|]*)|(.*)$')
+      if reaches(s) then
+        if e > wm then wm = e; moved = true end
+        redis.call('HDEL', KEYS[5], ahead[j])
+      end
+    end
+  end
+  redis.call('SET', KEYS[2], wm)
+else
+  redis.call('HSET', KEYS[5], rnd[4], rnd[2] .. '|' .. rnd[3])
 end
 return {'closed', done, skipped, dead, wm or ''}
 """
@@ -669,7 +686,8 @@ class CursorStore:
         ``('gap', [id])``; raises ``RoundStateLostError`` when state is missing."""
         info = self.round_info(round_id)
         n = int(info["n_ranges"])
-        keys = [self.round_key(round_id), self.watermark_key, f"{self.base}:open", f"{self.base}:chained"]
+        keys = [self.round_key(round_id), self.watermark_key, f"{self.base}:open", f"{self.base}:chained",
+                f"{self.base}:ahead"]
         keys += [self.range_key(round_id, i) for i in range(n)]
         res = self._call(self._close, keys, [])
         status = _s(res[0])

@@ -20,6 +20,7 @@ The contract this class keeps (see docs/contract.md):
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import random
@@ -300,10 +301,11 @@ class KeysetTraversal:
         ``LeaseLostError`` when another worker took the range, ``RoundStateLostError`` when Redis
         lost the round.
 
-        Group commit (``group_commit_chunks`` > 1, or ``group_commit_seconds``): commit the cursor
-        once per group of chunks instead of once per chunk, and always before stopping, backing off
-        or retrying items. It saves a Redis round trip per chunk for tiny chunks; the replay bound
-        after a crash widens from one chunk to one group.
+        Group commit (``group_commit_chunks`` > 1 and/or ``group_commit_seconds``): commit the cursor
+        once per group of chunks (every N chunks, or every T seconds, whichever comes first; T alone
+        groups by time only) instead of once per chunk, and always before stopping, backing off or
+        retrying items. It saves a Redis round trip per chunk for tiny chunks; the replay bound after
+        a crash widens from one chunk to one group.
         """
         if isinstance(group_commit_chunks, bool) or not isinstance(group_commit_chunks, int) or group_commit_chunks < 1:
             raise ConfigurationError(f"group_commit_chunks must be a positive integer, got {group_commit_chunks!r}")
@@ -446,13 +448,17 @@ def _coerce(v: Any, kind: str, name: str) -> Any:
         return v
     if kind == "decimal" and isinstance(v, (Decimal, int)) and not isinstance(v, bool):
         return Decimal(v)
-    if kind == "timestamp" and isinstance(v, dt.datetime):
-        return v
-    if kind == "timestamp" and isinstance(v, str):
-        try:
-            return dt.datetime.fromisoformat(v)
-        except ValueError:
-            pass
+    if kind in ("timestamp", "timestamptz") and isinstance(v, str):
+        with contextlib.suppress(ValueError):
+            v = dt.datetime.fromisoformat(v)
+    if kind in ("timestamp", "timestamptz") and isinstance(v, dt.datetime):
+        aware = v.tzinfo is not None and v.utcoffset() is not None
+        if aware == (kind == "timestamptz"):
+            return v
+        raise ConfigurationError(
+            f"{name}={v!r} is {'timezone-aware' if aware else 'naive'} but the key column is "
+            f"{'timestamp with time zone: give an aware datetime (e.g. tzinfo=UTC)' if kind == 'timestamptz' else 'timestamp without time zone: give a naive datetime'}"
+        )
     if kind == "date" and isinstance(v, dt.date) and not isinstance(v, dt.datetime):
         return v
     if kind == "date" and isinstance(v, str):
@@ -733,7 +739,9 @@ class _RangeRun:
                 group.add(len(rows) - len(failed) - len(skipped), len(skipped), failed.items())
                 release(rows)
                 read = last
-                if group.chunks >= self.group_chunks or (
+                # a chunk limit of 1 with a time limit means "by time only"
+                by_count = self.group_chunks > 1 or self.group_seconds is None
+                if (by_count and group.chunks >= self.group_chunks) or (
                         self.group_seconds is not None and time.monotonic() - group.since >= self.group_seconds):
                     flush()
                 self.progress.tick(len(rows), read, self.state.done + group.done, self.state.skipped + group.skipped,
@@ -774,6 +782,11 @@ class _RangeRun:
                 rows = self.source.fetch_keys([e[0] for e in entries])
                 chunk = Chunk(self.round_id, self.range_id, self.source.column_names, rows, self.key_of, passes + 1)
                 failed, skipped = self._interpret(chunk, self.processor(chunk)) if rows else ({}, [])
+                self._check_pass_outage(entries, failed)
+            except RetryableError as exc:
+                attempt += 1
+                self._backoff(attempt, "the processor's dependency (item retry pass)", exc)
+                continue
             except KeysetError:
                 raise
             except Exception as exc:
@@ -792,6 +805,25 @@ class _RangeRun:
             self._commit(self.state.cursor, 0, 0, resolved=resolved, failed=sorted(failed.items()))
             log.info("round %s range %d: item retry pass %d: %d resolved, %d still failing, %d dead so far",
                      self.round_id, self.range_id, passes, len(resolved), len(failed), self.state.dead)
+
+
+    def _check_pass_outage(self, entries: Sequence[tuple[str, int, str]], failed: dict[str, str]) -> None:
+        """A retry pass where (nearly) every item failed, and failed for a reason other than the one
+        it failed with before, is a dependency failure: it must not use up the items' attempts. Items
+        that are bad on their own keep failing for their own reasons and are still dead-lettered."""
+        if len(failed) < 2 or len(failed) <= self.outage_ratio * len(entries):
+            return
+        before = {enc: err.removeprefix("replay of: ") for enc, _, err in entries}
+        changed = sum(1 for enc, why in failed.items() if _stored(why) != before.get(enc))
+        if changed * 2 > len(failed):
+            raise RetryableError(
+                f"{len(failed)} of {len(entries)} items failed again in a retry pass, {changed} of them for a new "
+                f"reason (first: {next(iter(failed.values()))}); treating it as a dependency failure")
+
+
+def _stored(reason: str) -> str:
+    """An error reason as the store keeps it."""
+    return reason.replace("\n", " ")[:500]
 
 
 def load_processor(ref: str | Callable[..., Any]) -> Callable[..., Any]:

@@ -286,6 +286,9 @@ class TraverseRangeOperator(BaseOperator):
         max_item_attempts: int = 3,
         claim_timeout: float | None = None,
         log_every_seconds: float = 30.0,
+        prefetch: bool = True,
+        group_commit_chunks: int = 1,
+        group_commit_seconds: float | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("map_index_template") is None:  # unmapping passes None explicitly
@@ -310,6 +313,9 @@ class TraverseRangeOperator(BaseOperator):
         self.max_item_attempts = max_item_attempts
         self.claim_timeout = claim_timeout
         self.log_every_seconds = log_every_seconds
+        self.prefetch = prefetch
+        self.group_commit_chunks = group_commit_chunks
+        self.group_commit_seconds = group_commit_seconds
         self._traversal: KeysetTraversal | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -336,6 +342,8 @@ class TraverseRangeOperator(BaseOperator):
                     lease_seconds=self.lease_seconds, max_chunk_attempts=self.max_chunk_attempts,
                     max_item_attempts=self.max_item_attempts, owner_lineage=lineage,
                     claim_timeout=self.claim_timeout, log_every_seconds=self.log_every_seconds,
+                    prefetch=self.prefetch, group_commit_chunks=self.group_commit_chunks,
+                    group_commit_seconds=self.group_commit_seconds,
                 )
             finally:
                 self._traversal = None

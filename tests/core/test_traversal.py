@@ -450,3 +450,19 @@ def test_plan_joining_the_open_round_remembers_its_round_key(pg_engine, pg_schem
     run_all(t, r1, Recorder())
     t.close_round(r1.round_id)
     assert t.plan(2, round_key="run-2/plan").round_id == r1.round_id  # a retry of night 2's plan: same round
+
+
+def test_group_commit_by_time_alone(pg_engine, pg_schema_url, redis_url, key_prefix):
+    make_events(pg_engine, list(range(1, 1001)))
+    t = traversal(pg_schema_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=1)
+    advances = []
+    original = t.store.advance
+
+    def counting_advance(*args, **kwargs):
+        advances.append(args[4])
+        return original(*args, **kwargs)
+
+    t.store.advance = counting_advance  # type: ignore[method-assign]
+    res = t.traverse(rnd.round_id, 0, lambda ch: None, chunk_size=100, group_commit_seconds=3600)
+    assert res.done == 1000 and len(advances) == 1  # one group: flushed once, at the end
