@@ -30,7 +30,7 @@ _ROUND, _WATERMARK = -1, -2
 class CheckpointMirror:
     """The table ``keyset_checkpoints`` (created if missing): one row per stream/round/range."""
 
-    def __init__(self, url: str | Engine, table: str = "keyset_checkpoints") -> None:
+    def __init__(self, url: str | sa.URL | Engine, table: str = "keyset_checkpoints") -> None:
         try:
             self.engine = url if isinstance(url, Engine) else sa.create_engine(url, pool_pre_ping=True)
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:

@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from airflow.sdk import BaseHook
 
 from airflow_keyset_provider.core import ConfigurationError, KeysetTraversal, StreamControl
+from airflow_keyset_provider.core.mirror import CheckpointMirror
 from airflow_keyset_provider.core.source import make_engine
 from airflow_keyset_provider.core.store import CursorStore
 
@@ -57,20 +58,36 @@ def _conn_type(conn_id: str, role: str, allowed: Sequence[str]) -> str:
     return conn_type
 
 
+def _sql_url(conn_id: str, role: str) -> sa.URL | str:
+    """SQLAlchemy URL of a postgres or sqlite connection, through the official provider hooks."""
+    kind = _conn_type(conn_id, role, SOURCE_CONN_TYPES)
+    if kind == "postgres":
+        from airflow.providers.postgres.hooks.postgres import PostgresHook
+
+        return PostgresHook(postgres_conn_id=conn_id).sqlalchemy_url
+    from airflow.providers.sqlite.hooks.sqlite import SqliteHook
+
+    return SqliteHook(sqlite_conn_id=conn_id).get_uri()
+
+
 class KeysetHook(BaseHook):
     """Builds ``KeysetTraversal`` / ``StreamControl`` objects from Airflow connection ids.
 
     :param source_conn_id: a ``postgres`` or ``sqlite`` connection (the traversed table's database).
         Not needed for round-level operations (``control``).
     :param redis_conn_id: a ``redis`` connection (the cursor store).
+    :param checkpoint_conn_id: optional ``postgres``/``sqlite`` connection of the durable checkpoint
+        mirror (see ``core.mirror``): with it, a round that Redis loses is restored with bounded replay.
     """
 
     hook_name = "Keyset traversal"
 
-    def __init__(self, source_conn_id: str | None = None, redis_conn_id: str = "redis_default") -> None:
+    def __init__(self, source_conn_id: str | None = None, redis_conn_id: str = "redis_default",
+                 checkpoint_conn_id: str | None = None) -> None:
         super().__init__()
         self.source_conn_id = source_conn_id
         self.redis_conn_id = redis_conn_id
+        self.checkpoint_conn_id = checkpoint_conn_id
 
     # ---- connections ---------------------------------------------------------------------
     def source_url(self) -> sa.URL | str:
@@ -78,14 +95,11 @@ class KeysetHook(BaseHook):
         password is hidden whenever it is rendered)."""
         if not self.source_conn_id:
             raise ConfigurationError("source_conn_id is required: name a postgres or sqlite connection")
-        kind = _conn_type(self.source_conn_id, "source", SOURCE_CONN_TYPES)
-        if kind == "postgres":
-            from airflow.providers.postgres.hooks.postgres import PostgresHook
+        return _sql_url(self.source_conn_id, "source")
 
-            return PostgresHook(postgres_conn_id=self.source_conn_id).sqlalchemy_url
-        from airflow.providers.sqlite.hooks.sqlite import SqliteHook
-
-        return SqliteHook(sqlite_conn_id=self.source_conn_id).get_uri()
+    def checkpoint_url(self) -> sa.URL | str | None:
+        """SQLAlchemy URL of the checkpoint mirror's database (``checkpoint_conn_id``), or None."""
+        return _sql_url(self.checkpoint_conn_id, "checkpoint") if self.checkpoint_conn_id else None
 
     def get_conn(self) -> sa.Engine:
         """An autocommit SQLAlchemy engine on the source (the same kind the engine reads with)."""
@@ -125,12 +139,14 @@ class KeysetHook(BaseHook):
             self.source_url(), table=table, key=key, stream=stream, where=where,
             columns=list(columns) if columns is not None else None,
             redis_client=self.redis_client(), key_prefix=key_prefix,
-            **{"metrics": self.metrics(), **kwargs},
+            **{"metrics": self.metrics(), "checkpoint_url": self.checkpoint_url(), **kwargs},
         )
 
     def control(self, stream: str, key_prefix: str = "ks") -> StreamControl:
         """Round-level operations on ``stream`` (no source connection needed)."""
-        return StreamControl(CursorStore(self.redis_client(), stream, prefix=key_prefix))
+        url = self.checkpoint_url()
+        return StreamControl(CursorStore(self.redis_client(), stream, prefix=key_prefix),
+                             CheckpointMirror(url) if url is not None else None)
 
 
 class AirflowStatsMetrics:

@@ -191,10 +191,12 @@ class PlanRangesOperator(BaseOperator):
         key_prefix: str = "ks",
         commit_wait_timeout: float = 60.0,
         settle_seconds: float = 0.0,
+        checkpoint_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         _check_max_ranges(max_ranges)
+        self.checkpoint_conn_id = checkpoint_conn_id
         self.source_conn_id = source_conn_id
         self.table = table
         self.key = key
@@ -215,7 +217,7 @@ class PlanRangesOperator(BaseOperator):
         columns = list(self.columns) if self.columns is not None else None
         with airflow_errors():
             _check_max_ranges(self.max_ranges)
-            hook = KeysetHook(self.source_conn_id, self.redis_conn_id)
+            hook = KeysetHook(self.source_conn_id, self.redis_conn_id, self.checkpoint_conn_id)
             t = hook.traversal(table=self.table, key=key, stream=stream, where=self.where, columns=columns,
                                key_prefix=self.key_prefix, commit_wait_timeout=self.commit_wait_timeout,
                                settle_seconds=self.settle_seconds)
@@ -234,12 +236,13 @@ class PlanRangesOperator(BaseOperator):
         for spec in rnd.ranges:
             self.log.info("  %s", spec.label)
         common = {"source_conn_id": self.source_conn_id, "table": self.table, "key": key, "stream": stream,
-                  "where": self.where, "columns": columns, "key_prefix": self.key_prefix}
+                  "where": self.where, "columns": columns, "key_prefix": self.key_prefix,
+                  "checkpoint_conn_id": self.checkpoint_conn_id}
         ti = context["ti"]
         ti.xcom_push(key=ROUND_ID_XCOM_KEY, value=rnd.round_id)
         ti.xcom_push(key=ROUND_XCOM_KEY, value={
             "round_id": rnd.round_id, "stream": stream, "key_prefix": self.key_prefix,
-            "start_key": jsonable(rnd.start_key), "end_key": jsonable(rnd.end_key), "ranges": len(rnd.ranges),
+            "checkpoint_conn_id": self.checkpoint_conn_id, "start_key": jsonable(rnd.start_key), "end_key": jsonable(rnd.end_key), "ranges": len(rnd.ranges),
         })
         return [{"round_id": rnd.round_id, "range_id": spec.range_id, "lo": jsonable(spec.lo),
                  "hi": jsonable(spec.hi), **common} for spec in rnd.ranges]
@@ -289,6 +292,7 @@ class TraverseRangeOperator(BaseOperator):
         prefetch: bool = True,
         group_commit_chunks: int = 1,
         group_commit_seconds: float | None = None,
+        checkpoint_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("map_index_template") is None:  # unmapping passes None explicitly
@@ -316,6 +320,7 @@ class TraverseRangeOperator(BaseOperator):
         self.prefetch = prefetch
         self.group_commit_chunks = group_commit_chunks
         self.group_commit_seconds = group_commit_seconds
+        self.checkpoint_conn_id = checkpoint_conn_id
         self._traversal: KeysetTraversal | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -332,7 +337,7 @@ class TraverseRangeOperator(BaseOperator):
                       context[RANGE_LABEL_CONTEXT_KEY], getattr(ti, "try_number", "?"), lineage)  # type: ignore[literal-required]
         with airflow_errors():
             processor = load_processor(self.processor)
-            hook = KeysetHook(self.source_conn_id, self.redis_conn_id)
+            hook = KeysetHook(self.source_conn_id, self.redis_conn_id, self.checkpoint_conn_id)
             t = hook.traversal(table=self.table, key=key, stream=stream, where=self.where,
                                columns=self.columns, key_prefix=self.key_prefix)
             self._traversal = t

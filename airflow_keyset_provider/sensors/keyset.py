@@ -62,6 +62,8 @@ class BarrierSensor(BaseSensorOperator):
     :param redis_conn_id: Airflow ``redis`` connection of the cursor store.
     :param key_prefix: the engine's Redis key prefix (default: the plan's, else ``ks``).
     :param max_dead_letters: fail (without closing) when more items than this were dead-lettered.
+    :param checkpoint_conn_id: the durable checkpoint mirror's connection (default: the plan's), so a
+        round Redis lost is restored and the closed round's watermark is mirrored.
     :param deferrable: wait in the triggerer instead of a worker slot.
     :param poke_interval: seconds between checks (also the trigger's poll interval).
     """
@@ -79,6 +81,7 @@ class BarrierSensor(BaseSensorOperator):
         key_prefix: str | None = None,
         max_dead_letters: int | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        checkpoint_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -93,6 +96,7 @@ class BarrierSensor(BaseSensorOperator):
         self.key_prefix = key_prefix
         self.max_dead_letters = max_dead_letters
         self.deferrable = deferrable
+        self.checkpoint_conn_id = checkpoint_conn_id
 
     # ---- which round ---------------------------------------------------------------------
     def _target(self, context: Context) -> tuple[str, str, str]:
@@ -110,13 +114,20 @@ class BarrierSensor(BaseSensorOperator):
         return (str(round_id), self.stream or info.get("stream") or self.dag_id,
                 self.key_prefix or info.get("key_prefix") or "ks")
 
+    def _checkpoint_conn_id(self, context: Context) -> str | None:
+        if self.checkpoint_conn_id or self.round_id:
+            return self.checkpoint_conn_id
+        info = context["ti"].xcom_pull(task_ids=self.plan_task_id, key=ROUND_XCOM_KEY) or {}
+        return info.get("checkpoint_conn_id")
+
     def _control(self, context: Context) -> tuple[str, StreamControl]:
         """The round and a control on its stream; one Redis client per task try, not per poke."""
         round_id, stream, prefix = self._target(context)
         cached = getattr(self, "_cached_control", None)
         if cached is None or cached[0] != (stream, prefix):
             with airflow_errors():
-                cached = ((stream, prefix), KeysetHook(redis_conn_id=self.redis_conn_id).control(stream, prefix))
+                hook = KeysetHook(redis_conn_id=self.redis_conn_id, checkpoint_conn_id=self._checkpoint_conn_id(context))
+                cached = ((stream, prefix), hook.control(stream, prefix))
             self._cached_control = cached
         return round_id, cached[1]
 
