@@ -45,7 +45,7 @@ from .core.errors import (
     RoundStateLostError,
     StoreUnavailableError,
 )
-from .core.keys import MIN_KEY, decode_key, display_key
+from .core.keys import MIN_KEY, decode_key, display_key, to_json
 from .core.store import CursorStore
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -146,15 +146,6 @@ def _require_stream(ctl: StreamControl) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, (tuple, list)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (dt.date, dt.datetime)):
-        return v.isoformat()
-    if isinstance(v, (Decimal, uuid.UUID)):
-        return str(v)
-    return v
-
 
 def _iso_ms(ms: Any) -> str | None:
     try:
@@ -225,7 +216,7 @@ def _range_row(r: dict[str, Any], timing: dict[str, str]) -> dict[str, Any]:
     items = r["done"] + r["skipped"] + r["dead"]
     return {
         "range_id": r["range_id"], "state": r["state"],
-        "lo": _jsonable(r["lo"]), "hi": _jsonable(r["hi"]), "cursor": _jsonable(r["cursor"]),
+        "lo": to_json(r["lo"]), "hi": to_json(r["hi"]), "cursor": to_json(r["cursor"]),
         "lo_label": r["lo_label"], "hi_label": r["hi_label"], "cursor_label": r["cursor_label"],
         "lo_encoded": r["lo_encoded"], "hi_encoded": r["hi_encoded"], "cursor_encoded": r["cursor_encoded"],
         "owner": r["owner"], "lease_left_s": round(r["lease_left_s"], 1),
@@ -269,7 +260,7 @@ def round_snapshot(ctl: StreamControl, round_id: str) -> dict[str, Any]:
         "stream": ctl.stream, "round_id": round_id, "state": info["state"],
         "chained": info.get("chained") == "1", "round_key": info.get("round_key") or None,
         "created_at": _iso_ms(created_ms), "closed_at": _iso_ms(info.get("closed_ms")),
-        "start_key": _jsonable(_decode(info["start"], arity)), "end_key": _jsonable(_decode(info["end"], arity)),
+        "start_key": to_json(_decode(info["start"], arity)), "end_key": to_json(_decode(info["end"], arity)),
         "start_label": display_key(info["start"], arity), "end_label": display_key(info["end"], arity),
         "start_encoded": info["start"], "end_encoded": info["end"],
         "source": _source(info.get("source")),
@@ -328,8 +319,8 @@ def _label(value: Any) -> str:
     if value is None:
         return "-inf"
     if isinstance(value, tuple):
-        return "(" + ", ".join(str(_jsonable(v)) for v in value) + ")"
-    return str(_jsonable(value))
+        return "(" + ", ".join(str(to_json(v)) for v in value) + ")"
+    return str(to_json(value))
 
 
 def stream_snapshot(ctl: StreamControl, round_id: str | None = None) -> dict[str, Any]:
@@ -348,9 +339,9 @@ def stream_snapshot(ctl: StreamControl, round_id: str | None = None) -> dict[str
     seq = ctl.store.client.get(f"{ctl.store.base}:seq")
     return {
         "stream": ctl.stream, "key_prefix": ctl.store.base.split(":{", 1)[0],
-        "watermark": _jsonable(_decode(wm, arity)) if wm else None,
+        "watermark": to_json(_decode(wm, arity)) if wm else None,
         "watermark_label": display_key(wm, arity) if wm else None,
-        "retention_floor": _jsonable(floor),
+        "retention_floor": to_json(floor),
         "retention_floor_label": _label(floor) if floor is not None else None,
         "rounds_planned": int(seq) if seq else 0,
         "open_rounds": open_ids,
@@ -679,7 +670,7 @@ def cmd_dead_letters(args: argparse.Namespace, out: TextIO) -> int:
     for i in ids:
         counted += status[i]["dead"]
         for d in ctl.dead_letters(args.round, i, args.limit):
-            letters.append({"range_id": i, "key": _jsonable(d.get("key")), "error": d.get("error"),
+            letters.append({"range_id": i, "key": to_json(d.get("key")), "error": d.get("error"),
                             "attempts": d.get("attempts"), "at": _iso_ms(d.get("at_ms"))})
     if args.json:
         _emit_json(out, {"stream": args.stream, "round_id": args.round, "range_id": args.range,
@@ -727,7 +718,7 @@ def cmd_reset_round(args: argparse.Namespace, out: TextIO) -> int:
     if wm_after != wm_before:  # defence in depth: reset must never move the watermark
         raise CliError(f"watermark changed during reset ({wm_before!r} -> {wm_after!r}); report this bug")
     result = {"stream": args.stream, "round_id": args.round, "keys_removed": removed,
-              "state_before": rnd["state"], "watermark": _jsonable(_decode(wm_after, arity)) if wm_after else None}
+              "state_before": rnd["state"], "watermark": to_json(_decode(wm_after, arity)) if wm_after else None}
     if args.json:
         _emit_json(out, result)
     else:

@@ -6,16 +6,13 @@ connection to answer "how far is this round?" or to close it.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
-import uuid
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from .errors import ConfigurationError, RoundIncompleteError, RoundStateLostError
-from .keys import MIN_KEY, decode_key, display_key, from_tuple
+from .keys import MIN_KEY, decode_key, display_key, from_tuple, to_json
 from .mirror import CheckpointMirror
 from .store import CursorStore
 
@@ -25,15 +22,6 @@ log = logging.getLogger("airflow_keyset_provider")
 def _decode(encoded: str, arity: int) -> Any:
     return None if encoded == MIN_KEY else from_tuple(decode_key(encoded), arity)
 
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, tuple):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, (dt.date, dt.datetime)):
-        return v.isoformat()
-    if isinstance(v, (Decimal, uuid.UUID)):
-        return str(v)
-    return v
 
 
 @dataclass(frozen=True)
@@ -70,9 +58,9 @@ class RoundTotals:
     watermark: Any = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"round_id": self.round_id, "start_key": _jsonable(self.start_key),
-                "end_key": _jsonable(self.end_key), "done": self.done, "skipped": self.skipped,
-                "dead": self.dead, "watermark": _jsonable(self.watermark)}
+        return {"round_id": self.round_id, "start_key": to_json(self.start_key),
+                "end_key": to_json(self.end_key), "done": self.done, "skipped": self.skipped,
+                "dead": self.dead, "watermark": to_json(self.watermark)}
 
 
 

@@ -252,6 +252,18 @@ def from_tuple(values: tuple[Any, ...], arity: int) -> Any:
     return values[0] if arity == 1 else values
 
 
+def to_json(value: Any) -> Any:
+    """A decoded key (scalar or tuple) as JSON: tuples -> lists, dates and times -> ISO 8601,
+    decimals and UUIDs -> strings; ``None`` (the open lower bound) stays ``None``."""
+    if isinstance(value, (tuple, list)):
+        return [to_json(v) for v in value]
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    if isinstance(value, (Decimal, uuid.UUID)):
+        return str(value)
+    return value
+
+
 def display_key(encoded: str, arity: int) -> str:
     """A human-readable rendering of an encoded key for logs and UI labels."""
     if encoded == MIN_KEY:

@@ -714,21 +714,17 @@ class _RangeRun:
                             f"{len(failed)} of {len(rows)} items failed, more than outage_failure_ratio="
                             f"{self.outage_ratio}; treating it as a dependency failure, not as bad items "
                             f"(first: {next(iter(failed.values()))})")
-                except RetryableError as exc:
-                    release(rows)
-                    pending = self._drop(pending)
-                    flush()
-                    attempt += 1
-                    self._backoff(attempt, "the processor's dependency", exc)
-                    continue
-                except KeysetError:
-                    raise
                 except Exception as exc:
+                    # RetryableError, or anything unexpected, is a dependency failure: the cursor
+                    # stays and the chunk is read again. The engine's own errors are not.
+                    if isinstance(exc, KeysetError) and not isinstance(exc, RetryableError):
+                        raise
                     release(rows)
                     pending = self._drop(pending)
                     flush()
                     attempt += 1
-                    self._backoff(attempt, "the processor", exc)
+                    what = "the processor's dependency" if isinstance(exc, RetryableError) else "the processor"
+                    self._backoff(attempt, what, exc)
                     continue
                 attempt = 0
                 if heart.lost.is_set():
@@ -810,14 +806,16 @@ class _RangeRun:
     def _check_pass_outage(self, entries: Sequence[tuple[str, int, str]], failed: dict[str, str]) -> None:
         """A retry pass where (nearly) every item failed, and failed for a reason other than the one
         it failed with before, is a dependency failure: it must not use up the items' attempts. Items
-        that are bad on their own keep failing for their own reasons and are still dead-lettered."""
-        if len(failed) < 2 or len(failed) <= self.outage_ratio * len(entries):
+        that are bad on their own keep failing for their own reasons and are still dead-lettered.
+        Dead letters being replayed are left out: a replay is an explicit retry, its verdicts count."""
+        before = {enc: err for enc, _, err in entries if not err.startswith("replay of: ")}
+        failed = {enc: why for enc, why in failed.items() if enc in before}
+        if len(failed) < 2 or len(failed) <= self.outage_ratio * len(before):
             return
-        before = {enc: err.removeprefix("replay of: ") for enc, _, err in entries}
-        changed = sum(1 for enc, why in failed.items() if _stored(why) != before.get(enc))
+        changed = sum(1 for enc, why in failed.items() if _stored(why) != before[enc])
         if changed * 2 > len(failed):
             raise RetryableError(
-                f"{len(failed)} of {len(entries)} items failed again in a retry pass, {changed} of them for a new "
+                f"{len(failed)} of {len(before)} items failed again in a retry pass, {changed} of them for a new "
                 f"reason (first: {next(iter(failed.values()))}); treating it as a dependency failure")
 
 

@@ -26,10 +26,8 @@ Guarantees (on top of the engine's, see ``airflow_keyset_provider.core.traversal
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import re
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any
@@ -44,6 +42,7 @@ from airflow_keyset_provider.core import (
     RoundStateLostError,
     load_processor,
 )
+from airflow_keyset_provider.core.keys import to_json
 from airflow_keyset_provider.core.planner import MAX_MAP_LENGTH
 from airflow_keyset_provider.hooks.keyset import KeysetHook
 
@@ -69,25 +68,14 @@ def airflow_errors() -> Iterator[None]:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
 
-def jsonable(value: Any) -> Any:
-    """A key value (scalar or tuple) as JSON: tuples -> lists, dates/times -> ISO 8601, decimals
-    and UUIDs -> strings, ``None`` (the open lower bound) stays ``None``."""
-    if isinstance(value, (tuple, list)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (dt.date, dt.datetime)):
-        return value.isoformat()
-    if isinstance(value, (Decimal, uuid.UUID)):
-        return str(value)
-    return value
-
 
 def key_label(value: Any) -> str:
     """``None`` -> ``-inf``, ``[a, b]`` -> ``(a, b)``, else ``str``; matches the engine's labels."""
     if value is None:
         return "-inf"
     if isinstance(value, (list, tuple)):
-        return "(" + ", ".join(str(jsonable(v)) for v in value) + ")"
-    return str(jsonable(value))
+        return "(" + ", ".join(str(to_json(v)) for v in value) + ")"
+    return str(to_json(value))
 
 
 def _parse_bound(value: Any) -> Any:
@@ -232,7 +220,7 @@ class PlanRangesOperator(BaseOperator):
                 t.close()
         how = "planned" if rnd.created else "reused (already planned for this run, or the stream's open round)"
         self.log.info("stream %s: round %s (%s, %s] %s, %d range(s):", stream, rnd.round_id,
-                      key_label(jsonable(rnd.start_key)), key_label(jsonable(rnd.end_key)), how, len(rnd.ranges))
+                      key_label(to_json(rnd.start_key)), key_label(to_json(rnd.end_key)), how, len(rnd.ranges))
         for spec in rnd.ranges:
             self.log.info("  %s", spec.label)
         common = {"source_conn_id": self.source_conn_id, "table": self.table, "key": key, "stream": stream,
@@ -242,10 +230,10 @@ class PlanRangesOperator(BaseOperator):
         ti.xcom_push(key=ROUND_ID_XCOM_KEY, value=rnd.round_id)
         ti.xcom_push(key=ROUND_XCOM_KEY, value={
             "round_id": rnd.round_id, "stream": stream, "key_prefix": self.key_prefix,
-            "checkpoint_conn_id": self.checkpoint_conn_id, "start_key": jsonable(rnd.start_key), "end_key": jsonable(rnd.end_key), "ranges": len(rnd.ranges),
+            "checkpoint_conn_id": self.checkpoint_conn_id, "start_key": to_json(rnd.start_key), "end_key": to_json(rnd.end_key), "ranges": len(rnd.ranges),
         })
-        return [{"round_id": rnd.round_id, "range_id": spec.range_id, "lo": jsonable(spec.lo),
-                 "hi": jsonable(spec.hi), **common} for spec in rnd.ranges]
+        return [{"round_id": rnd.round_id, "range_id": spec.range_id, "lo": to_json(spec.lo),
+                 "hi": to_json(spec.hi), **common} for spec in rnd.ranges]
 
 
 class TraverseRangeOperator(BaseOperator):
@@ -386,6 +374,5 @@ __all__ = [
     "PlanRangesOperator",
     "TraverseRangeOperator",
     "airflow_errors",
-    "jsonable",
     "key_label",
 ]

@@ -32,12 +32,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from airflow_keyset_provider.core import StreamControl
 from airflow_keyset_provider.core.control import describe_range
+from airflow_keyset_provider.core.keys import to_json
 from airflow_keyset_provider.hooks.keyset import AirflowStatsMetrics, KeysetHook
 from airflow_keyset_provider.operators.keyset import (
     ROUND_ID_XCOM_KEY,
     ROUND_XCOM_KEY,
     airflow_errors,
-    jsonable,
     key_label,
 )
 from airflow_keyset_provider.triggers.keyset import KeysetRoundTrigger
@@ -162,7 +162,7 @@ class BarrierSensor(BaseSensorOperator):
         if created_ms:  # plan -> closed: how long the barrier's round took to finish
             metrics.timing("round.duration", time.time() * 1000 - created_ms, tags=tags)
         out = totals.as_dict()
-        out["watermark"] = jsonable(totals.watermark)
+        out["watermark"] = to_json(totals.watermark)
         out["stream"] = ctl.stream
         self.log.info(
             "round %s (%s, %s] closed: done %d, skipped %d, dead %d; stream %s watermark now %s",
