@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigurationError, RoundIncompleteError, RoundStateLostError
+from .errors import ConfigurationError, RetentionError, RoundIncompleteError, RoundStateLostError
 from .keys import MIN_KEY, decode_key, display_key, from_tuple, to_json
 from .mirror import CheckpointMirror
 from .store import CursorStore
@@ -222,6 +222,8 @@ class StreamControl:
                     self.mirror.save_watermark(self.stream, wm)
             return RoundTotals(round_id, start, end, int(done), int(skipped), int(dead),
                                _decode(wm, arity) if wm else None)
+        if status == "unrecoverable":
+            raise RetentionError(f"round {round_id} is unrecoverable and will never close: {values[0]}")
         if status == "gap":
             raise RoundIncompleteError(f"round {round_id}: ranges do not cover (start, end] at range {values[0]}")
         lagging = [r for r in self.range_status(round_id) if str(r["range_id"]) in set(values)]

@@ -129,6 +129,7 @@ class SqlSource:
         columns: Sequence[str] | None = None,
         settle_seconds: float = 0.0,
         commit_wait_timeout: float = 60.0,
+        retention_sql: str | None = None,
     ) -> None:
         if not isinstance(table, str) or not table.strip():
             raise ConfigurationError("table must be a non-empty table name, e.g. 'events' or 'app.events'")
@@ -150,6 +151,7 @@ class SqlSource:
         self.column_names = list(dict.fromkeys([*keys, *(columns or [])]))
         self.settle_seconds = settle_seconds
         self.commit_wait_timeout = commit_wait_timeout
+        self.retention_sql = retention_sql
         self._table: sa.Table | None = None
         self._fetchers: dict[bool, Callable[[str, str, int], Sequence[tuple]]] = {}
         self._raw: Any = None  # the DBAPI connection of the hot path, owned by this source
@@ -432,6 +434,21 @@ class SqlSource:
         with self.engine.connect() as conn:
             row = conn.execute(stmt).first()
         return None if row is None else tuple(row)
+
+    def retention_boundary(self) -> str | None:
+        """The encoded highest key the source may already have deleted (``retention_sql``: one
+        row with the key columns, or no row / NULL for "nothing deleted"); None without it."""
+        if not self.retention_sql:
+            return None
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.text(self.retention_sql)).first()
+        if row is None or any(v is None for v in row):
+            return None
+        if len(row) != self.arity:
+            raise ConfigurationError(
+                f"retention_sql returned {len(row)} column(s); it must return the {self.arity} key column(s) "
+                f"{self.key_names} of the highest key the source may have deleted")
+        return encode_key(tuple(row))
 
     def upper_bound(self) -> str | None:
         """The encoded ``max(key)`` once every key at or below it is settled (see module doc)."""

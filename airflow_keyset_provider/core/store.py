@@ -310,6 +310,7 @@ if rnd[1] == 'closed' then
   local t = redis.call('HMGET', KEYS[1], 'done', 'skipped', 'dead')
   return {'closed', t[1], t[2], t[3], wm or ''}
 end
+if rnd[1] == 'unrecoverable' then return {'unrecoverable', redis.call('HGET', KEYS[1], 'reason') or ''} end
 local expect = rnd[2]
 local done, skipped, dead = 0, 0, 0
 local lagging = {}
@@ -694,6 +695,10 @@ class CursorStore:
         if status == "lost":
             raise RoundStateLostError(f"round {round_id} of stream {self.stream!r} lost state in Redis")
         return status, [_s(x) for x in res[1:]]
+
+    def mark_unrecoverable(self, round_id: str, reason: str) -> None:
+        """The source lost rows the round still had to read: the round can never close."""
+        self.client.hset(self.round_key(round_id), mapping={"state": "unrecoverable", "reason": reason[:1000]})
 
     def delete_round(self, round_id: str) -> int:
         """Remove one round's keys and its index entries; never touches the watermark."""

@@ -45,6 +45,7 @@ from .errors import (
     LeaseHeldError,
     LeaseLostError,
     ProcessorContractError,
+    RetentionError,
     RetryableError,
     RoundStateLostError,
 )
@@ -154,6 +155,7 @@ class KeysetTraversal:
         checkpoint_url: Any = None,
         checkpoint_seconds: float = 10.0,
         metrics: Metrics | None = None,
+        retention_sql: str | None = None,
     ) -> None:
         if redis_client is None:
             if not redis_url:
@@ -164,7 +166,8 @@ class KeysetTraversal:
             except ValueError as exc:
                 raise ConfigurationError(f"redis_url is not valid: {exc}") from exc
         self.source = SqlSource(source_url, table, key, where=where, columns=columns,
-                                settle_seconds=settle_seconds, commit_wait_timeout=commit_wait_timeout)
+                                settle_seconds=settle_seconds, commit_wait_timeout=commit_wait_timeout,
+                                retention_sql=retention_sql)
         self.store = CursorStore(redis_client, stream, prefix=key_prefix)
         self.mirror = CheckpointMirror(checkpoint_url) if checkpoint_url is not None else None
         self.checkpoint_seconds = checkpoint_seconds
@@ -351,6 +354,8 @@ class KeysetTraversal:
                             claim_timeout if claim_timeout is not None else 3 * lease_seconds)
         rng = self.store.ranges(round_id, n_ranges)[range_id]
         started = time.monotonic()
+        if not claim.complete:
+            self._check_retention(round_id, range_id, token, claim.cursor)
         if claim.complete:
             log.info("round %s range %d is already complete (done %d, skipped %d, dead %d)",
                      round_id, range_id, claim.done, claim.skipped, claim.dead)
@@ -410,6 +415,22 @@ class KeysetTraversal:
         if info["state"] == "closed" and results:
             self.store.refresh_totals(round_id)
         return results
+
+    def _check_retention(self, round_id: str, range_id: int, token: str, cursor: str) -> None:
+        """If the source may already have deleted keys this range has not read, the round is lost
+        for good: mark it unrecoverable (it can never close) and stop."""
+        boundary = self.source.retention_boundary()
+        if boundary is None or boundary <= cursor:
+            return
+        reason = (f"the source's retention boundary {display_key(boundary, self.arity)} passed range {range_id}'s "
+                  f"cursor {display_key(cursor, self.arity)}: keys in between may have been deleted unread")
+        self.store.mark_unrecoverable(round_id, reason)
+        self.store.release(round_id, range_id, token)
+        log.error("round %s: %s; the round is marked unrecoverable", round_id, reason)
+        raise RetentionError(
+            f"round {round_id}: {reason}. It is marked unrecoverable and will never be reported complete. "
+            "Keep rows above the stream's retention floor (airflow-keyset status) until rounds finish, then "
+            "reset this round and plan again.")
 
     def _claim(self, round_id: str, range_id: int, token: str, lineage: str, lease_ms: int, timeout: float) -> Claim:
         deadline = time.monotonic() + timeout

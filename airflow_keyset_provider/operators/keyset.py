@@ -39,6 +39,7 @@ from airflow_keyset_provider.core import (
     ConfigurationError,
     KeysetTraversal,
     ProcessorContractError,
+    RetentionError,
     RoundStateLostError,
     load_processor,
 )
@@ -64,7 +65,7 @@ def airflow_errors() -> Iterator[None]:
     retries); everything else propagates and is retried by Airflow as usual."""
     try:
         yield
-    except (ConfigurationError, ProcessorContractError, RoundStateLostError) as exc:
+    except (ConfigurationError, ProcessorContractError, RoundStateLostError, RetentionError) as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
 

@@ -8,7 +8,12 @@ import pytest
 import sqlalchemy as sa
 
 from airflow_keyset_provider import ChunkResult
-from airflow_keyset_provider.core import KeysetTraversal, RoundIncompleteError, RoundStateLostError
+from airflow_keyset_provider.core import (
+    KeysetTraversal,
+    RetentionError,
+    RoundIncompleteError,
+    RoundStateLostError,
+)
 
 
 def _flush_prefix(client, prefix: str) -> None:
@@ -108,3 +113,28 @@ def test_retention_floor_is_lowest_open_cursor_else_watermark(events, pg_schema_
     t.traverse(rnd.round_id, 0, lambda c: None)
     t.close_round(rnd.round_id)
     assert t.retention_floor() == 4000
+
+
+def test_retention_past_a_cursor_makes_the_round_unrecoverable(events, pg_schema_url, redis_url, key_prefix):
+    with events.begin() as c:
+        c.execute(sa.text("CREATE TABLE retention (deleted_through bigint)"))
+        c.execute(sa.text("INSERT INTO retention VALUES (NULL)"))
+    kw = {"table": "events", "key": "seq", "redis_url": redis_url, "stream": "s", "key_prefix": key_prefix,
+          "retention_sql": "SELECT deleted_through FROM retention"}
+    t = KeysetTraversal(pg_schema_url, **kw)
+    rnd = t.plan(max_ranges=2)  # (-inf, 2000], (2000, 4000]
+    t.traverse(rnd.round_id, 0, lambda ch: t.request_stop() if ch.keys[-1] >= 750 else None, chunk_size=250)
+    assert t.retention_floor() == 750
+    with events.begin() as c:  # a retention job deletes at the floor: harmless
+        c.execute(sa.text("DELETE FROM events WHERE seq <= 750"))
+        c.execute(sa.text("UPDATE retention SET deleted_through = 750"))
+    assert t.traverse(rnd.round_id, 1, lambda ch: None).complete
+    with events.begin() as c:  # then past it: rows range 0 has not read are gone
+        c.execute(sa.text("DELETE FROM events WHERE seq <= 1200"))
+        c.execute(sa.text("UPDATE retention SET deleted_through = 1200"))
+    with pytest.raises(RetentionError, match=r"retention boundary 1200 passed range 0's cursor 750"):
+        t.traverse(rnd.round_id, 0, lambda ch: None)
+    with pytest.raises(RetentionError, match="unrecoverable"):
+        t.close_round(rnd.round_id)
+    assert t.watermark() is None  # never reported complete, the watermark did not move
+    assert t.range_status(rnd.round_id)[0]["cursor"] == 750
