@@ -534,6 +534,13 @@ class CursorStore:
             result.append(d)
         return result
 
+    def range(self, round_id: str, range_id: int) -> dict[str, str]:
+        """One range's hash (a single read, whatever the number of ranges)."""
+        raw = self.client.hgetall(self.range_key(round_id, range_id))
+        if not raw:
+            raise RoundStateLostError(f"range {range_id} of round {round_id} (stream {self.stream!r}) has no state in Redis")
+        return {_s(k): _s(v) for k, v in raw.items()}
+
     def open_rounds(self) -> list[str]:
         return sorted((_s(x) for x in self.client.smembers(f"{self.base}:open")),
                       key=lambda r: int(r[1:]) if r[1:].isdigit() else 0)

@@ -352,7 +352,7 @@ class KeysetTraversal:
         token = f"{owner_lineage or 'worker'}#{uuid.uuid4().hex[:12]}"
         claim = self._claim(round_id, range_id, token, owner_lineage, lease_ms,
                             claim_timeout if claim_timeout is not None else 3 * lease_seconds)
-        rng = self.store.ranges(round_id, n_ranges)[range_id]
+        rng = self.store.range(round_id, range_id)
         started = time.monotonic()
         if not claim.complete:
             self._check_retention(round_id, range_id, token, claim.cursor)
