@@ -400,3 +400,22 @@ def start_embedded_redis() -> Service:
     service = Service("Redis", url, "embedded", time.monotonic() - began, stop)
     atexit.register(service.stop)
     return service
+
+
+def delete_prefix(redis_url: str, prefix: str) -> None:
+    """Delete every key under ``<prefix>:`` with SCAN (KEYS would block a shared server), on a
+    connection of its own so it works even after a test closed or broke its client."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                client.delete(*batch)
+                batch.clear()
+        if batch:
+            client.delete(*batch)
+    finally:
+        client.close()

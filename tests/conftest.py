@@ -114,15 +114,4 @@ def key_prefix(redis_url: str) -> Iterator[str]:
     """
     prefix = f"kst{uuid.uuid4().hex[:8]}"
     yield prefix
-    client = redis.Redis.from_url(redis_url)
-    try:
-        batch: list[bytes] = []
-        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                client.delete(*batch)
-                batch.clear()
-        if batch:
-            client.delete(*batch)
-    finally:
-        client.close()
+    _services.delete_prefix(redis_url, prefix)

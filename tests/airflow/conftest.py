@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _services
 import pytest
-import redis
 from sqlalchemy.engine import make_url
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,14 +85,6 @@ def airflow_home() -> Path:
     return _HOME
 
 
-def _wipe(url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(url)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i:i + 500])
-    finally:
-        client.close()
 
 
 def postgres_conn(pg_url: str, schema: str) -> str:
@@ -118,7 +110,7 @@ def airflow_env(
     """Connections for this test (fresh schema, test Redis); the examples' prefix wiped around it."""
     monkeypatch.setenv("AIRFLOW_CONN_KEYSET_EXAMPLES_DB", postgres_conn(pg_url, pg_schema))
     monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", redis_conn(redis_url))
-    _wipe(redis_url, SESSION_PREFIX)
+    _services.delete_prefix(redis_url, SESSION_PREFIX)
     yield {"home": airflow_home, "prefix": SESSION_PREFIX, "redis_url": redis_url, "schema": pg_schema}
-    _wipe(redis_url, SESSION_PREFIX)
+    _services.delete_prefix(redis_url, SESSION_PREFIX)
 

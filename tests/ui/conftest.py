@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import _services
 import pytest
-import redis
 from sqlalchemy.engine import make_url
 
 SERVER_START_TIMEOUT_S = 90
@@ -109,14 +109,6 @@ def _redis_conn(redis_url: str) -> str:
                        "extra": {"db": int(url.database or 0)}})
 
 
-def _wipe(redis_url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        for i in range(0, len(keys), 500):
-            client.delete(*keys[i:i + 500])
-    finally:
-        client.close()
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
@@ -139,7 +131,7 @@ def ui_key_prefix(redis_url: str) -> Iterator[str]:
     """A Redis key prefix for this module (the server is told to read it); wiped afterwards."""
     prefix = f"kstui{uuid.uuid4().hex[:8]}"
     yield prefix
-    _wipe(redis_url, prefix)
+    _services.delete_prefix(redis_url, prefix)
 
 
 @pytest.fixture(scope="module")
