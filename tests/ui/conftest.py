@@ -6,23 +6,21 @@ password the fixture writes into the passwords file, the Redis connection ``keys
 (an ``AIRFLOW_CONN_*`` variable pointing at the test Redis) and ``[keyset]`` configured to read it
 under a key prefix of its own. Nothing of the test process's Airflow environment leaks in.
 
-``chromium`` (function scope) is Debian's ``chromium`` in headless mode, driven over the DevTools
-protocol on ``--remote-debugging-pipe`` (fd 3 in, fd 4 out, NUL-terminated JSON): the standard
-library is enough, no websocket client or browser driver is needed. It lets the test set the same
+``chromium`` (function scope) is Debian's ``chromium`` in headless mode, driven by selenium through
+Debian's ``chromedriver`` (no download: both paths are given). It lets the test set the same
 ``_token`` cookie Airflow's login page sets, wait until the page says it has rendered, read the
-DOM and take a screenshot.
+DOM, size the viewport, read the console and take a screenshot.
 
-Install Chromium with ``scripts/install-chromium.sh``; without it these tests fail (never skip).
+Install both with ``scripts/install-chromium.sh``. Without them the browser tests are skipped with
+that advice, except under ``KEYSET_REQUIRE_SERVICES=1`` (CI), where they fail.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
 import secrets
-import select
 import shutil
 import signal
 import socket
@@ -40,6 +38,10 @@ from typing import Any
 
 import _services
 import pytest
+from selenium import webdriver
+from selenium.common.exceptions import TimeoutException, WebDriverException
+from selenium.webdriver import ChromeOptions, ChromeService
+from selenium.webdriver.support.ui import WebDriverWait
 from sqlalchemy.engine import make_url
 
 SERVER_START_TIMEOUT_S = 90
@@ -190,115 +192,101 @@ def airflow_api_server(redis_url: str, ui_key_prefix: str) -> Iterator[ApiServer
         shutil.rmtree(home, ignore_errors=True)
 
 
-# --------------------------------------------------------------------------- Chromium over CDP
+# --------------------------------------------------------------------------- Chromium (selenium)
 
 
-class CdpError(RuntimeError):
-    pass
+CHROMIUM_INSTALL_HINT = (
+    "run `bash scripts/install-chromium.sh` (Debian packages `chromium` and `chromium-driver`)"
+)
 
 
-class Chromium:
-    """Headless Chromium with one page, driven over ``--remote-debugging-pipe``."""
+def find_browser() -> tuple[str, str] | str:
+    """``(chromium, chromedriver)`` paths, or a sentence saying what is missing."""
+    found = {name: shutil.which(name) or next(
+        (p for p in (f"/usr/bin/{name}", f"/usr/lib/chromium/{name}") if os.access(p, os.X_OK)), None)
+        for name in ("chromium", "chromedriver")}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed: {CHROMIUM_INSTALL_HINT}"
+    return str(found["chromium"]), str(found["chromedriver"])
 
-    def __init__(self, binary: str, profile: Path, log: Path, width: int = 1280, height: int = 900) -> None:
-        cmd_r, self._cmd_w = os.pipe()  # we write commands; the browser reads them on fd 3
-        self._out_r, out_w = os.pipe()  # the browser writes replies and events on fd 4
-        args = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
-                "--remote-debugging-pipe", "about:blank"]
-        # bash, not sh: dash only redirects single-digit descriptors, and ours may be higher.
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                ["bash", "-c", f'exec "$@" 3<&{cmd_r} 4>&{out_w}', "chromium", *args],
-                pass_fds=(cmd_r, out_w), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        os.close(cmd_r)
-        os.close(out_w)
+
+class Browser:
+    """Headless Chromium with one page, driven by selenium through Debian's chromedriver."""
+
+    def __init__(self, binary: str, driver_path: str, profile: Path, log: Path,
+                 width: int = 1280, height: int = 900) -> None:
+        options = ChromeOptions()
+        options.binary_location = binary
+        for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"):
+            options.add_argument(flag)
+        # Console messages of every level, read back with driver.get_log("browser").
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        service = ChromeService(executable_path=driver_path, log_output=str(log))
         self.log = log
-        self._buf = b""
-        self._next_id = 0
-        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        self.call("Page.enable", session=True)
-        self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, session=True)
+        self.driver = webdriver.Chrome(options=options, service=service)
+        self.resize(width, height)
 
-    def call(self, method: str, params: dict[str, Any] | None = None, *, session: bool = False,
-             timeout: float = 30) -> dict[str, Any]:
-        self._next_id += 1
-        msg: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
-        if session:
-            msg["sessionId"] = self.session
-        os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
-        deadline = time.monotonic() + timeout
-        while True:
-            while b"\0" in self._buf:
-                raw, self._buf = self._buf.split(b"\0", 1)
-                reply = json.loads(raw)
-                if reply.get("id") == msg["id"]:
-                    if "error" in reply:
-                        raise CdpError(f"{method}: {reply['error']}")
-                    return dict(reply.get("result", {}))
-            left = deadline - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None:
-                raise CdpError(f"{method}: no reply (browser exit code {self.proc.poll()}); log:\n"
-                               + self.log.read_text(errors="replace")[-2000:])
-            ready, _, _ = select.select([self._out_r], [], [], left)
-            if ready:
-                chunk = os.read(self._out_r, 1 << 20)
-                if not chunk:
-                    raise CdpError(f"{method}: the browser closed the pipe; log:\n"
-                                   + self.log.read_text(errors="replace")[-2000:])
-                self._buf += chunk
-
-    def set_cookie(self, url: str, name: str, value: str) -> None:
-        ok = self.call("Network.setCookie", {"url": url, "name": name, "value": value, "path": "/",
-                                             "sameSite": "Lax"}, session=True)
-        assert ok.get("success", True), ok
+    def resize(self, width: int, height: int) -> None:
+        """Make the page's viewport exactly ``width`` x ``height`` CSS pixels."""
+        self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                                    {"width": width, "height": height, "deviceScaleFactor": 1,
+                                     "mobile": False})
 
     def evaluate(self, expression: str) -> Any:
-        res = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                             "awaitPromise": True}, session=True)
-        if "exceptionDetails" in res:
-            raise CdpError(f"evaluate {expression!r}: {res['exceptionDetails']}")
-        return res["result"].get("value")
+        """The value of a JS expression in the top document (a Promise is awaited: WebDriver spec)."""
+        return self.driver.execute_script(f"return ({expression});")
+
+    def wait(self, condition: str, timeout: float = 45) -> None:
+        """Wait until the JS expression ``condition`` is true (fail with the page's text)."""
+        try:
+            WebDriverWait(self.driver, timeout, poll_frequency=0.2).until(
+                lambda d: d.execute_script(f"return !!({condition});"))
+        except TimeoutException:
+            text = self.evaluate("document.body ? document.body.innerText : ''")
+            raise AssertionError(f"{self.driver.current_url}: not ({condition}) after {timeout} s; "
+                                 f"page text: {text!r:.1500}") from None
 
     def open(self, url: str, ready: str, timeout: float = 45) -> None:
-        """Navigate and wait until the JS expression ``ready`` is true."""
-        nav = self.call("Page.navigate", {"url": url}, session=True)
-        if nav.get("errorText"):
-            raise CdpError(f"navigate {url}: {nav['errorText']}")
-        deadline = time.monotonic() + timeout
-        while not self.evaluate(f"document.readyState === 'complete' && !!({ready})"):
-            if time.monotonic() > deadline:
-                text = self.evaluate("document.body ? document.body.innerText : ''")
-                raise CdpError(f"{url}: not ready ({ready}) after {timeout} s; page text: {text!r:.1500}")
-            time.sleep(0.2)
+        """Navigate and wait until the document is loaded and the JS expression ``ready`` is true."""
+        self.driver.get(url)
+        self.wait(f"document.readyState === 'complete' && ({ready})", timeout)
+
+    def set_cookie(self, name: str, value: str) -> None:
+        """A cookie for the current page's origin (open a page of that origin first)."""
+        self.driver.add_cookie({"name": name, "value": value, "path": "/", "sameSite": "Lax"})
+
+    def console(self) -> list[dict[str, Any]]:
+        """Console entries since the last call (chromedriver empties its buffer on read)."""
+        return list(self.driver.get_log("browser"))
 
     def screenshot(self, path: Path) -> Path:
-        data = self.call("Page.captureScreenshot", {"format": "png"}, session=True)["data"]
-        path.write_bytes(base64.b64decode(data))
+        assert self.driver.save_screenshot(str(path)), f"no screenshot written to {path}"
         return path
 
     def close(self) -> None:
-        with contextlib.suppress(CdpError, OSError):
-            self.call("Browser.close", timeout=5)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            _stop(self.proc)
-        for fd in (self._cmd_w, self._out_r):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with contextlib.suppress(WebDriverException, OSError):
+            self.driver.quit()
+
+
+@pytest.fixture(scope="session")
+def browser_paths() -> tuple[str, str]:
+    """``(chromium, chromedriver)``. Missing: the test is skipped with the reason, except under
+    ``KEYSET_REQUIRE_SERVICES=1`` (CI, whose .ci/run installs them), where it fails. Session
+    scope, so the check runs before any module-scoped server is started for nothing."""
+    found = find_browser()
+    if isinstance(found, str):
+        if _services._flag(os.environ, _services.ENV_REQUIRE):
+            pytest.fail(f"{found} ({_services.ENV_REQUIRE}=1: the UI tests must run)")
+        pytest.skip(found)
+    return found
 
 
 @pytest.fixture
-def chromium(tmp_path: Path) -> Iterator[Chromium]:
-    binary = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
-    if binary is None:
-        pytest.fail("chromium is not installed: run `bash scripts/install-chromium.sh` (Debian package "
-                    "`chromium`), then re-run the UI tests")
-    browser = Chromium(binary, tmp_path / "chromium-profile", tmp_path / "chromium.log")
+def chromium(browser_paths: tuple[str, str], tmp_path: Path) -> Iterator[Browser]:
+    """A fresh headless Chromium with its own profile, closed after the test."""
+    binary, driver_path = browser_paths
+    browser = Browser(binary, driver_path, tmp_path / "chromium-profile", tmp_path / "chromedriver.log")
     try:
         yield browser
     finally:

@@ -19,10 +19,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 import threading
 import time
-import zlib
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from PIL import Image
 
 from airflow_keyset_provider import ChunkResult
 from airflow_keyset_provider.core import KeysetTraversal
@@ -110,65 +109,48 @@ def live_round(sqlite_url: str, redis_url: str, prefix: str) -> Iterator[dict[st
         t.close()
 
 
-# --------------------------------------------------------------------------- PNG reading (stdlib)
+# --------------------------------------------------------------------------- page checks
 
 
-def read_png(path: Path) -> tuple[int, int, list[bytes]]:
-    """``(width, height, rows)`` of an 8-bit RGB/RGBA PNG; rows are unfiltered RGB bytes."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
-    pos, idat = 8, bytearray()
-    width = height = bit_depth = color_type = 0
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        pos += 12 + length
-        if kind == b"IHDR":
-            width, height, bit_depth, color_type = struct.unpack(">IIBB", body[:10])
-        elif kind == b"IDAT":
-            idat += body
-        elif kind == b"IEND":
-            break
-    assert bit_depth == 8 and color_type in (2, 6), (bit_depth, color_type)
-    bpp = 3 if color_type == 2 else 4
-    raw = zlib.decompress(bytes(idat))
-    stride = width * bpp
-    rows: list[bytes] = []
-    prev = bytearray(stride)
-    for y in range(height):
-        start = y * (stride + 1)
-        ftype, line = raw[start], bytearray(raw[start + 1:start + 1 + stride])
-        if ftype == 1:  # Sub
-            for i in range(bpp, stride):
-                line[i] = (line[i] + line[i - bpp]) & 0xFF
-        elif ftype == 2:  # Up
-            line = bytearray(map(lambda a, b: (a + b) & 0xFF, line, prev))
-        elif ftype == 3:  # Average
-            for i in range(stride):
-                left = line[i - bpp] if i >= bpp else 0
-                line[i] = (line[i] + ((left + prev[i]) >> 1)) & 0xFF
-        elif ftype == 4:  # Paeth
-            for i in range(stride):
-                a = line[i - bpp] if i >= bpp else 0
-                b, c = prev[i], (prev[i - bpp] if i >= bpp else 0)
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
-        if bpp == 4:
-            rgb = bytearray(width * 3)
-            rgb[0::3], rgb[1::3], rgb[2::3] = line[0::4], line[1::4], line[2::4]
-            rows.append(bytes(rgb))
-        else:
-            rows.append(bytes(line))
-        prev = line
-    return width, height, rows
+def colours(png: Path) -> tuple[tuple[int, int], Counter[tuple[int, int, int]]]:
+    """``(size, pixel count per RGB colour)`` of a screenshot, read with Pillow."""
+    with Image.open(png) as img:
+        rgb = img.convert("RGB")
+        pairs = rgb.getcolors(maxcolors=rgb.width * rgb.height) or []
+        return rgb.size, Counter({colour: n for n, colour in pairs})
 
 
-def colours(rows: list[bytes]) -> Counter[tuple[int, int, int]]:
-    counts: Counter[tuple[int, int, int]] = Counter()
-    for row in rows:
-        counts.update(zip(row[0::3], row[1::3], row[2::3], strict=True))
-    return counts
+# Geometry of the ranges tables in a document (``doc``: the top document or the frame's).
+LAYOUT_JS = """(doc => {
+  const view = doc.documentElement.clientWidth;
+  const box = e => { const r = e.getBoundingClientRect(); return {left: r.left, right: r.right}; };
+  return {
+    view, page: doc.documentElement.scrollWidth,
+    containers: [...doc.querySelectorAll('div.scroll')].map(c => ({scroll: c.scrollWidth, client: c.clientWidth})),
+    cells: [...doc.querySelectorAll('table.ranges td')].map(td => ({...box(td), scroll: td.scrollWidth,
+             client: td.clientWidth, cls: td.className, text: td.textContent})),
+  };
+})(%s)"""
+FRAME_DOC = "document.querySelector('iframe').contentDocument"
+
+
+def assert_reads_fully(layout: dict[str, Any], where: str) -> None:
+    """No horizontal scrolling anywhere, every ranges-table cell (the note column last) inside the
+    viewport, and no cell whose text runs past its own box."""
+    view = layout["view"]
+    assert layout["page"] <= view, f"{where}: the page scrolls sideways ({layout['page']} > {view})"
+    assert layout["containers"], f"{where}: no ranges table"
+    for c in layout["containers"]:
+        assert c["scroll"] <= c["client"], f"{where}: the ranges table is clipped ({c})"
+    notes = [c for c in layout["cells"] if "note" in c["cls"].split()]
+    assert notes and any(n["text"] for n in notes), f"{where}: no note text"
+    for cell in layout["cells"]:
+        assert cell["left"] >= 0 and cell["right"] <= view + 0.5, f"{where}: cell outside the view {cell}"
+        assert cell["scroll"] <= cell["client"], f"{where}: text cut in its cell {cell}"
+
+
+def severe(entries: list[dict[str, Any]]) -> list[str]:
+    return [e["message"] for e in entries if e.get("level") == "SEVERE"]
 
 
 # --------------------------------------------------------------------------- tests
@@ -210,6 +192,9 @@ def test_plugin_api_requires_airflow_login(airflow_api_server: Any) -> None:
 def test_page_shows_a_live_round_in_headless_chromium(
     airflow_api_server: Any, chromium: Any, sqlite_url: str, redis_url: str, tmp_path: Path
 ) -> None:
+    """The page renders the live round (DOM, colours), logs no console error, and inside Airflow's
+    frame reads fully at 1280 px and 1024 px wide: before the fix, the ranges table scrolled inside
+    the frame and the per-range note column was cut at the right edge."""
     srv = airflow_api_server
     page = f"{srv.base_url}/keyset/?refresh=0"
 
@@ -218,7 +203,8 @@ def test_page_shows_a_live_round_in_headless_chromium(
     assert "/auth/login" in chromium.evaluate("document.querySelector('a').getAttribute('href')")
 
     with live_round(sqlite_url, redis_url, srv.key_prefix):
-        chromium.set_cookie(srv.base_url + "/", "_token", srv.token())
+        chromium.set_cookie("_token", srv.token())
+        chromium.console()  # drop the 401 page's "failed to load resource"
         chromium.open(page, "document.body && document.body.dataset.ready === '1'")
         dom = chromium.evaluate(f"""(() => {{
             const s = document.querySelector('section.stream[data-stream="{STREAM}"]');
@@ -237,9 +223,14 @@ def test_page_shows_a_live_round_in_headless_chromium(
               deadCount: r && r.querySelector('.dead-letters').dataset.dead,
             }};
         }})()""")
+        page_console = chromium.console()
+        standalone = {1280: chromium.evaluate(LAYOUT_JS % "document")}
         shot = chromium.screenshot(tmp_path / "keyset-ui.png")
+        chromium.resize(1024, 900)
+        standalone[1024] = chromium.evaluate(LAYOUT_JS % "document")
 
         # The same page inside the Airflow UI, through the plugin's navigation entry.
+        chromium.resize(1280, 900)
         chromium.open(f"{srv.base_url}/plugin/keyset",
                       "(f => f && f.contentDocument && f.contentDocument.body"
                       " && f.contentDocument.body.dataset.ready === '1')(document.querySelector('iframe'))",
@@ -247,7 +238,17 @@ def test_page_shows_a_live_round_in_headless_chromium(
         embedded = chromium.evaluate("""(() => { const f = document.querySelector('iframe');
             return {src: f.src, streams: [...f.contentDocument.querySelectorAll('section.stream')]
                     .map(s => s.dataset.stream)}; })()""")
+        framed = {1280: chromium.evaluate(LAYOUT_JS % FRAME_DOC)}
         nav_shot = chromium.screenshot(tmp_path / "keyset-ui-in-airflow.png")
+        chromium.resize(1024, 900)
+        chromium.wait(f"{FRAME_DOC}.documentElement.clientWidth < {framed[1280]['view']}")
+        framed[1024] = chromium.evaluate(LAYOUT_JS % FRAME_DOC)
+        nav_shot_1024 = chromium.screenshot(tmp_path / "keyset-ui-in-airflow-1024.png")
+        frame_console = [e for e in chromium.console() if "/keyset/" in e.get("message", "")]
+
+    if os.environ.get("KEYSET_UI_SCREENSHOT_DIR"):
+        for png in (shot, nav_shot, nav_shot_1024):
+            shutil.copy(png, Path(os.environ["KEYSET_UI_SCREENSHOT_DIR"]) / png.name)
 
     assert dom["error"] == "", dom["error"]
     assert dom["stream"] == STREAM
@@ -267,16 +268,21 @@ def test_page_shows_a_live_round_in_headless_chromium(
     assert len(dom["dead"]) == 1 and str(POISON_KEY) in dom["dead"][0] and POISON_ERROR in dom["dead"][0]
     assert embedded == {"src": f"{srv.base_url}/keyset/", "streams": [STREAM]}, embedded
 
+    # No console error from the page, alone or inside Airflow's frame.
+    assert severe(page_console) == [], page_console
+    assert severe(frame_console) == [], frame_console
+
+    # Layout: the whole ranges table, note column included, reads without sideways scrolling.
+    for width in (1280, 1024):
+        assert_reads_fully(standalone[width], f"page at {width} px")
+        assert_reads_fully(framed[width], f"page in Airflow's frame at {width} px")
+
     # The screenshot is a real rendering of that page: full size, many colours, not one flat
     # fill, and the chart's colours are there (complete green, in-progress blue, lagging red,
     # lagging rows' pink background).
-    if os.environ.get("KEYSET_UI_SCREENSHOT_DIR"):
-        for png in (shot, nav_shot):
-            shutil.copy(png, Path(os.environ["KEYSET_UI_SCREENSHOT_DIR"]) / png.name)
     assert shot.stat().st_size > 20_000
-    width, height, rows = read_png(shot)
+    (width, height), counts = colours(shot)
     assert (width, height) == (1280, 900)
-    counts = colours(rows)
     assert len(counts) > 50, f"only {len(counts)} colours"
     assert counts.most_common(1)[0][1] < 0.9 * width * height, "the page is one flat colour"
     for name, rgb, minimum in (("green", GREEN, 300), ("blue", BLUE, 300), ("red", RED, 300),
