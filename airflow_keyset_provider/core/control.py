@@ -1,7 +1,9 @@
 """Reading and closing rounds of a stream: everything that needs Redis but not the source.
 
 Used by the barrier (sensor and trigger), the CLI and the UI, none of which need a database
-connection to answer "how far is this round?" or to close it.
+connection to answer "how far is this round?" or to close it. Status is read into the records
+of ``core/status.py`` (``stream_status``, ``round_status``, ``range_status``), the one model every
+reader renders.
 """
 
 from __future__ import annotations
@@ -11,17 +13,24 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigurationError, RetentionError, RoundIncompleteError, RoundStateLostError
+from .errors import (
+    ConfigurationError,
+    RetentionError,
+    RoundIncompleteError,
+    RoundStateLostError,
+    StreamNotFoundError,
+)
 from .keys import MIN_KEY, decode_key, display_key, from_tuple, to_json
 from .mirror import CheckpointMirror
-from .store import CursorStore
+from .status import RangeState, RangeStatus, RoundState, RoundStatus, StreamStatus, decode
+from .store import Closed, CursorStore, Gap, Unrecoverable
+from .store_reads import stream_names
 
 log = logging.getLogger("airflow_keyset_provider")
 
 
-def _decode(encoded: str, arity: int) -> Any:
-    return None if encoded == MIN_KEY else from_tuple(decode_key(encoded), arity)
-
+#: Kept for ``core/traversal.py``, which imports it from here; the model's name is ``status.decode``.
+_decode = decode
 
 
 @dataclass(frozen=True)
@@ -58,10 +67,15 @@ class RoundTotals:
     watermark: Any = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"round_id": self.round_id, "start_key": to_json(self.start_key),
-                "end_key": to_json(self.end_key), "done": self.done, "skipped": self.skipped,
-                "dead": self.dead, "watermark": to_json(self.watermark)}
-
+        return {
+            "round_id": self.round_id,
+            "start_key": to_json(self.start_key),
+            "end_key": to_json(self.end_key),
+            "done": self.done,
+            "skipped": self.skipped,
+            "dead": self.dead,
+            "watermark": to_json(self.watermark),
+        }
 
 
 @dataclass(frozen=True)
@@ -72,7 +86,7 @@ class RoundCheck:
     round_id: str
     state: str
     complete: bool
-    lagging: list[dict[str, Any]]
+    lagging: list[RangeStatus]
 
 
 class StreamControl:
@@ -97,22 +111,30 @@ class StreamControl:
                 log.warning(
                     "round %s range %s restored from the checkpoint mirror after Redis lost it: cursor %s, "
                     "done %s, skipped %s, dead %s, %d retry, state %s; keys committed after that cursor are "
-                    "delivered again (at-least-once)", round_id, r["range_id"], display_key(r["cursor"], arity),
-                    r["done"], r["skipped"], r["dead"], len(r.get("retry") or {}), r["state"])
+                    "delivered again (at-least-once)",
+                    round_id,
+                    r["range_id"],
+                    display_key(r["cursor"], arity),
+                    r["done"],
+                    r["skipped"],
+                    r["dead"],
+                    len(r.get("retry") or {}),
+                    r["state"],
+                )
         return True
 
     def recover_stream(self) -> None:
         """If Redis lost the stream (no round counter) but the mirror knows it, put back the
         watermark and every round that was still open."""
-        if self.mirror is None or self.store.client.exists(f"{self.store.base}:seq"):
+        if self.mirror is None or self.store.round_counter() is not None:
             return
         # round ids are never reused: the counter resumes after the highest mirrored round
-        self.store.client.set(f"{self.store.base}:seq", self.mirror.max_round_number(self.stream), nx=True)
+        self.store.init_round_counter(self.mirror.max_round_number(self.stream))
         wm = self.mirror.load_watermark(self.stream)
         if wm is not None and self.store.restore_watermark(wm):
             log.warning("stream %s: watermark restored from the checkpoint mirror", self.stream)
         for info in self.mirror.rounds(self.stream):
-            if info.get("state") != "closed":
+            if info.get("state") != RoundState.CLOSED:
                 self.restore(info["id"])
 
     def _mirror_round(self, round_id: str) -> None:
@@ -130,14 +152,25 @@ class StreamControl:
         ranges = self.store.ranges(round_id, int(info["n_ranges"]))
         specs = [
             RangeSpec(
-                range_id=int(r["range_id"]), lo=_decode(r["lo"], arity), hi=_decode(r["hi"], arity),
-                lo_encoded=r["lo"], hi_encoded=r["hi"],
+                range_id=int(r["range_id"]),
+                lo=_decode(r["lo"], arity),
+                hi=_decode(r["hi"], arity),
+                lo_encoded=r["lo"],
+                hi_encoded=r["hi"],
                 label=f"range {r['range_id']} ({display_key(r['lo'], arity)}, {display_key(r['hi'], arity)}]",
             )
             for r in ranges
         ]
-        return Round(round_id, self.stream, _decode(info["start"], arity), _decode(info["end"], arity), specs,
-                     info["start"], info["end"], info["state"])
+        return Round(
+            round_id,
+            self.stream,
+            _decode(info["start"], arity),
+            _decode(info["end"], arity),
+            specs,
+            info["start"],
+            info["end"],
+            info["state"],
+        )
 
     def watermark(self) -> Any:
         """The end of the stream's contiguous completed prefix (None before the first round)."""
@@ -155,7 +188,7 @@ class StreamControl:
         chained_open = self.store.lookup(None, chained=True)
         for rid in self.store.open_rounds():
             for r in self.store.ranges(rid):
-                if r["state"] != "complete":
+                if r["state"] != RangeState.COMPLETE:
                     candidates.append(r["lo"] if int(r["retries"]) else r["cursor"])
         if chained_open is None:
             candidates.append(self.store.watermark() or MIN_KEY)
@@ -168,68 +201,116 @@ class StreamControl:
     def open_rounds(self) -> list[str]:
         return self.store.open_rounds()
 
-    def range_status(self, round_id: str) -> list[dict[str, Any]]:
-        """Per range: ids, decoded ``lo``/``hi``/``cursor`` (and ``*_label`` renderings), ``state``,
-        ``owner``, ``lease_left_s``, ``heartbeat_age_s``, counters, ``retries``, ``takeovers``."""
+    def range_status(self, round_id: str) -> list[RangeStatus]:
+        """Every range of the round as a ``RangeStatus`` (one pipelined read), lease and heartbeat
+        ages on the Redis server's clock."""
+        return list(self.round_status(round_id).ranges)
+
+    def round_status(self, round_id: str) -> RoundStatus:
+        """The round and its ranges as one ``RoundStatus`` (average rate since planned)."""
         info = self.store.round_info(round_id)
         arity = self._arity(info)
-        now_ms = _redis_now_ms(self.store)
-        out = []
-        for r in self.store.ranges(round_id, int(info["n_ranges"])):
-            hb = int(r.get("heartbeat_ms", "0") or 0)
-            lease = int(r.get("lease_until", "0") or 0)
-            out.append({
-                "range_id": int(r["range_id"]),
-                "lo": _decode(r["lo"], arity), "hi": _decode(r["hi"], arity), "cursor": _decode(r["cursor"], arity),
-                "lo_label": display_key(r["lo"], arity), "hi_label": display_key(r["hi"], arity),
-                "cursor_label": display_key(r["cursor"], arity),
-                "lo_encoded": r["lo"], "hi_encoded": r["hi"], "cursor_encoded": r["cursor"],
-                "state": r["state"], "owner": r.get("owner", ""),
-                "lease_left_s": max(lease - now_ms, 0) / 1000 if r.get("owner") else 0.0,
-                "heartbeat_age_s": (now_ms - hb) / 1000 if hb else None,
-                "done": int(r["done"]), "skipped": int(r["skipped"]), "dead": int(r["dead"]),
-                "retries": int(r["retries"]), "takeovers": int(r.get("takeovers", "0")),
-                "chunks": int(r.get("chunks", "0")),
-            })
-        return out
+        now_ms = self._now_ms()
+        ranges = [
+            RangeStatus.from_hash(r, arity, now_ms)
+            for r in self.store.ranges(round_id, int(info["n_ranges"]))
+        ]
+        return RoundStatus.from_info(self.stream, round_id, info, ranges)
+
+    def require_stream(self) -> None:
+        """Raise ``StreamNotFoundError`` when the stream has no state at all (never planned, a
+        typo, or a Redis that lost everything)."""
+        if not self.store.has_state():
+            raise StreamNotFoundError(
+                f"stream {self.stream!r} has no state under key prefix {self.store.stream_prefix!r}: "
+                "check the stream name and --key-prefix (list streams with `airflow-keyset status`). "
+                "If the name is right, Redis lost the stream's state (flushed, evicted or restarted "
+                "without persistence)."
+            )
+
+    def stream_status(
+        self, round_id: str | None = None, *, with_rounds: bool = True
+    ) -> StreamStatus:
+        """The stream's watermark, retention floor, round counter and its open rounds (or only
+        ``round_id``, open or closed; none without ``with_rounds``). Raises
+        ``StreamNotFoundError`` for a stream with no state."""
+        self.require_stream()
+        open_ids = self.open_rounds()
+        rounds: list[RoundStatus] = []
+        if round_id is not None:
+            rounds = [self.round_status(round_id)]
+        elif with_rounds:
+            rounds = [self.round_status(rid) for rid in open_ids]
+        wm = self.store.watermark()
+        arity = (len(decode_key(wm)) if wm else 0) or 1
+        return StreamStatus(
+            stream=self.stream,
+            key_prefix=self.store.stream_prefix,
+            watermark_encoded=wm,
+            arity=arity,
+            retention_floor=self.retention_floor(),
+            rounds_planned=self.store.round_counter() or 0,
+            open_rounds=tuple(open_ids),
+            rounds=tuple(rounds),
+        )
+
+    def _now_ms(self) -> int:
+        try:
+            return self.store.server_time_ms()
+        except Exception:  # a reading for display: the local clock is good enough then
+            return int(time.time() * 1000)
 
     def check_round(self, round_id: str) -> RoundCheck:
         info = self.store.round_info(round_id)
-        if info["state"] == "closed":
-            return RoundCheck(round_id, "closed", True, [])
-        lagging = [r for r in self.range_status(round_id)
-                   if r["state"] != "complete" or r["cursor_encoded"] != r["hi_encoded"]]
+        if info["state"] == RoundState.CLOSED:
+            return RoundCheck(round_id, RoundState.CLOSED, True, [])
+        lagging = [
+            r
+            for r in self.range_status(round_id)
+            if r.state != RangeState.COMPLETE or r.cursor_encoded != r.hi_encoded
+        ]
         return RoundCheck(round_id, info["state"], not lagging, lagging)
 
     def close_round(self, round_id: str) -> RoundTotals:
         """Close the round if every range is complete and they cover ``(start, end]`` with no gap;
         move the watermark forward. Idempotent. Raises ``RoundIncompleteError`` (with the lagging
-        ranges) otherwise, and ``RoundStateLostError`` if Redis lost the round."""
+        ranges) otherwise, ``RetentionError`` for an unrecoverable round and
+        ``RoundStateLostError`` if Redis lost the round (and no mirror could restore it)."""
         try:
-            status, values = self.store.close_round(round_id)
+            res = self.store.close_round(round_id)
         except RoundStateLostError:
             if not self.restore(round_id):
                 raise
-            status, values = self.store.close_round(round_id)
+            res = self.store.close_round(round_id)
         info = self.store.round_info(round_id)
         arity = self._arity(info)
         start, end = _decode(info["start"], arity), _decode(info["end"], arity)
-        if status == "closed":
-            done, skipped, dead, wm = values
+        if isinstance(res, Closed):
             if self.mirror is not None:
                 self._mirror_round(round_id)
-                if wm:
-                    self.mirror.save_watermark(self.stream, wm)
-            return RoundTotals(round_id, start, end, int(done), int(skipped), int(dead),
-                               _decode(wm, arity) if wm else None)
-        if status == "unrecoverable":
-            raise RetentionError(f"round {round_id} is unrecoverable and will never close: {values[0]}")
-        if status == "gap":
-            raise RoundIncompleteError(f"round {round_id}: ranges do not cover (start, end] at range {values[0]}")
-        lagging = [r for r in self.range_status(round_id) if str(r["range_id"]) in set(values)]
+                if res.watermark:
+                    self.mirror.save_watermark(self.stream, res.watermark)
+            return RoundTotals(
+                round_id,
+                start,
+                end,
+                res.done,
+                res.skipped,
+                res.dead,
+                _decode(res.watermark, arity) if res.watermark else None,
+            )
+        if isinstance(res, Unrecoverable):
+            raise RetentionError(
+                f"round {round_id} is unrecoverable and will never close: {res.reason}"
+            )
+        if isinstance(res, Gap):
+            raise RoundIncompleteError(
+                f"round {round_id}: ranges do not cover (start, end] at range {res.range_id}"
+            )
+        lagging = [r for r in self.range_status(round_id) if r.range_id in set(res.range_ids)]
         raise RoundIncompleteError(
             f"round {round_id}: {len(lagging)} range(s) not complete: "
-            + "; ".join(describe_range(r) for r in lagging[:10]),
+            + "; ".join(r.describe() for r in lagging[:10]),
             lagging=lagging,
         )
 
@@ -246,22 +327,19 @@ class StreamControl:
         never moved: an open round's rows are traversed again by the next plan. Returns the number
         of keys removed."""
         if not confirm:
-            raise ConfigurationError("reset_round deletes the round's cursors and dead letters; pass confirm=True")
+            raise ConfigurationError(
+                "reset_round deletes the round's cursors and dead letters; pass confirm=True"
+            )
         return self.store.delete_round(round_id)
 
 
-def describe_range(r: dict[str, Any]) -> str:
-    """One line for logs and errors about a lagging range."""
-    hb = r.get("heartbeat_age_s")
-    owner = r.get("owner") or "no owner"
-    beat = f"last heartbeat {hb:.0f} s ago" if hb is not None else "never claimed"
-    return (f"range {r['range_id']} at {r['cursor_label']} of {r['hi_label']} ({r['state']}, {owner}, "
-            f"{beat}, retry {r['retries']})")
-
-
-def _redis_now_ms(store: CursorStore) -> int:
-    try:
-        secs, micros = store.client.time()
-        return int(secs) * 1000 + int(micros) // 1000
-    except Exception:
-        return int(time.time() * 1000)
+def list_streams(client: Any, prefix: str) -> list[StreamStatus]:
+    """Every stream under ``prefix`` (found with SCAN), without its rounds."""
+    out = []
+    for name in stream_names(client, prefix):
+        try:
+            ctl = StreamControl(CursorStore(client, name, prefix=prefix))
+        except ConfigurationError:
+            continue  # not one of ours
+        out.append(ctl.stream_status(with_rounds=False))
+    return out

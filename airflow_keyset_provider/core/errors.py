@@ -6,6 +6,9 @@ before anything is written (validation) leave Redis and the source untouched.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 class KeysetError(Exception):
     """Base class of every error raised by the engine."""
@@ -49,12 +52,16 @@ class RoundNotFoundError(KeysetError):
     """No round with that id exists for the stream."""
 
 
+class StreamNotFoundError(RoundNotFoundError):
+    """The stream has no state at all under the key prefix (a typo, or a Redis that lost it)."""
+
+
 class RoundIncompleteError(KeysetError):
     """``close_round`` found ranges that are not complete or a gap in the coverage."""
 
-    def __init__(self, message: str, lagging: list[dict] | None = None) -> None:
+    def __init__(self, message: str, lagging: Sequence[Any] | None = None) -> None:
         super().__init__(message)
-        self.lagging = lagging or []
+        self.lagging = list(lagging or [])  # the lagging ranges (``RangeStatus`` records)
 
 
 class LeaseLostError(KeysetError):

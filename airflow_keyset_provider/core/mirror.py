@@ -32,12 +32,15 @@ class CheckpointMirror:
 
     def __init__(self, url: str | sa.URL | Engine, table: str = "keyset_checkpoints") -> None:
         try:
-            self.engine = url if isinstance(url, Engine) else sa.create_engine(url, pool_pre_ping=True)
+            self.engine = (
+                url if isinstance(url, Engine) else sa.create_engine(url, pool_pre_ping=True)
+            )
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
             raise ConfigurationError(f"checkpoint mirror URL is not usable: {exc}") from exc
         schema, _, name = table.rpartition(".")
         self.table = sa.Table(
-            name, sa.MetaData(),
+            name,
+            sa.MetaData(),
             sa.Column("stream", sa.String(200), primary_key=True),
             sa.Column("round_id", sa.String(64), primary_key=True),
             sa.Column("range_id", sa.Integer, primary_key=True, autoincrement=False),
@@ -58,34 +61,63 @@ class CheckpointMirror:
         dialect = self.engine.dialect.name
         insert: Any = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}.get(dialect)
         if insert is None:
-            raise ConfigurationError(f"checkpoint mirror supports PostgreSQL and SQLite, not {dialect}")
+            raise ConfigurationError(
+                f"checkpoint mirror supports PostgreSQL and SQLite, not {dialect}"
+            )
         stmt = insert(self.table)
-        stmt = stmt.on_conflict_do_update(index_elements=["stream", "round_id", "range_id"],
-                                          set_={"doc": stmt.excluded.doc})
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["stream", "round_id", "range_id"], set_={"doc": stmt.excluded.doc}
+        )
         with self.engine.begin() as conn:
             conn.execute(stmt, rows)
 
     # ---- writing -----------------------------------------------------------------------------
-    def save_round(self, stream: str, round_id: str, info: dict[str, str], ranges: list[dict[str, Any]]) -> None:
-        rows = [{"stream": stream, "round_id": round_id, "range_id": _ROUND, "doc": json.dumps(info)}]
-        rows += [{"stream": stream, "round_id": round_id, "range_id": int(r["range_id"]), "doc": json.dumps(r)}
-                 for r in ranges]
+    def save_round(
+        self, stream: str, round_id: str, info: dict[str, str], ranges: list[dict[str, Any]]
+    ) -> None:
+        rows = [
+            {"stream": stream, "round_id": round_id, "range_id": _ROUND, "doc": json.dumps(info)}
+        ]
+        rows += [
+            {
+                "stream": stream,
+                "round_id": round_id,
+                "range_id": int(r["range_id"]),
+                "doc": json.dumps(r),
+            }
+            for r in ranges
+        ]
         self._upsert(rows)
 
     def save_range(self, stream: str, round_id: str, range_id: int, doc: dict[str, Any]) -> None:
-        self._upsert([{"stream": stream, "round_id": round_id, "range_id": range_id, "doc": json.dumps(doc)}])
+        self._upsert(
+            [{"stream": stream, "round_id": round_id, "range_id": range_id, "doc": json.dumps(doc)}]
+        )
 
     def save_watermark(self, stream: str, watermark: str) -> None:
-        self._upsert([{"stream": stream, "round_id": "", "range_id": _WATERMARK,
-                       "doc": json.dumps({"watermark": watermark})}])
+        self._upsert(
+            [
+                {
+                    "stream": stream,
+                    "round_id": "",
+                    "range_id": _WATERMARK,
+                    "doc": json.dumps({"watermark": watermark}),
+                }
+            ]
+        )
 
     # ---- reading -----------------------------------------------------------------------------
-    def load_round(self, stream: str, round_id: str) -> tuple[dict[str, str], list[dict[str, Any]]] | None:
+    def load_round(
+        self, stream: str, round_id: str
+    ) -> tuple[dict[str, str], list[dict[str, Any]]] | None:
         self._ensure()
         t = self.table
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(t.c.range_id, t.c.doc).where(
-                t.c.stream == stream, t.c.round_id == round_id).order_by(t.c.range_id)).all()
+            rows = conn.execute(
+                sa.select(t.c.range_id, t.c.doc)
+                .where(t.c.stream == stream, t.c.round_id == round_id)
+                .order_by(t.c.range_id)
+            ).all()
         docs = {rid: json.loads(doc) for rid, doc in rows}
         info = docs.pop(_ROUND, None)
         if info is None:
@@ -97,19 +129,25 @@ class CheckpointMirror:
         self._ensure()
         t = self.table
         with self.engine.connect() as conn:
-            docs = conn.execute(sa.select(t.c.doc).where(t.c.stream == stream, t.c.range_id == _ROUND)).scalars()
+            docs = conn.execute(
+                sa.select(t.c.doc).where(t.c.stream == stream, t.c.range_id == _ROUND)
+            ).scalars()
             return [json.loads(d) for d in docs]
 
     def load_watermark(self, stream: str) -> str | None:
         self._ensure()
         t = self.table
         with self.engine.connect() as conn:
-            doc = conn.execute(sa.select(t.c.doc).where(t.c.stream == stream, t.c.range_id == _WATERMARK)).scalar()
+            doc = conn.execute(
+                sa.select(t.c.doc).where(t.c.stream == stream, t.c.range_id == _WATERMARK)
+            ).scalar()
         return None if doc is None else json.loads(doc)["watermark"]
 
     def max_round_number(self, stream: str) -> int:
         self._ensure()
         t = self.table
         with self.engine.connect() as conn:
-            ids = conn.execute(sa.select(t.c.round_id).where(t.c.stream == stream, t.c.range_id == _ROUND)).scalars()
+            ids = conn.execute(
+                sa.select(t.c.round_id).where(t.c.stream == stream, t.c.range_id == _ROUND)
+            ).scalars()
             return max((int(r[1:]) for r in ids if r[1:].isdigit()), default=0)

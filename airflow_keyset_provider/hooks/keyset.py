@@ -32,7 +32,11 @@ STORE_CONN_TYPES = ("redis",)
 
 # Applied to the Redis client when the connection does not set them: a hung Redis must fail a
 # call (and so the try) instead of blocking a worker slot forever.
-_REDIS_SOCKET_DEFAULTS = {"socket_connect_timeout": 5.0, "socket_timeout": 30.0, "health_check_interval": 30}
+_REDIS_SOCKET_DEFAULTS = {
+    "socket_connect_timeout": 5.0,
+    "socket_timeout": 30.0,
+    "health_check_interval": 30,
+}
 
 
 def _conn_type(conn_id: str, role: str, allowed: Sequence[str]) -> str:
@@ -82,8 +86,12 @@ class KeysetHook(BaseHook):
 
     hook_name = "Keyset traversal"
 
-    def __init__(self, source_conn_id: str | None = None, redis_conn_id: str = "redis_default",
-                 checkpoint_conn_id: str | None = None) -> None:
+    def __init__(
+        self,
+        source_conn_id: str | None = None,
+        redis_conn_id: str = "redis_default",
+        checkpoint_conn_id: str | None = None,
+    ) -> None:
         super().__init__()
         self.source_conn_id = source_conn_id
         self.redis_conn_id = redis_conn_id
@@ -94,7 +102,9 @@ class KeysetHook(BaseHook):
         """SQLAlchemy URL of the source connection (a ``URL`` object for PostgreSQL, so the
         password is hidden whenever it is rendered)."""
         if not self.source_conn_id:
-            raise ConfigurationError("source_conn_id is required: name a postgres or sqlite connection")
+            raise ConfigurationError(
+                "source_conn_id is required: name a postgres or sqlite connection"
+            )
         return _sql_url(self.source_conn_id, "source")
 
     def checkpoint_url(self) -> sa.URL | str | None:
@@ -136,17 +146,24 @@ class KeysetHook(BaseHook):
     ) -> KeysetTraversal:
         """A ``KeysetTraversal`` over ``table`` of the source connection, cursors in Redis."""
         return KeysetTraversal(
-            self.source_url(), table=table, key=key, stream=stream, where=where,
+            self.source_url(),
+            table=table,
+            key=key,
+            stream=stream,
+            where=where,
             columns=list(columns) if columns is not None else None,
-            redis_client=self.redis_client(), key_prefix=key_prefix,
+            redis_client=self.redis_client(),
+            key_prefix=key_prefix,
             **{"metrics": self.metrics(), "checkpoint_url": self.checkpoint_url(), **kwargs},
         )
 
     def control(self, stream: str, key_prefix: str = "ks") -> StreamControl:
         """Round-level operations on ``stream`` (no source connection needed)."""
         url = self.checkpoint_url()
-        return StreamControl(CursorStore(self.redis_client(), stream, prefix=key_prefix),
-                             CheckpointMirror(url) if url is not None else None)
+        return StreamControl(
+            CursorStore(self.redis_client(), stream, prefix=key_prefix),
+            CheckpointMirror(url) if url is not None else None,
+        )
 
 
 class AirflowStatsMetrics:

@@ -61,8 +61,13 @@ _clients_lock = threading.Lock()
 def settings() -> tuple[str, str]:
     """``(redis_conn_id, key_prefix)`` from the Airflow configuration section ``[keyset]``
     (environment: ``AIRFLOW__KEYSET__REDIS_CONN_ID``, ``AIRFLOW__KEYSET__KEY_PREFIX``)."""
-    conn_id = conf.get(CONFIG_SECTION, "redis_conn_id", fallback=DEFAULT_REDIS_CONN_ID) or DEFAULT_REDIS_CONN_ID
-    prefix = conf.get(CONFIG_SECTION, "key_prefix", fallback=DEFAULT_KEY_PREFIX) or DEFAULT_KEY_PREFIX
+    conn_id = (
+        conf.get(CONFIG_SECTION, "redis_conn_id", fallback=DEFAULT_REDIS_CONN_ID)
+        or DEFAULT_REDIS_CONN_ID
+    )
+    prefix = (
+        conf.get(CONFIG_SECTION, "key_prefix", fallback=DEFAULT_KEY_PREFIX) or DEFAULT_KEY_PREFIX
+    )
     return conn_id, prefix
 
 
@@ -90,8 +95,12 @@ def _forget(conn_id: str) -> None:
 
 def authorized_user(user: GetUserDep) -> BaseUser:
     """The signed-in user, if the auth manager lets them read the ``RESOURCE_NAME`` view."""
-    if not get_auth_manager().is_authorized_custom_view(method="GET", resource_name=RESOURCE_NAME, user=user):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, f"not authorized to read the {RESOURCE_NAME} view")
+    if not get_auth_manager().is_authorized_custom_view(
+        method="GET", resource_name=RESOURCE_NAME, user=user
+    ):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, f"not authorized to read the {RESOURCE_NAME} view"
+        )
     return user
 
 
@@ -142,10 +151,15 @@ def create_app() -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _errors(request: Request, exc: StarletteHTTPException) -> Response:
         wants_html = "text/html" in request.headers.get("accept", "")
-        if wants_html and request.url.path.rstrip("/") == request.scope.get("root_path", "").rstrip("/") \
-                and exc.status_code in (401, 403):
+        if (
+            wants_html
+            and request.url.path.rstrip("/") == request.scope.get("root_path", "").rstrip("/")
+            and exc.status_code in (401, 403)
+        ):
             return _unauthenticated_page(request, exc)
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(
+            {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
+        )
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page(request: Request, _user: AuthorizedUser) -> HTMLResponse:
@@ -164,13 +178,18 @@ def create_app() -> FastAPI:
         return {"redis_conn_id": conn_id, "key_prefix": prefix, "streams": _read(view.streams)}
 
     @app.get("/api/streams/{stream}")
-    def stream(stream: str, _user: AuthorizedUser,
-               closed: Annotated[int, Query(ge=0, le=20)] = 3) -> dict[str, Any]:
+    def stream(
+        stream: str, _user: AuthorizedUser, closed: Annotated[int, Query(ge=0, le=20)] = 3
+    ) -> dict[str, Any]:
         return _read(view.stream_view, stream, closed)
 
     @app.get("/api/streams/{stream}/rounds/{round_id}")
-    def round_(stream: str, round_id: str, _user: AuthorizedUser,
-               dead: Annotated[int, Query(ge=0, le=50)] = 3) -> dict[str, Any]:
+    def round_(
+        stream: str,
+        round_id: str,
+        _user: AuthorizedUser,
+        dead: Annotated[int, Query(ge=0, le=50)] = 3,
+    ) -> dict[str, Any]:
         return _read(view.round_view, stream, round_id, dead)
 
     return app

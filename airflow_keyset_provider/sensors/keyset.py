@@ -30,17 +30,18 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
-from airflow_keyset_provider.core import StreamControl
-from airflow_keyset_provider.core.control import describe_range
-from airflow_keyset_provider.core.keys import to_json
-from airflow_keyset_provider.hooks.keyset import AirflowStatsMetrics, KeysetHook
-from airflow_keyset_provider.operators.keyset import (
+from airflow_keyset_provider.common import (
+    DEFAULT_KEY_PREFIX,
     ROUND_ID_XCOM_KEY,
     ROUND_XCOM_KEY,
     airflow_errors,
     key_label,
 )
-from airflow_keyset_provider.triggers.keyset import KeysetRoundTrigger
+from airflow_keyset_provider.core.control import StreamControl
+from airflow_keyset_provider.core.keys import to_json
+from airflow_keyset_provider.core.status import RoundState
+from airflow_keyset_provider.hooks.keyset import AirflowStatsMetrics, KeysetHook
+from airflow_keyset_provider.triggers.keyset import BarrierEvent, KeysetRoundTrigger
 
 _MAX_LISTED = 20  # lagging ranges listed in one message
 
@@ -86,9 +87,15 @@ class BarrierSensor(BaseSensorOperator):
     ) -> None:
         super().__init__(**kwargs)
         if not plan_task_id and not round_id:
-            raise ValueError("BarrierSensor needs plan_task_id (a PlanRangesOperator of this DAG) or round_id")
-        if max_dead_letters is not None and (isinstance(max_dead_letters, bool) or max_dead_letters < 0):
-            raise ValueError(f"max_dead_letters must be None or a non-negative integer, got {max_dead_letters!r}")
+            raise ValueError(
+                "BarrierSensor needs plan_task_id (a PlanRangesOperator of this DAG) or round_id"
+            )
+        if max_dead_letters is not None and (
+            isinstance(max_dead_letters, bool) or max_dead_letters < 0
+        ):
+            raise ValueError(
+                f"max_dead_letters must be None or a non-negative integer, got {max_dead_letters!r}"
+            )
         self.plan_task_id = plan_task_id
         self.round_id = round_id
         self.stream = stream
@@ -102,17 +109,26 @@ class BarrierSensor(BaseSensorOperator):
     def _target(self, context: Context) -> tuple[str, str, str]:
         """-> (round_id, stream, key_prefix)."""
         if self.round_id:
-            return str(self.round_id), self.stream or self.dag_id, self.key_prefix or "ks"
+            return (
+                str(self.round_id),
+                self.stream or self.dag_id,
+                self.key_prefix or DEFAULT_KEY_PREFIX,
+            )
         ti = context["ti"]
         info = ti.xcom_pull(task_ids=self.plan_task_id, key=ROUND_XCOM_KEY) or {}
-        round_id = info.get("round_id") or ti.xcom_pull(task_ids=self.plan_task_id, key=ROUND_ID_XCOM_KEY)
+        round_id = info.get("round_id") or ti.xcom_pull(
+            task_ids=self.plan_task_id, key=ROUND_ID_XCOM_KEY
+        )
         if not round_id:
             raise AirflowFailException(
                 f"task {self.plan_task_id!r} pushed no round id in this DAG run: the barrier must run "
                 "after its PlanRangesOperator (or pass round_id=)"
             )
-        return (str(round_id), self.stream or info.get("stream") or self.dag_id,
-                self.key_prefix or info.get("key_prefix") or "ks")
+        return (
+            str(round_id),
+            self.stream or info.get("stream") or self.dag_id,
+            self.key_prefix or info.get("key_prefix") or DEFAULT_KEY_PREFIX,
+        )
 
     def _checkpoint_conn_id(self, context: Context) -> str | None:
         if self.checkpoint_conn_id or self.round_id:
@@ -126,7 +142,10 @@ class BarrierSensor(BaseSensorOperator):
         cached = getattr(self, "_cached_control", None)
         if cached is None or cached[0] != (stream, prefix):
             with airflow_errors():
-                hook = KeysetHook(redis_conn_id=self.redis_conn_id, checkpoint_conn_id=self._checkpoint_conn_id(context))
+                hook = KeysetHook(
+                    redis_conn_id=self.redis_conn_id,
+                    checkpoint_conn_id=self._checkpoint_conn_id(context),
+                )
                 cached = ((stream, prefix), hook.control(stream, prefix))
             self._cached_control = cached
         return round_id, cached[1]
@@ -137,26 +156,29 @@ class BarrierSensor(BaseSensorOperator):
         with airflow_errors():
             check = ctl.check_round(round_id)
         if not check.complete:
-            self.log.info("round %s: %d range(s) not complete: %s", round_id, len(check.lagging),
-                          _lagging_text([describe_range(r) for r in check.lagging]))
+            self.log.info(
+                "round %s: %d range(s) not complete: %s",
+                round_id,
+                len(check.lagging),
+                _lagging_text([r.describe() for r in check.lagging]),
+            )
             return False
         return PokeReturnValue(is_done=True, xcom_value=self._close(ctl, round_id))
 
     def _close(self, ctl: StreamControl, round_id: str) -> dict[str, Any]:
         with airflow_errors():
-            if self.max_dead_letters is not None and ctl.round(round_id).state != "closed":
-                status = ctl.range_status(round_id)
-                dead = sum(r["dead"] for r in status)
-                if dead > self.max_dead_letters:
-                    where = ", ".join(f"range {r['range_id']}: {r['dead']}" for r in status if r["dead"])
+            if self.max_dead_letters is not None and ctl.round(round_id).state != RoundState.CLOSED:
+                rnd = ctl.round_status(round_id)
+                if rnd.dead > self.max_dead_letters:
+                    where = ", ".join(f"range {r.range_id}: {r.dead}" for r in rnd.ranges if r.dead)
                     raise AirflowFailException(
-                        f"round {round_id}: {dead} item(s) dead-lettered ({where}), more than "
+                        f"round {round_id}: {rnd.dead} item(s) dead-lettered ({where}), more than "
                         f"max_dead_letters={self.max_dead_letters}. The round stays open and the "
                         "watermark did not move. Inspect the dead letters (StreamControl.dead_letters), "
                         "then raise the limit and clear this task, or reset the round to traverse it again."
                     )
             totals = ctl.close_round(round_id)
-            created_ms = int(ctl.store.round_info(round_id).get("created_ms", "0") or 0)
+            created_ms = ctl.round_status(round_id).created_ms
         metrics, tags = AirflowStatsMetrics(), {"stream": ctl.stream}
         metrics.incr("barrier.closed", tags=tags)
         if created_ms:  # plan -> closed: how long the barrier's round took to finish
@@ -166,15 +188,21 @@ class BarrierSensor(BaseSensorOperator):
         out["stream"] = ctl.stream
         self.log.info(
             "round %s (%s, %s] closed: done %d, skipped %d, dead %d; stream %s watermark now %s",
-            round_id, key_label(out["start_key"]), key_label(out["end_key"]), totals.done, totals.skipped,
-            totals.dead, ctl.stream, key_label(out["watermark"]),
+            round_id,
+            key_label(out["start_key"]),
+            key_label(out["end_key"]),
+            totals.done,
+            totals.skipped,
+            totals.dead,
+            ctl.stream,
+            key_label(out["watermark"]),
         )
         return out
 
     def _lagging_now(self, context: Context) -> str:
         try:
             round_id, ctl = self._control(context)
-            return _lagging_text([describe_range(r) for r in ctl.check_round(round_id).lagging])
+            return _lagging_text([r.describe() for r in ctl.check_round(round_id).lagging])
         except Exception as exc:  # the timeout is the error; the listing is a best effort
             return f"(could not list the lagging ranges: {exc})"
 
@@ -184,19 +212,30 @@ class BarrierSensor(BaseSensorOperator):
             try:
                 return super().execute(context)
             except AirflowSensorTimeout as exc:
-                raise AirflowSensorTimeout(f"{exc} Lagging ranges: {self._lagging_now(context)}") from exc
+                raise AirflowSensorTimeout(
+                    f"{exc} Lagging ranges: {self._lagging_now(context)}"
+                ) from exc
         round_id, ctl = self._control(context)
         with airflow_errors():
             check = ctl.check_round(round_id)
         if check.complete:
             return self._close(ctl, round_id)
         _, stream, prefix = self._target(context)
-        self.log.info("round %s: %d range(s) not complete; deferring (timeout %.0f s)", round_id,
-                      len(check.lagging), self.timeout)
+        self.log.info(
+            "round %s: %d range(s) not complete; deferring (timeout %.0f s)",
+            round_id,
+            len(check.lagging),
+            self.timeout,
+        )
         self.defer(
-            trigger=KeysetRoundTrigger(round_id=round_id, stream=stream, redis_conn_id=self.redis_conn_id,
-                                       key_prefix=prefix, poll_interval=self.poke_interval,
-                                       deadline=time.time() + self.timeout),
+            trigger=KeysetRoundTrigger(
+                round_id=round_id,
+                stream=stream,
+                redis_conn_id=self.redis_conn_id,
+                key_prefix=prefix,
+                poll_interval=self.poke_interval,
+                deadline=time.time() + self.timeout,
+            ),
             method_name="execute_complete",
             # a backstop only: the trigger fires its own timeout event, with the lagging ranges
             timeout=dt.timedelta(seconds=self.timeout + max(60.0, self.poke_interval * 2)),
@@ -206,15 +245,15 @@ class BarrierSensor(BaseSensorOperator):
         event = event or {}
         status = event.get("status")
         round_id = event.get("round_id")
-        if status == "complete":
+        if status == BarrierEvent.COMPLETE:
             _, ctl = self._control(context)
             return self._close(ctl, str(round_id))
-        if status == "timeout":
+        if status == BarrierEvent.TIMEOUT:
             raise AirflowSensorTimeout(
                 f"round {round_id} is not complete after {self.timeout:.0f} s. Lagging ranges: "
                 f"{_lagging_text(list(event.get('lagging') or []))}"
             )
-        if status == "error":
+        if status == BarrierEvent.ERROR:
             raise AirflowFailException(f"round {round_id}: {event.get('message')}")
         raise AirflowException(f"unexpected event from KeysetRoundTrigger: {event!r}")
 

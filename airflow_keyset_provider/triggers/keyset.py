@@ -15,24 +15,35 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from enum import StrEnum
 from typing import Any
 
 import redis
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from asgiref.sync import sync_to_async
 
-from airflow_keyset_provider.core import (
+from airflow_keyset_provider.common import DEFAULT_KEY_PREFIX
+from airflow_keyset_provider.core.control import StreamControl
+from airflow_keyset_provider.core.errors import (
     ConfigurationError,
     KeysetError,
     RoundNotFoundError,
     RoundStateLostError,
-    StreamControl,
 )
-from airflow_keyset_provider.core.control import describe_range
 from airflow_keyset_provider.core.store import CursorStore
 
 # How often the pub/sub channel is checked (non-blocking) between two polls of the round.
 _HINT_CHECK_SECONDS = 0.5
+
+
+class BarrierEvent(StrEnum):
+    """The ``status`` of the one event a ``KeysetRoundTrigger`` fires."""
+
+    COMPLETE = "complete"  #: every range is complete: the sensor closes the round
+    TIMEOUT = "timeout"  #: the deadline passed; ``lagging`` lists the unfinished ranges
+    ERROR = (
+        "error"  #: the round cannot be read (lost, unknown, misconfigured); ``message`` says why
+    )
 
 
 class KeysetRoundTrigger(BaseTrigger):
@@ -52,7 +63,7 @@ class KeysetRoundTrigger(BaseTrigger):
         round_id: str,
         stream: str,
         redis_conn_id: str = "redis_default",
-        key_prefix: str = "ks",
+        key_prefix: str = DEFAULT_KEY_PREFIX,
         poll_interval: float = 30.0,
         deadline: float | None = None,
     ) -> None:
@@ -67,8 +78,14 @@ class KeysetRoundTrigger(BaseTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
-            {"round_id": self.round_id, "stream": self.stream, "redis_conn_id": self.redis_conn_id,
-             "key_prefix": self.key_prefix, "poll_interval": self.poll_interval, "deadline": self.deadline},
+            {
+                "round_id": self.round_id,
+                "stream": self.stream,
+                "redis_conn_id": self.redis_conn_id,
+                "key_prefix": self.key_prefix,
+                "poll_interval": self.poll_interval,
+                "deadline": self.deadline,
+            },
         )
 
     def _connect(self) -> tuple[StreamControl, Any]:
@@ -78,11 +95,14 @@ class KeysetRoundTrigger(BaseTrigger):
         ctl = StreamControl(CursorStore(client, self.stream, prefix=self.key_prefix))
         pubsub = None
         try:
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
-            pubsub.subscribe(ctl.store.events_channel)
+            pubsub = ctl.store.subscribe_events()
         except Exception as exc:  # pub/sub is an optimisation only
-            self.log.info("round %s: no pub/sub wake-ups (%s); polling every %.0f s", self.round_id, exc,
-                          self.poll_interval)
+            self.log.info(
+                "round %s: no pub/sub wake-ups (%s); polling every %.0f s",
+                self.round_id,
+                exc,
+                self.poll_interval,
+            )
             pubsub = None
         return ctl, pubsub
 
@@ -107,7 +127,11 @@ class KeysetRoundTrigger(BaseTrigger):
                     if await sync_to_async(self._hint)(pubsub):
                         return pubsub
                 except Exception as exc:
-                    self.log.info("round %s: pub/sub stopped (%s); falling back to polling", self.round_id, exc)
+                    self.log.info(
+                        "round %s: pub/sub stopped (%s); falling back to polling",
+                        self.round_id,
+                        exc,
+                    )
                     await sync_to_async(_close_quietly)(pubsub)
                     pubsub = None
             await asyncio.sleep(min(left, _HINT_CHECK_SECONDS) if pubsub is not None else left)
@@ -117,7 +141,9 @@ class KeysetRoundTrigger(BaseTrigger):
         try:
             ctl, pubsub = await sync_to_async(self._connect)()
         except ConfigurationError as exc:
-            yield TriggerEvent({"status": "error", "round_id": self.round_id, "message": str(exc)})
+            yield TriggerEvent(
+                {"status": BarrierEvent.ERROR.value, "round_id": self.round_id, "message": str(exc)}
+            )
             return
         try:
             while True:
@@ -125,29 +151,56 @@ class KeysetRoundTrigger(BaseTrigger):
                 try:
                     check = await sync_to_async(ctl.check_round)(self.round_id)
                 except (RoundStateLostError, RoundNotFoundError, ConfigurationError) as exc:
-                    yield TriggerEvent({"status": "error", "round_id": self.round_id,
-                                        "message": f"{type(exc).__name__}: {exc}"})
+                    yield TriggerEvent(
+                        {
+                            "status": BarrierEvent.ERROR.value,
+                            "round_id": self.round_id,
+                            "message": f"{type(exc).__name__}: {exc}",
+                        }
+                    )
                     return
-                except (KeysetError, redis.RedisError) as exc:  # transient: keep polling until the deadline
-                    self.log.warning("round %s: could not read the round's state: %s", self.round_id, exc)
+                except (
+                    KeysetError,
+                    redis.RedisError,
+                ) as exc:  # transient: keep polling until the deadline
+                    self.log.warning(
+                        "round %s: could not read the round's state: %s", self.round_id, exc
+                    )
                 if check is not None and check.complete:
                     self.log.info("round %s: every range is complete", self.round_id)
-                    yield TriggerEvent({"status": "complete", "round_id": self.round_id})
+                    yield TriggerEvent(
+                        {"status": BarrierEvent.COMPLETE.value, "round_id": self.round_id}
+                    )
                     return
                 now = time.time()
                 if self.deadline is not None and now >= self.deadline:
-                    lagging = [describe_range(r) for r in check.lagging] if check is not None \
+                    lagging = (
+                        [r.describe() for r in check.lagging]
+                        if check is not None
                         else ["(the round's state could not be read from Redis at the deadline)"]
-                    yield TriggerEvent({"status": "timeout", "round_id": self.round_id, "lagging": lagging})
+                    )
+                    yield TriggerEvent(
+                        {
+                            "status": BarrierEvent.TIMEOUT.value,
+                            "round_id": self.round_id,
+                            "lagging": lagging,
+                        }
+                    )
                     return
                 if check is not None:
-                    self.log.info("round %s: %d range(s) not complete yet", self.round_id, len(check.lagging))
-                wait = self.poll_interval if self.deadline is None else min(self.poll_interval, self.deadline - now)
+                    self.log.info(
+                        "round %s: %d range(s) not complete yet", self.round_id, len(check.lagging)
+                    )
+                wait = (
+                    self.poll_interval
+                    if self.deadline is None
+                    else min(self.poll_interval, self.deadline - now)
+                )
                 pubsub = await self._wait(pubsub, max(wait, 0.0))
         finally:
             if pubsub is not None:
                 await sync_to_async(_close_quietly)(pubsub)
-            await sync_to_async(_close_quietly)(ctl.store.client)
+            await sync_to_async(ctl.store.close)()
 
 
 def _close_quietly(obj: Any) -> None:

@@ -27,9 +27,7 @@ from airflow_keyset_provider.cli import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
-    apply_rates,
     main,
-    round_snapshot,
 )
 from airflow_keyset_provider.core import KeysetTraversal, LeaseLostError, RoundStateLostError
 
@@ -60,7 +58,16 @@ def test_status_json_matches_the_engine_counters(live_round: LiveRound) -> None:
     assert (rnd["start_key"], rnd["end_key"]) == (None, ROWS_END)
     engine_view = live_round.traversal.range_status("r1")
     for shown, truth in zip(rnd["ranges"], engine_view, strict=True):
-        for field in ("range_id", "state", "done", "skipped", "dead", "retries", "chunks", "cursor_label"):
+        for field in (
+            "range_id",
+            "state",
+            "done",
+            "skipped",
+            "dead",
+            "retries",
+            "chunks",
+            "cursor_label",
+        ):
             assert shown[field] == truth[field], field
     assert [r["state"] for r in rnd["ranges"]] == ["complete", "complete", "pending", "pending"]
     assert [r["progress"] for r in rnd["ranges"]] == [1.0, 1.0, pytest.approx(0.2), 0.0]
@@ -94,7 +101,9 @@ def test_status_check_exits_3_while_ranges_are_unfinished(sqlite_round: LiveRoun
     assert code == EXIT_INCOMPLETE
     t = sqlite_round.traversal
     for i in (2, 3):
-        t.traverse("r1", i, poison_processor, chunk_size=50, item_retry_delay=0.0, backoff_base=0.01)
+        t.traverse(
+            "r1", i, poison_processor, chunk_size=50, item_retry_delay=0.0, backoff_base=0.01
+        )
     assert sqlite_round.cli("ranges", "events-nightly", "r1", "--check")[0] == EXIT_OK
     totals = t.close_round("r1")
     code, out, _ = sqlite_round.cli("status", "events-nightly", "--check")
@@ -104,20 +113,33 @@ def test_status_check_exits_3_while_ranges_are_unfinished(sqlite_round: LiveRoun
     assert rnd["state"] == "closed" and rnd["progress"] == 1.0
     assert (rnd["done"], rnd["skipped"], rnd["dead"]) == (totals.done, totals.skipped, totals.dead)
     assert rnd["done"] + rnd["skipped"] + rnd["dead"] == ROWS_END
-    assert doc["retention_floor"] == 400 and doc["watermark"] == 400  # the next chained round starts there
+    assert (
+        doc["retention_floor"] == 400 and doc["watermark"] == 400
+    )  # the next chained round starts there
 
 
-def test_status_shows_a_live_owner_and_reset_refuses_while_it_holds(sqlite_round: LiveRound) -> None:
-    t = KeysetTraversal(sqlite_round.source_url, "events", "seq", redis_url=sqlite_round.redis_url,
-                        stream="events-nightly", key_prefix=sqlite_round.key_prefix)
+def test_status_shows_a_live_owner_and_reset_refuses_while_it_holds(
+    sqlite_round: LiveRound,
+) -> None:
+    t = KeysetTraversal(
+        sqlite_round.source_url,
+        "events",
+        "seq",
+        redis_url=sqlite_round.redis_url,
+        stream="events-nightly",
+        key_prefix=sqlite_round.key_prefix,
+    )
     inside, release = threading.Event(), threading.Event()
 
     def blocking(chunk: object) -> None:
         inside.set()
         assert release.wait(60)
 
-    worker = threading.Thread(target=t.traverse, args=("r1", 3, blocking),
-                              kwargs={"chunk_size": 10, "lease_seconds": 30, "owner_lineage": "nightly/run1/traverse/3"})
+    worker = threading.Thread(
+        target=t.traverse,
+        args=("r1", 3, blocking),
+        kwargs={"chunk_size": 10, "lease_seconds": 30, "owner_lineage": "nightly/run1/traverse/3"},
+    )
     worker.start()
     try:
         assert inside.wait(30)
@@ -132,7 +154,9 @@ def test_status_shows_a_live_owner_and_reset_refuses_while_it_holds(sqlite_round
         assert "nightly/run1/traverse/3#" in out  # the full owner token in the ownership table
         code, _, err = sqlite_round.cli("reset-round", "events-nightly", "r1", "--yes")
         assert code == EXIT_REFUSED and "held by a live owner" in err
-        assert sqlite_round.cli_json("ranges", "events-nightly", "r1")["n_ranges"] == 4  # nothing deleted
+        assert (
+            sqlite_round.cli_json("ranges", "events-nightly", "r1")["n_ranges"] == 4
+        )  # nothing deleted
     finally:
         release.set()
         worker.join(60)
@@ -140,8 +164,14 @@ def test_status_shows_a_live_owner_and_reset_refuses_while_it_holds(sqlite_round
 
 
 def test_reset_round_force_fences_the_live_owner(sqlite_round: LiveRound) -> None:
-    t = KeysetTraversal(sqlite_round.source_url, "events", "seq", redis_url=sqlite_round.redis_url,
-                        stream="events-nightly", key_prefix=sqlite_round.key_prefix)
+    t = KeysetTraversal(
+        sqlite_round.source_url,
+        "events",
+        "seq",
+        redis_url=sqlite_round.redis_url,
+        stream="events-nightly",
+        key_prefix=sqlite_round.key_prefix,
+    )
     inside, release = threading.Event(), threading.Event()
     outcome: list[BaseException] = []
 
@@ -175,7 +205,7 @@ def test_sampled_rates_and_eta_come_from_two_readings(sqlite_round: LiveRound) -
     from airflow_keyset_provider.core import StreamControl
 
     ctl = StreamControl(t.store)
-    before = round_snapshot(ctl, "r1")
+    before = ctl.round_status("r1")
     calls = []
 
     def two_chunks(chunk: object) -> None:
@@ -185,10 +215,9 @@ def test_sampled_rates_and_eta_come_from_two_readings(sqlite_round: LiveRound) -
 
     t.traverse("r1", 2, two_chunks, chunk_size=20, prefetch=False)
     t._stop.clear()
-    after = round_snapshot(ctl, "r1")
-    apply_rates(before, after, 4.0)
+    after = ctl.round_status("r1").sampled(before, 4.0).as_dict()
     r2 = after["ranges"][2]
-    assert r2["items"] - before["ranges"][2]["items"] == 40
+    assert r2["items"] - before.ranges[2].items == 40
     assert r2["rate"] == pytest.approx(10.0)  # 40 items in 4 s
     # cursor went 220 -> 260 in 4 s (10 keys/s); 40 keys left to 300
     assert r2["eta_s"] == pytest.approx(4.0)
@@ -200,11 +229,18 @@ def test_watch_redraws_with_rates_and_stops_after_count(sqlite_round: LiveRound)
     code, out, _ = sqlite_round.cli("status", "events-nightly", "--watch", "0.05", "--count", "2")
     assert code == EXIT_OK
     assert "(every 0.05 s, Ctrl-C to stop)" in out and "round r1 (-inf, 400] open  55.0%" in out
-    code, out, _ = sqlite_round.cli("status", "events-nightly", "--watch", "0.05", "--count", "3", "--json")
+    code, out, _ = sqlite_round.cli(
+        "status", "events-nightly", "--watch", "0.05", "--count", "3", "--json"
+    )
     docs = [json.loads(line) for line in out.splitlines()]
     assert code == EXIT_OK and len(docs) == 3
-    assert docs[0]["rounds"][0]["rate"] is None or docs[0]["rounds"][0]["rate_basis"] == "average since planned"
-    assert all(d["rounds"][0]["rate_basis"].startswith("sampled over") for d in docs[1:])  # from the previous one
+    assert (
+        docs[0]["rounds"][0]["rate"] is None
+        or docs[0]["rounds"][0]["rate_basis"] == "average since planned"
+    )
+    assert all(
+        d["rounds"][0]["rate_basis"].startswith("sampled over") for d in docs[1:]
+    )  # from the previous one
 
 
 # ------------------------------------------------------------------------------------ ranges, dead letters
@@ -224,12 +260,18 @@ def test_dead_letters_lists_the_poison_keys_with_their_errors(live_round: LiveRo
     doc = live_round.cli_json("dead-letters", "events-nightly", "r1")
     assert doc["dead_total"] == 5 and doc["shown"] == 5
     assert sorted(d["key"] for d in doc["dead_letters"]) == [37, 74, 111, 148, 185]
-    assert all(d["attempts"] == 3 and d["error"] == f"poison: payload {d['key']} is not JSON"
-               for d in doc["dead_letters"])
+    assert all(
+        d["attempts"] == 3 and d["error"] == f"poison: payload {d['key']} is not JSON"
+        for d in doc["dead_letters"]
+    )
     one = live_round.cli_json("dead-letters", "events-nightly", "r1", "--range", "1")
     assert {d["range_id"] for d in one["dead_letters"]} == {1} and one["dead_total"] == 3
     code, out, _ = live_round.cli("dead-letters", "events-nightly", "r1", "--range", "0")
-    assert code == EXIT_OK and "poison: payload 74 is not JSON" in out and "2 shown, 2 dead in total" in out
+    assert (
+        code == EXIT_OK
+        and "poison: payload 74 is not JSON" in out
+        and "2 shown, 2 dead in total" in out
+    )
     code, _, err = live_round.cli("dead-letters", "events-nightly", "r1", "--range", "9")
     assert code == EXIT_USAGE and "ranges 0..3" in err
 
@@ -240,7 +282,9 @@ def test_dead_letters_lists_the_poison_keys_with_their_errors(live_round: LiveRo
 def test_reset_round_needs_yes_and_never_moves_the_watermark(sqlite_round: LiveRound) -> None:
     t = sqlite_round.traversal
     for i in (2, 3):
-        t.traverse("r1", i, poison_processor, chunk_size=50, item_retry_delay=0.0, backoff_base=0.01)
+        t.traverse(
+            "r1", i, poison_processor, chunk_size=50, item_retry_delay=0.0, backoff_base=0.01
+        )
     t.close_round("r1")
     make_more = t.source.engine
     with make_more.begin() as c:
@@ -265,21 +309,37 @@ def test_reset_round_needs_yes_and_never_moves_the_watermark(sqlite_round: LiveR
 # ------------------------------------------------------------------------------------ replay
 
 
-def test_replay_dead_letters_reprocesses_them_fenced(sqlite_round: LiveRound, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "fixed_processor.py").write_text(textwrap.dedent("""
+def test_replay_dead_letters_reprocesses_them_fenced(
+    sqlite_round: LiveRound, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "fixed_processor.py").write_text(
+        textwrap.dedent("""
         def process(chunk):
             return None  # the bug is fixed: every item succeeds now
-    """))
-    (tmp_path / "still_broken.py").write_text(textwrap.dedent(f"""
+    """)
+    )
+    (tmp_path / "still_broken.py").write_text(
+        textwrap.dedent(f"""
         from airflow_keyset_provider import ChunkResult
 
         def process(chunk):
             return ChunkResult(failed={{k: "still broken" for k in chunk.keys if k % {POISON} == 0}})
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    base = ["replay-dead-letters", "events-nightly", "r1", "--source-url", sqlite_round.source_url,
-            "--table", "events", "--key", "seq", "--item-retry-delay", "0"]
+    base = [
+        "replay-dead-letters",
+        "events-nightly",
+        "r1",
+        "--source-url",
+        sqlite_round.source_url,
+        "--table",
+        "events",
+        "--key",
+        "seq",
+        "--item-retry-delay",
+        "0",
+    ]
 
     code, out, err = sqlite_round.cli(*base, "--range", "1", "--processor", "still_broken:process")
     assert code == EXIT_INCOMPLETE, err
@@ -287,7 +347,10 @@ def test_replay_dead_letters_reprocesses_them_fenced(sqlite_round: LiveRound, tm
 
     doc = sqlite_round.cli_json(*base, "--processor", "fixed_processor:process")
     assert doc["still_dead"] == 0
-    assert [(r["range_id"], r["dead"], r["complete"]) for r in doc["ranges"]] == [(0, 0, True), (1, 0, True)]
+    assert [(r["range_id"], r["dead"], r["complete"]) for r in doc["ranges"]] == [
+        (0, 0, True),
+        (1, 0, True),
+    ]
     assert sqlite_round.cli_json("dead-letters", "events-nightly", "r1")["dead_total"] == 0
     ranges = sqlite_round.cli_json("ranges", "events-nightly", "r1")["ranges"]
     assert [(r["done"], r["skipped"], r["dead"]) for r in ranges[:2]] == [(98, 2, 0), (98, 2, 0)]
@@ -335,9 +398,19 @@ def _script() -> str:
 
 
 def test_console_script_runs_and_never_imports_airflow(sqlite_round: LiveRound) -> None:
-    env = {**os.environ, "KEYSET_REDIS_URL": sqlite_round.redis_url, "KEYSET_KEY_PREFIX": sqlite_round.key_prefix}
-    proc = subprocess.run([_script(), "status", "events-nightly", "--json"], capture_output=True, text=True,
-                          env=env, timeout=120, check=False)
+    env = {
+        **os.environ,
+        "KEYSET_REDIS_URL": sqlite_round.redis_url,
+        "KEYSET_KEY_PREFIX": sqlite_round.key_prefix,
+    }
+    proc = subprocess.run(
+        [_script(), "status", "events-nightly", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == EXIT_OK, proc.stderr
     assert json.loads(proc.stdout)["rounds"][0]["round_id"] == "r1"
     probe = textwrap.dedent("""
@@ -350,8 +423,15 @@ def test_console_script_runs_and_never_imports_airflow(sqlite_round: LiveRound) 
         assert not loaded, loaded
         print("no airflow")
     """)
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120,
-                          check=False, cwd=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+        cwd=str(REPO),
+    )
     assert proc.returncode == 0 and "no airflow" in proc.stdout, proc.stderr
 
 
@@ -359,21 +439,44 @@ def test_redis_conn_id_reads_an_airflow_connection(sqlite_round: LiveRound, tmp_
     from urllib.parse import urlsplit
 
     u = urlsplit(sqlite_round.redis_url)
-    conn = {"conn_type": "redis", "host": u.hostname, "port": u.port or 6379,
-            "extra": {"db": int((u.path or "/0").strip("/") or 0)}}
+    conn = {
+        "conn_type": "redis",
+        "host": u.hostname,
+        "port": u.port or 6379,
+        "extra": {"db": int((u.path or "/0").strip("/") or 0)},
+    }
     if u.password:
         conn["password"] = u.password
-    env = {**os.environ, "AIRFLOW_CONN_KEYSET_REDIS": json.dumps(conn), "AIRFLOW_HOME": str(tmp_path),
-           "KEYSET_REDIS_URL": "redis://127.0.0.1:1/0"}  # would fail if it were used
-    proc = subprocess.run([_script(), "status", "events-nightly", "--redis-conn-id", "keyset_redis",
-                           "--key-prefix", sqlite_round.key_prefix, "--json"],
-                          capture_output=True, text=True, env=env, timeout=180, check=False)
+    env = {
+        **os.environ,
+        "AIRFLOW_CONN_KEYSET_REDIS": json.dumps(conn),
+        "AIRFLOW_HOME": str(tmp_path),
+        "KEYSET_REDIS_URL": "redis://127.0.0.1:1/0",
+    }  # would fail if it were used
+    proc = subprocess.run(
+        [
+            _script(),
+            "status",
+            "events-nightly",
+            "--redis-conn-id",
+            "keyset_redis",
+            "--key-prefix",
+            sqlite_round.key_prefix,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        check=False,
+    )
     assert proc.returncode == EXIT_OK, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["open_rounds"] == ["r1"]
 
 
-def test_composite_timestamp_keys_show_key_space_progress(pg_schema_url: str, redis_url: str,
-                                                          key_prefix: str) -> None:
+def test_composite_timestamp_keys_show_key_space_progress(
+    pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
     import datetime as dt
 
     import sqlalchemy as sa
@@ -381,13 +484,23 @@ def test_composite_timestamp_keys_show_key_space_progress(pg_schema_url: str, re
     engine = sa.create_engine(pg_schema_url)
     base = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
     with engine.begin() as c:
-        c.exec_driver_sql("CREATE TABLE clicks (created_at timestamptz NOT NULL, id bigint NOT NULL, "
-                          "PRIMARY KEY (created_at, id))")
-        c.execute(sa.text("INSERT INTO clicks VALUES (:t, :i)"),
-                  [{"t": base + dt.timedelta(hours=i), "i": i} for i in range(1, 201)])
+        c.exec_driver_sql(
+            "CREATE TABLE clicks (created_at timestamptz NOT NULL, id bigint NOT NULL, "
+            "PRIMARY KEY (created_at, id))"
+        )
+        c.execute(
+            sa.text("INSERT INTO clicks VALUES (:t, :i)"),
+            [{"t": base + dt.timedelta(hours=i), "i": i} for i in range(1, 201)],
+        )
     engine.dispose()
-    t = KeysetTraversal(pg_schema_url, "clicks", ["created_at", "id"], redis_url=redis_url, stream="clicks",
-                        key_prefix=key_prefix)
+    t = KeysetTraversal(
+        pg_schema_url,
+        "clicks",
+        ["created_at", "id"],
+        redis_url=redis_url,
+        stream="clicks",
+        key_prefix=key_prefix,
+    )
     try:
         rnd = t.plan(max_ranges=2, start_key=(base, 0))
         calls = []
@@ -399,7 +512,10 @@ def test_composite_timestamp_keys_show_key_space_progress(pg_schema_url: str, re
 
         t.traverse(rnd.round_id, 0, stop_after_two, chunk_size=25, prefetch=False)
         out = io.StringIO()
-        code = main(["status", "clicks", "--json", "--redis-url", redis_url, "--key-prefix", key_prefix], stdout=out)
+        code = main(
+            ["status", "clicks", "--json", "--redis-url", redis_url, "--key-prefix", key_prefix],
+            stdout=out,
+        )
         assert code == EXIT_OK
         [r] = json.loads(out.getvalue())["rounds"]
         assert r["start_key"] == [base.isoformat(), 0]
@@ -409,7 +525,9 @@ def test_composite_timestamp_keys_show_key_space_progress(pg_schema_url: str, re
         t.close()
 
 
-def test_live_round_fixture_builds_on_a_fresh_table(sqlite_url: str, redis_url: str, key_prefix: str) -> None:
+def test_live_round_fixture_builds_on_a_fresh_table(
+    sqlite_url: str, redis_url: str, key_prefix: str
+) -> None:
     lr = build_live_round(sqlite_url, redis_url, key_prefix)
     try:
         assert lr.cli("ranges", "events-nightly", "r1")[0] == EXIT_OK

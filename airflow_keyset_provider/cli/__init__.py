@@ -1,0 +1,332 @@
+"""``airflow-keyset``: watch and operate keyset traversals from a terminal or a script.
+
+Reads the control state in Redis only (no database, no Airflow) for ``status``, ``ranges``,
+``dead-letters`` and ``reset-round``; ``replay-dead-letters`` also needs the source table.
+Airflow is imported only when a ``--*-conn-id`` option asks for an Airflow connection.
+
+Guarantees:
+
+- Read commands never write to Redis.
+- ``reset-round`` deletes one round's control state (ranges, cursors, retry sets, dead letters)
+  and nothing else: it never moves a watermark. It refuses without ``--yes``, and refuses while a
+  live owner holds one of the round's ranges unless ``--force`` is given.
+- Every command has a human rendering (tables, progress bars) and a ``--json`` rendering with the
+  same facts; exit codes are listed in ``EXIT_CODES`` and in ``--help``.
+
+Progress is measured in *key space*: a range's fraction is where its cursor sits between ``lo``
+and ``hi`` (first key column that differs, interpolated numerically). Ranges are balanced by row
+count, so the round's fraction is the mean of its ranges'. Rates and ETAs come from two readings
+``--sample`` seconds apart (or from successive ``--watch`` refreshes); without them only the
+round's average rate since it was planned is shown (the maths live in ``core/status.py``).
+
+The package: ``commands.py`` (what each command reads and does), ``render.py`` (rich tables of
+the status records), ``exits.py`` (exit codes); this module holds the parser and ``main``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+import redis
+
+from ..core.errors import (
+    ConfigurationError,
+    KeysetError,
+    LeaseHeldError,
+    RoundNotFoundError,
+    RoundStateLostError,
+    StoreUnavailableError,
+)
+from .commands import (
+    cmd_dead_letters,
+    cmd_ranges,
+    cmd_replay,
+    cmd_reset_round,
+    cmd_status,
+    connect_redis,
+    where,
+)
+from .exits import (
+    EXIT_CODES,
+    EXIT_ERROR,
+    EXIT_INCOMPLETE,
+    EXIT_LOST,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    CliError,
+)
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_KEY_PREFIX = "ks"
+
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_ERROR",
+    "EXIT_INCOMPLETE",
+    "EXIT_LOST",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_USAGE",
+    "CliError",
+    "build_parser",
+    "connect_redis",
+    "main",
+]
+
+
+def _epilog() -> str:
+    codes = "\n".join(f"  {code}  {text}" for code, text in EXIT_CODES.items())
+    return (
+        "exit codes:\n" + codes + "\n\n"
+        "environment:\n"
+        f"  KEYSET_REDIS_URL   default for --redis-url ({DEFAULT_REDIS_URL})\n"
+        f"  KEYSET_KEY_PREFIX  default for --key-prefix ({DEFAULT_KEY_PREFIX})\n\n"
+        "Progress is key-space progress (cursor between lo and hi); rates and ETAs need --sample or --watch.\n"
+        "Docs: docs/cli.md"
+    )
+
+
+Adder = Callable[[str, str, Callable[[argparse.Namespace, TextIO], int]], argparse.ArgumentParser]
+
+
+def _common_parser() -> argparse.ArgumentParser:
+    """The options every command takes: where Redis is, ``--json``, ``--verbose``."""
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("connection")
+    g.add_argument(
+        "--redis-url",
+        default=os.environ.get("KEYSET_REDIS_URL", DEFAULT_REDIS_URL),
+        help="Redis URL: redis://[user:password@]host:port/db, rediss:// for TLS "
+        "(default: $KEYSET_REDIS_URL or %(default)s)",
+    )
+    g.add_argument(
+        "--redis-conn-id",
+        default=None,
+        help="read Redis from this Airflow connection instead (imports Airflow)",
+    )
+    g.add_argument(
+        "--cluster", action="store_true", help="--redis-url points at a Redis Cluster node"
+    )
+    g.add_argument(
+        "--key-prefix",
+        default=os.environ.get("KEYSET_KEY_PREFIX", DEFAULT_KEY_PREFIX),
+        help="Redis key prefix the traversal used (default: $KEYSET_KEY_PREFIX or %(default)s)",
+    )
+    common.add_argument(
+        "--json", action="store_true", help="print JSON for scripts instead of tables"
+    )
+    common.add_argument(
+        "-v", "--verbose", action="store_true", help="log the engine's progress lines to stderr"
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_parser()
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="airflow-keyset",
+        description="Watch and operate keyset traversals (rounds, ranges, dead letters).",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(
+        name: str, help_: str, fn: Callable[[argparse.Namespace, TextIO], int]
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            parents=[common],
+            help=help_,
+            description=help_,
+            epilog=_epilog(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.set_defaults(func=fn)
+        return p
+
+    _status_command(add)
+    _round_commands(add)
+    _replay_command(add)
+    return parser
+
+
+def _status_command(add: Adder) -> None:
+    p = add(
+        "status",
+        "streams, or one stream's watermark, retention floor and open rounds with per-range progress",
+        cmd_status,
+    )
+    p.add_argument(
+        "stream", nargs="?", metavar="STREAM", help="stream name; omit to list every stream"
+    )
+    p.add_argument(
+        "--round", metavar="ROUND", help="show this round (open or closed) instead of the open ones"
+    )
+    p.add_argument(
+        "--sample",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="read twice, SECONDS apart, to show per-range rates and ETAs",
+    )
+    p.add_argument(
+        "--watch",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="refresh every SECONDS until Ctrl-C",
+    )
+    p.add_argument(
+        "--count", type=int, default=0, help="with --watch: stop after this many refreshes"
+    )
+    p.add_argument(
+        "--until-closed", action="store_true", help="with --watch: stop when no round is open"
+    )
+    p.add_argument(
+        "--check", action="store_true", help="exit 3 if a shown open round has unfinished ranges"
+    )
+
+
+def _round_commands(add: Adder) -> None:
+    """``ranges``, ``dead-letters`` and ``reset-round``."""
+    p = add(
+        "ranges",
+        "every range of one round: bounds, cursor, state, owner, lease, counters",
+        cmd_ranges,
+    )
+    p.add_argument("stream", metavar="STREAM")
+    p.add_argument("round", metavar="ROUND", help="round id, e.g. r3")
+    p.add_argument("--check", action="store_true", help="exit 3 if the round has unfinished ranges")
+
+    p = add(
+        "dead-letters",
+        "dead-lettered items of one round (newest first per range)",
+        cmd_dead_letters,
+    )
+    p.add_argument("stream", metavar="STREAM")
+    p.add_argument("round", metavar="ROUND")
+    p.add_argument("--range", type=int, default=None, metavar="N", help="only range N")
+    p.add_argument(
+        "--limit", type=int, default=100, help="at most this many per range (default %(default)s)"
+    )
+
+    p = add(
+        "reset-round",
+        "delete one round's control state (never moves the watermark)",
+        cmd_reset_round,
+    )
+    p.add_argument("stream", metavar="STREAM")
+    p.add_argument("round", metavar="ROUND")
+    p.add_argument("--yes", action="store_true", help="confirm: without it nothing is deleted")
+    p.add_argument(
+        "--force", action="store_true", help="reset even while a live owner holds a range"
+    )
+
+
+def _replay_command(add: Adder) -> None:
+    p = add(
+        "replay-dead-letters",
+        "run a processor again over a round's dead letters (fenced, at-least-once)",
+        cmd_replay,
+    )
+    p.add_argument("stream", metavar="STREAM")
+    p.add_argument("round", metavar="ROUND")
+    p.add_argument(
+        "--range", type=int, default=None, metavar="N", help="only range N (default: every range)"
+    )
+    p.add_argument("--source-url", default=None, help="SQLAlchemy URL of the source database")
+    p.add_argument(
+        "--source-conn-id", default=None, help="Airflow connection of the source (imports Airflow)"
+    )
+    p.add_argument(
+        "--table", required=True, help="table the round was planned over ('schema.table' allowed)"
+    )
+    p.add_argument("--key", required=True, help="key column(s), comma-separated, as planned")
+    p.add_argument("--where", default=None, help="the same where filter the round was planned with")
+    p.add_argument(
+        "--columns", default=None, help="extra columns the processor needs, comma-separated"
+    )
+    p.add_argument("--processor", required=True, metavar="pkg.mod:fn", help="the processor to run")
+    p.add_argument(
+        "--chunk-size", type=int, default=1000, help="keys per processor call (default %(default)s)"
+    )
+    p.add_argument(
+        "--max-item-attempts",
+        type=int,
+        default=3,
+        help="attempts per letter before it is dead-lettered again (default %(default)s)",
+    )
+    p.add_argument(
+        "--item-retry-delay",
+        type=float,
+        default=0.5,
+        help="base delay in seconds between item attempts (default %(default)s)",
+    )
+
+
+def main(
+    argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
+    """Run the CLI; returns the exit code (see ``EXIT_CODES``)."""
+    out = sys.stdout if stdout is None else stdout
+    err = sys.stderr if stderr is None else stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:  # argparse: --help/--version exit 0, bad usage exits 2
+        return int(exc.code or 0)
+    if args.verbose:
+        logging.basicConfig(
+            level=logging.INFO, stream=err, format="%(asctime)s %(levelname)s %(message)s"
+        )
+    try:
+        return int(args.func(args, out))
+    except CliError as exc:
+        err.write(f"airflow-keyset: {exc}\n")
+        return exc.code
+    except RoundStateLostError as exc:
+        err.write(f"airflow-keyset: round state lost: {exc}\n")
+        return EXIT_LOST
+    except LeaseHeldError as exc:
+        err.write(f"airflow-keyset: refused: {exc}\n")
+        return EXIT_REFUSED
+    except RoundNotFoundError as exc:
+        err.write(f"airflow-keyset: {exc}\n")
+        return EXIT_NOT_FOUND
+    except ConfigurationError as exc:
+        err.write(f"airflow-keyset: {exc}\n")
+        return EXIT_USAGE
+    except redis.AuthenticationError as exc:
+        err.write(f"airflow-keyset: Redis ({where(args)}) refused the credentials: {exc}\n")
+        return EXIT_ERROR
+    except (StoreUnavailableError, redis.ConnectionError, redis.TimeoutError) as exc:
+        err.write(f"airflow-keyset: Redis is unreachable ({where(args)}): {exc}\n")
+        return EXIT_ERROR
+    except (KeysetError, redis.RedisError) as exc:
+        err.write(f"airflow-keyset: {type(exc).__name__}: {exc}\n")
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `airflow-keyset status --json | head`: the reader left, not an error
+        _silence_stdout()
+        return EXIT_OK
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -1,0 +1,352 @@
+"""The commands of ``airflow-keyset``: read the status model, render it or print its JSON.
+
+Each ``cmd_*`` takes the parsed arguments and the output stream and returns an exit code
+(``exits.py``). They read through ``StreamControl`` (records of ``core/status.py``) and write only
+through ``StreamControl.reset_round`` and ``KeysetTraversal.replay_dead_letters``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+import redis
+
+from ..core.control import StreamControl, list_streams
+from ..core.errors import ConfigurationError
+from ..core.keys import display_key, to_json
+from ..core.status import StreamStatus, decode, iso_ms
+from ..core.store import CursorStore
+from . import render
+from .exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError
+
+# --------------------------------------------------------------------------------------------
+# Connections
+# --------------------------------------------------------------------------------------------
+
+
+def connect_redis(args: argparse.Namespace) -> Any:
+    """A Redis client from ``--redis-conn-id`` (Airflow connection, imported lazily),
+    ``--cluster`` + ``--redis-url`` (``redis.RedisCluster``) or ``--redis-url``."""
+    if args.redis_conn_id:
+        try:
+            from airflow.providers.redis.hooks.redis import RedisHook
+        except ImportError as exc:  # pragma: no cover - the provider is a dependency
+            raise CliError(f"--redis-conn-id needs apache-airflow-providers-redis: {exc}") from exc
+        try:
+            return RedisHook(redis_conn_id=args.redis_conn_id).get_conn()
+        except Exception as exc:
+            raise CliError(
+                f"Airflow connection {args.redis_conn_id!r} is not usable: {exc}"
+            ) from exc
+    url = args.redis_url
+    try:
+        if args.cluster:
+            return redis.RedisCluster.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+        return redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
+    except (ValueError, redis.RedisError) as exc:
+        raise CliError(f"--redis-url {redact(url)!r} is not usable: {exc}", EXIT_USAGE) from exc
+
+
+def redact(url: str) -> str:
+    """The URL without its password (for messages)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    cred, _, host = rest.rpartition("@")
+    user = cred.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in cred else url
+
+
+def where(args: argparse.Namespace) -> str:
+    """Which Redis the command talked to, for error messages (never a password)."""
+    if args.redis_conn_id:
+        return f"Airflow connection {args.redis_conn_id!r}"
+    return redact(args.redis_url)
+
+
+def _control(args: argparse.Namespace, *, require: bool = True) -> StreamControl:
+    try:
+        ctl = StreamControl(CursorStore(connect_redis(args), args.stream, prefix=args.key_prefix))
+    except ConfigurationError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from exc
+    if require:
+        ctl.require_stream()
+    return ctl
+
+
+# --------------------------------------------------------------------------------------------
+# status
+# --------------------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    if not args.stream:
+        if args.round:
+            raise CliError("--round needs a STREAM", EXIT_USAGE)
+        streams = list_streams(connect_redis(args), args.key_prefix)
+        if args.json:
+            render.emit_json(
+                out,
+                {
+                    "key_prefix": args.key_prefix,
+                    "streams": [s.as_dict(with_rounds=False) for s in streams],
+                },
+            )
+        else:
+            render.render_streams(render.console(out), streams, args.key_prefix)
+        return EXIT_OK
+    ctl = _control(args, require=False)
+    if args.watch:
+        return _watch(ctl, args, out)
+    snap = ctl.stream_status(args.round)
+    if args.sample > 0:
+        time.sleep(args.sample)
+        snap = ctl.stream_status(args.round).sampled(snap, args.sample)
+    if args.json:
+        render.emit_json(out, snap.as_dict())
+    else:
+        render.render_stream(render.console(out), snap)
+    return EXIT_INCOMPLETE if args.check and snap.unfinished else EXIT_OK
+
+
+def _readings(ctl: StreamControl, args: argparse.Namespace) -> Iterator[StreamStatus]:
+    """Readings every ``--watch`` seconds, rates and ETAs from the previous one; stops after
+    ``--count`` readings, or with ``--until-closed`` when no shown round is open."""
+    previous, taken, n = None, time.monotonic(), 0
+    while True:
+        snap = ctl.stream_status(args.round)
+        now = time.monotonic()
+        if previous is not None:
+            snap = snap.sampled(previous, now - taken)
+        previous, taken = snap, now
+        yield snap
+        n += 1
+        if args.count and n >= args.count:
+            return
+        if args.until_closed and all(r.closed for r in snap.rounds):
+            return
+        time.sleep(args.watch)
+
+
+def _watch(ctl: StreamControl, args: argparse.Namespace, out: TextIO) -> int:
+    """``--watch``: a live view in a terminal, one JSON document per line with ``--json``."""
+    if args.json:
+        try:
+            for snap in _readings(ctl, args):
+                out.write(json.dumps(snap.as_dict(), default=str) + "\n")
+                out.flush()
+        except KeyboardInterrupt:
+            pass
+        return EXIT_OK
+    from rich.live import Live
+
+    con = render.console(out)
+    try:
+        with Live(console=con, auto_refresh=False, transient=False) as live:
+            for snap in _readings(ctl, args):
+                live.update(render.watch_view(snap, args.watch), refresh=True)
+    except KeyboardInterrupt:
+        pass
+    if not con.is_terminal:
+        con.line()
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------------
+# ranges, dead-letters, reset-round
+# --------------------------------------------------------------------------------------------
+
+
+def cmd_ranges(args: argparse.Namespace, out: TextIO) -> int:
+    rnd = _control(args).round_status(args.round)
+    if args.json:
+        render.emit_json(out, rnd.as_dict())
+    else:
+        con = render.console(out)
+        render.render_round(con, rnd, wide=True)
+        render.render_lagging(con, rnd)
+    return EXIT_INCOMPLETE if args.check and rnd.unfinished else EXIT_OK
+
+
+def cmd_dead_letters(args: argparse.Namespace, out: TextIO) -> int:
+    ctl = _control(args)
+    rnd = ctl.round_status(args.round)
+    n = rnd.n_ranges
+    if args.range is not None and not 0 <= args.range < n:
+        raise CliError(
+            f"round {args.round} has ranges 0..{n - 1}; got --range {args.range}", EXIT_USAGE
+        )
+    ids = [args.range] if args.range is not None else list(range(n))
+    letters, counted = [], 0
+    for i in ids:
+        counted += rnd.ranges[i].dead
+        for d in ctl.dead_letters(args.round, i, args.limit):
+            letters.append(
+                {
+                    "range_id": i,
+                    "key": to_json(d.get("key")),
+                    "error": d.get("error"),
+                    "attempts": d.get("attempts"),
+                    "at": iso_ms(d.get("at_ms")),
+                }
+            )
+    if args.json:
+        render.emit_json(
+            out,
+            {
+                "stream": args.stream,
+                "round_id": args.round,
+                "range_id": args.range,
+                "dead_total": counted,
+                "shown": len(letters),
+                "dead_letters": letters,
+            },
+        )
+        return EXIT_OK
+    con = render.console(out)
+    only = f" range {args.range}" if args.range is not None else ""
+    t = render.table(f"dead letters of round {args.round}{only}")
+    for c in ("range", "key", "attempts", "at", "error"):
+        t.add_column(c, no_wrap=c != "error", overflow="fold")
+    for d in letters:
+        t.add_row(
+            str(d["range_id"]), str(d["key"]), str(d["attempts"]), d["at"] or "-", str(d["error"])
+        )
+    con.print(t)
+    note = f"{len(letters)} shown, {counted} dead in total"
+    if counted > len(letters):
+        note += f" (each range keeps its newest dead letters up to dead_cap; --limit {args.limit} per range)"
+    con.print(note)
+    return EXIT_OK
+
+
+def cmd_reset_round(args: argparse.Namespace, out: TextIO) -> int:
+    ctl = _control(args)
+    rnd = ctl.round_status(args.round)
+    wm_before = ctl.store.watermark()
+    wm_label = display_key(wm_before, rnd.arity) if wm_before else "-"
+    if not args.yes:
+        raise CliError(
+            f"reset-round deletes round {args.round}'s ranges, cursors, retry sets and dead letters "
+            f"({rnd.items:,} items recorded, {rnd.dead:,} dead); the watermark ({wm_label}) is not "
+            "moved. Pass --yes to do it.",
+            EXIT_USAGE,
+        )
+    held = [r for r in rnd.ranges if r.owner and r.lease_left_s > 0]
+    if held and not args.force:
+        raise CliError(
+            f"round {args.round}: {len(held)} range(s) held by a live owner ("
+            + ", ".join(f"range {r.range_id} by {render.owner_label(r.owner)}" for r in held[:5])
+            + "). Stop those tasks first, or pass --force (their next write is then refused and they fail).",
+            EXIT_REFUSED,
+        )
+    removed = ctl.reset_round(args.round, confirm=True)
+    wm_after = ctl.store.watermark()
+    if wm_after != wm_before:  # defence in depth: reset must never move the watermark
+        raise CliError(
+            f"watermark changed during reset ({wm_before!r} -> {wm_after!r}); report this bug"
+        )
+    result = {
+        "stream": args.stream,
+        "round_id": args.round,
+        "keys_removed": removed,
+        "state_before": str(rnd.state),
+        "watermark": to_json(decode(wm_after, rnd.arity)) if wm_after else None,
+    }
+    if args.json:
+        render.emit_json(out, result)
+    else:
+        con = render.console(out)
+        con.print(
+            f"round {args.round} ({rnd.state}) reset: {removed} Redis keys removed; watermark "
+            f"unchanged at {wm_label}."
+        )
+        if not rnd.closed:
+            con.print(
+                "Its keys will be traversed by the next round planned over them "
+                "(a chained plan starts at the watermark)."
+            )
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------------
+# replay-dead-letters
+# --------------------------------------------------------------------------------------------
+
+
+def cmd_replay(args: argparse.Namespace, out: TextIO) -> int:
+    from ..core.traversal import KeysetTraversal, load_processor
+
+    processor = load_processor(args.processor)
+    client = connect_redis(args)
+    source = _source_engine(args)
+    keys = [k.strip() for k in args.key.split(",") if k.strip()]
+    t = KeysetTraversal(
+        source,
+        args.table,
+        keys if len(keys) > 1 else keys[0],
+        stream=args.stream,
+        where=args.where,
+        columns=args.columns.split(",") if args.columns else None,
+        redis_client=client,
+        key_prefix=args.key_prefix,
+    )
+    t.control.require_stream()
+    try:
+        results = t.replay_dead_letters(
+            args.round,
+            processor=processor,
+            range_id=args.range,
+            chunk_size=args.chunk_size,
+            max_item_attempts=args.max_item_attempts,
+            item_retry_delay=args.item_retry_delay,
+            owner_lineage=f"airflow-keyset/replay/{args.stream}/{args.round}",
+        )
+    finally:
+        t.close()
+    rows = [r.as_dict() for r in results]
+    still_dead = sum(r["dead"] for r in rows)
+    if args.json:
+        render.emit_json(
+            out,
+            {
+                "stream": args.stream,
+                "round_id": args.round,
+                "range_id": args.range,
+                "ranges": rows,
+                "still_dead": still_dead,
+            },
+        )
+    else:
+        con = render.console(out)
+        scope = f"range {args.range}" if args.range is not None else "every range"
+        if not rows:
+            con.print(f"round {args.round} ({scope}): no dead letters to replay")
+        for r in rows:
+            con.print(
+                f"round {args.round} range {r['range_id']}: replayed; now done {r['done']:,}, "
+                f"skipped {r['skipped']:,}, dead {r['dead']:,}; complete {r['complete']}"
+            )
+    return EXIT_INCOMPLETE if still_dead else EXIT_OK
+
+
+def _source_engine(args: argparse.Namespace) -> Any:
+    if args.source_conn_id:
+        try:
+            from airflow.sdk import BaseHook
+        except ImportError as exc:  # pragma: no cover - Airflow is a dependency
+            raise CliError(f"--source-conn-id needs Apache Airflow: {exc}") from exc
+        try:
+            hook = BaseHook.get_connection(args.source_conn_id).get_hook()
+            return hook.get_sqlalchemy_engine()
+        except Exception as exc:
+            raise CliError(
+                f"Airflow connection {args.source_conn_id!r} is not usable as a SQL source: {exc}"
+            ) from exc
+    if not args.source_url:
+        raise CliError("give --source-url (a SQLAlchemy URL) or --source-conn-id", EXIT_USAGE)
+    return args.source_url

@@ -1,0 +1,69 @@
+"""What the Airflow adapters share: XCom keys, the context key of a range's label, the mapping of
+engine errors to Airflow's, and how a key is written in task logs.
+
+Operators, sensors and triggers import these from here (never from each other), so a sensor does
+not load the operators and the names cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from .core.errors import (
+    ConfigurationError,
+    ProcessorContractError,
+    RetentionError,
+    RoundStateLostError,
+)
+from .core.status import value_label
+
+#: Context variable set by ``TraverseRangeOperator.execute``; the default ``map_index_template``
+#: renders it, e.g. ``range 3 (1000, 2000]``.
+RANGE_LABEL_CONTEXT_KEY = "keyset_range_label"
+DEFAULT_MAP_INDEX_TEMPLATE = "{{ " + RANGE_LABEL_CONTEXT_KEY + " }}"
+#: XCom key under which ``PlanRangesOperator`` pushes the round's id (the return value holds the
+#: ranges) and, under ``ROUND_XCOM_KEY``, where to find the round (stream, key prefix, bounds).
+ROUND_ID_XCOM_KEY = "round_id"
+ROUND_XCOM_KEY = "keyset_round"
+#: Key prefix of the engine's Redis keys when a task does not name one.
+DEFAULT_KEY_PREFIX = "ks"
+
+#: Engine errors no retry can fix: the task fails at once, without retries.
+FATAL_ERRORS: tuple[type[Exception], ...] = (
+    ConfigurationError,
+    ProcessorContractError,
+    RoundStateLostError,
+    RetentionError,
+)
+
+
+@contextlib.contextmanager
+def airflow_errors() -> Iterator[None]:
+    """Turn engine errors that no retry can fix (``FATAL_ERRORS``) into ``AirflowFailException``
+    (fail now, no retries); everything else propagates and is retried by Airflow as usual."""
+    try:
+        yield
+    except FATAL_ERRORS as exc:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+
+def key_label(value: Any) -> str:
+    """A decoded key (scalar, tuple or its JSON list) as the engine's logs write it: ``None`` ->
+    ``-inf``, ``[a, b]`` -> ``(a, b)``, else ``str`` (``core.status.value_label``)."""
+    return value_label(value)
+
+
+__all__ = [
+    "DEFAULT_KEY_PREFIX",
+    "DEFAULT_MAP_INDEX_TEMPLATE",
+    "FATAL_ERRORS",
+    "RANGE_LABEL_CONTEXT_KEY",
+    "ROUND_ID_XCOM_KEY",
+    "ROUND_XCOM_KEY",
+    "airflow_errors",
+    "key_label",
+]

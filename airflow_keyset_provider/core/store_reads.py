@@ -1,0 +1,244 @@
+"""The cursor store's key layout and its reads (``CursorStore`` adds the scripted writes).
+
+One stream's keys all share the hash tag ``{<stream>}`` (the layout is in ``store.py``'s
+docstring). Reads never write; a missing hash raises ``RoundStateLostError`` (or
+``RoundNotFoundError`` for an id never handed out), never reads as "nothing left to do".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from typing import Any
+
+import redis
+
+from .errors import (
+    ConfigurationError,
+    RoundNotFoundError,
+    RoundStateLostError,
+    StoreUnavailableError,
+)
+
+_STREAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-:]{1,64}$")
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def stream_names(client: redis.Redis, prefix: str) -> list[str]:
+    """Every stream with a watermark, an open set or a round counter under ``prefix``, found with
+    SCAN (never KEYS), sorted."""
+    names: set[str] = set()
+    for suffix in ("watermark", "open", "seq"):
+        for k in client.scan_iter(match=f"{prefix}:{{*}}:{suffix}", count=1000):
+            key = _s(k)
+            inner = key[len(prefix) + 2 : -(len(suffix) + 2)]
+            if key.startswith(f"{prefix}:{{") and key.endswith(f"}}:{suffix}") and inner:
+                names.add(inner)
+    return sorted(names)
+
+
+class StoreReads:
+    """Key names and read-only access to one stream's state. Callers use these names and
+    methods, never the client."""
+
+    def __init__(self, client: redis.Redis, stream: str, prefix: str = "ks") -> None:
+        if not _STREAM_RE.match(stream or ""):
+            raise ConfigurationError(
+                f"stream name {stream!r} is not valid: use 1-200 characters of letters, digits, "
+                "'_', '.', '-', starting with a letter or digit (e.g. 'events-nightly')"
+            )
+        if not _PREFIX_RE.match(prefix):
+            raise ConfigurationError(f"key prefix {prefix!r} is not valid")
+        self.client = client
+        self.stream = stream
+        self.key_prefix = prefix
+        self.base = f"{prefix}:{{{stream}}}"
+
+    @property
+    def stream_prefix(self) -> str:
+        """The key prefix (``P``) this store was opened with; ``base`` is ``P:{S}``."""
+        return self.key_prefix
+
+    @property
+    def watermark_key(self) -> str:
+        return f"{self.base}:watermark"
+
+    @property
+    def seq_key(self) -> str:
+        return f"{self.base}:seq"
+
+    @property
+    def open_key(self) -> str:
+        return f"{self.base}:open"
+
+    @property
+    def chained_key(self) -> str:
+        return f"{self.base}:chained"
+
+    @property
+    def by_key_key(self) -> str:
+        return f"{self.base}:by_key"
+
+    @property
+    def ahead_key(self) -> str:
+        return f"{self.base}:ahead"
+
+    @property
+    def events_channel(self) -> str:
+        return f"{self.base}:events"
+
+    def round_key(self, round_id: str) -> str:
+        return f"{self.base}:round:{round_id}"
+
+    def range_key(self, round_id: str, range_id: int) -> str:
+        return f"{self.base}:round:{round_id}:range:{range_id}"
+
+    def retry_key(self, round_id: str, range_id: int) -> str:
+        return f"{self.base}:round:{round_id}:retry:{range_id}"
+
+    def dead_key(self, round_id: str, range_id: int) -> str:
+        return f"{self.base}:round:{round_id}:dead:{range_id}"
+
+    def _range_keys(self, round_id: str, range_id: int) -> list[str]:
+        return [
+            self.range_key(round_id, range_id),
+            self.retry_key(round_id, range_id),
+            self.dead_key(round_id, range_id),
+        ]
+
+    def _where(self, round_id: str, range_id: int) -> str:
+        return f"range {range_id} of round {round_id} (stream {self.stream!r})"
+
+    def ping(self) -> None:
+        try:
+            self.client.ping()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(
+                f"Redis is unreachable ({exc}); nothing was written. Check the Redis connection "
+                "(host, port, password, TLS) and that the server is running."
+            ) from exc
+
+    def server_time_ms(self) -> int:
+        """The Redis server's clock (the one leases are measured on), in milliseconds."""
+        secs, micros = self.client.time()
+        return int(secs) * 1000 + int(micros) // 1000
+
+    def subscribe_events(self) -> Any:
+        """A pub/sub connection subscribed to the stream's events channel (``R:I:complete``
+        messages: hints that a range completed, never truth). The caller closes it."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(self.events_channel)
+        return pubsub
+
+    def close(self) -> None:
+        """Close the client's connections (best effort)."""
+        with contextlib.suppress(Exception):
+            self.client.close()
+
+    def has_state(self) -> bool:
+        """True when the stream has a round counter or a watermark (it was ever planned)."""
+        return bool(self.client.exists(self.seq_key, self.watermark_key))
+
+    def round_counter(self) -> int | None:
+        """How many round ids were handed out (None: the stream has no counter)."""
+        v = self.client.get(self.seq_key)
+        return None if v is None else int(_s(v))
+
+    def watermark(self) -> str | None:
+        v = self.client.get(self.watermark_key)
+        return None if v is None else _s(v)
+
+    def round_info(self, round_id: str) -> dict[str, str]:
+        raw = self.client.hgetall(self.round_key(round_id))
+        if not raw:
+            raise self._missing_round(round_id)
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    def round_state(self, round_id: str) -> str | None:
+        """The round's state alone (None when the round has no hash)."""
+        v = self.client.hget(self.round_key(round_id), "state")
+        return None if v is None else _s(v)
+
+    def _missing_round(self, round_id: str) -> Exception:
+        # A round id that the counter has handed out but whose hash is gone was lost, not unknown.
+        seq = self.round_counter()
+        number = round_id[1:] if round_id.startswith("r") else ""
+        if seq is None or (number.isdigit() and int(number) <= seq):
+            return RoundStateLostError(
+                f"round {round_id} of stream {self.stream!r} has no state in Redis (flushed, evicted "
+                "or restarted without persistence). Nothing was read as complete. Re-plan the round "
+                "or restore it from its checkpoint mirror (see docs/reliability.md)."
+            )
+        return RoundNotFoundError(f"stream {self.stream!r} has no round {round_id!r}")
+
+    def ranges(self, round_id: str, n_ranges: int | None = None) -> list[dict[str, str]]:
+        """Every range hash of the round (with ``range_id`` and ``retries`` added), one pipeline."""
+        if n_ranges is None:
+            n_ranges = int(self.round_info(round_id)["n_ranges"])
+        pipe = self.client.pipeline(transaction=False)
+        for i in range(n_ranges):
+            pipe.hgetall(self.range_key(round_id, i))
+            pipe.hlen(self.retry_key(round_id, i))
+        out = pipe.execute()
+        result = []
+        for i in range(n_ranges):
+            raw, retries = out[2 * i], out[2 * i + 1]
+            if not raw:
+                raise RoundStateLostError(f"{self._where(round_id, i)} has no state in Redis")
+            d = {_s(k): _s(v) for k, v in raw.items()}
+            d["range_id"] = str(i)
+            d["retries"] = str(retries)
+            result.append(d)
+        return result
+
+    def range(self, round_id: str, range_id: int) -> dict[str, str]:
+        """One range's hash (a single read, whatever the number of ranges)."""
+        raw = self.client.hgetall(self.range_key(round_id, range_id))
+        if not raw:
+            raise RoundStateLostError(f"{self._where(round_id, range_id)} has no state in Redis")
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    def open_rounds(self) -> list[str]:
+        return sorted(
+            (_s(x) for x in self.client.smembers(self.open_key)),
+            key=lambda r: int(r[1:]) if r[1:].isdigit() else 0,
+        )
+
+    def retry_entries(self, round_id: str, range_id: int, limit: int) -> list[tuple[str, int, str]]:
+        """Up to ``limit`` pending item retries: ``(encoded key, attempts, last error)``."""
+        out = []
+        for k, v in self.client.hscan_iter(self.retry_key(round_id, range_id), count=limit):
+            attempts, _, err = _s(v).partition("|")
+            out.append((_s(k), int(attempts), err))
+            if len(out) >= limit:
+                break
+        out.sort()
+        return out
+
+    def snapshot_range(self, round_id: str, range_id: int) -> dict[str, Any]:
+        """One consistent (MULTI) read of a range, its retries and dead letters, for the mirror."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(self.range_key(round_id, range_id))
+        pipe.hgetall(self.retry_key(round_id, range_id))
+        pipe.lrange(self.dead_key(round_id, range_id), 0, -1)
+        raw, retry, dead = pipe.execute()
+        if not raw:
+            raise RoundStateLostError(f"{self._where(round_id, range_id)} has no state")
+        doc: dict[str, Any] = {_s(k): _s(v) for k, v in raw.items()}
+        doc.update(
+            range_id=str(range_id),
+            retry={_s(k): _s(v) for k, v in retry.items()},
+            dead_letters=[_s(x) for x in dead],
+        )
+        for name in ("epoch", "takeovers", "chunks"):
+            doc.setdefault(name, "0")
+        return doc
+
+    def dead_letters(self, round_id: str, range_id: int, limit: int = 100) -> list[dict[str, Any]]:
+        raw = self.client.lrange(self.dead_key(round_id, range_id), 0, limit - 1)
+        return [json.loads(_s(x)) for x in raw]

@@ -1,0 +1,347 @@
+"""The cursor store's Lua scripts (see ``store.py`` for the key layout and the guarantees).
+
+Each script is headed by the KEYS it touches (all of one stream, sharing its hash tag), its ARGV
+and what it returns. Times come from the Redis server's ``TIME``. The state strings are those of
+``core/status.py``: rounds ``open``/``closed``/``unrecoverable``, ranges ``pending``/``running``/
+``complete``.
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------------------------------
+# Lua scripts. Each one: which KEYS, which ARGV, what it returns. Times come from redis TIME.
+# --------------------------------------------------------------------------------------------
+
+_NOW = "local t = redis.call('TIME'); local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
+
+CREATE_ROUND = (
+    """
+-- Create a round and its ranges, or return the round that already answers this request.
+-- KEYS[1] round hash  KEYS[2] open set  KEYS[3] chained id  KEYS[4] by_key hash
+-- KEYS[5..] one range hash per range, in range order
+-- ARGV[1] round id  ARGV[2] idempotency key ('' = none)  ARGV[3] chained ('1'/'0')
+-- ARGV[4] start  ARGV[5] end  ARGV[6] source fingerprint  ARGV[7] key arity
+-- ARGV[8..] lo, hi per range
+-- Returns {'existing', id} when the idempotency key or the open chained round already has a
+-- round (nothing written), else {'created', id}.
+"""
+    + _NOW
+    + """
+if ARGV[2] ~= '' then
+  local known = redis.call('HGET', KEYS[4], ARGV[2])
+  if known then return {'existing', known} end
+end
+if ARGV[3] == '1' then
+  local open = redis.call('GET', KEYS[3])
+  if open then
+    if ARGV[2] ~= '' then redis.call('HSET', KEYS[4], ARGV[2], open) end
+    return {'existing', open}
+  end
+end
+local n = #KEYS - 4
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'state', 'open', 'chained', ARGV[3],
+  'start', ARGV[4], 'end', ARGV[5], 'source', ARGV[6], 'arity', ARGV[7],
+  'n_ranges', n, 'round_key', ARGV[2], 'created_ms', now)
+for i = 1, n do
+  local lo, hi = ARGV[6 + 2 * i], ARGV[7 + 2 * i]
+  local state = 'pending'
+  if lo == hi then state = 'complete' end
+  redis.call('HSET', KEYS[4 + i], 'lo', lo, 'hi', hi, 'cursor', lo, 'state', state,
+    'owner', '', 'lineage', '', 'epoch', 0, 'lease_until', 0, 'heartbeat_ms', 0,
+    'done', 0, 'skipped', 0, 'dead', 0, 'takeovers', 0, 'chunks', 0)
+end
+redis.call('SADD', KEYS[2], ARGV[1])
+if ARGV[3] == '1' then redis.call('SET', KEYS[3], ARGV[1]) end
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[4], ARGV[2], ARGV[1]) end
+return {'created', ARGV[1]}
+"""
+)
+
+CLAIM = (
+    """
+-- Take (or keep) ownership of a range.
+-- KEYS[1] round hash  KEYS[2] range hash  KEYS[3] retry hash
+-- ARGV[1] owner token (unique per attempt)  ARGV[2] lineage ('' = none; a new attempt of the
+--         same lineage, e.g. the same Airflow task instance, may take over at once: the old
+--         attempt is fenced by the new token)  ARGV[3] lease ms
+-- Returns {'lost'} | {'complete', cursor, done, skipped, dead}
+--       | {'held', owner, ms left} | {'ok', cursor, epoch, done, skipped, dead, takeover, retries}
+"""
+    + _NOW
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return {'lost'} end
+local r = redis.call('HMGET', KEYS[2], 'state', 'owner', 'lineage', 'lease_until', 'cursor',
+  'done', 'skipped', 'dead', 'epoch')
+if r[1] == 'complete' then return {'complete', r[5], r[6], r[7], r[8]} end
+local lease_until = tonumber(r[4])
+if r[2] ~= '' and r[2] ~= ARGV[1] and lease_until > now and (ARGV[2] == '' or r[3] ~= ARGV[2]) then
+  return {'held', r[2], lease_until - now}
+end
+local takeover = 0
+if r[2] ~= '' and r[2] ~= ARGV[1] then takeover = 1 end
+local epoch = tonumber(r[9]) + 1
+redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'lineage', ARGV[2], 'epoch', epoch, 'state', 'running',
+  'lease_until', now + tonumber(ARGV[3]), 'heartbeat_ms', now, 'claimed_ms', now)
+if takeover == 1 then redis.call('HINCRBY', KEYS[2], 'takeovers', 1) end
+return {'ok', r[5], epoch, r[6], r[7], r[8], takeover, redis.call('HLEN', KEYS[3])}
+"""
+)
+
+HEARTBEAT = (
+    """
+-- Extend the lease, only for the current owner and only while the lease is still valid.
+-- KEYS[1] range hash  ARGV[1] owner token  ARGV[2] lease ms
+-- Returns 1 (extended) or 0 (this token no longer owns the range: stop).
+"""
+    + _NOW
+    + """
+local r = redis.call('HMGET', KEYS[1], 'owner', 'lease_until')
+if r[1] ~= ARGV[1] or tonumber(r[2]) <= now then return 0 end
+redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[2]), 'heartbeat_ms', now)
+return 1
+"""
+)
+
+ADVANCE = (
+    """
+-- Commit the outcome of one chunk (or of one retry pass): cursor, counters, item failures and
+-- dead letters in one step, fenced by the owner token and the expected cursor.
+-- KEYS[1] range hash  KEYS[2] retry hash  KEYS[3] dead list  KEYS[4] events channel
+-- ARGV[1] token  ARGV[2] expected cursor  ARGV[3] new cursor (= expected for a retry pass)
+-- ARGV[4] done  ARGV[5] skipped  ARGV[6] lease ms  ARGV[7] max item attempts  ARGV[8] dead cap
+-- ARGV[9] label for the event ('R:I')  ARGV[10] number of resolved retry keys N
+-- ARGV[11..10+2N] key, outcome ('d' done / 's' skipped) for keys leaving the retry set
+-- then F = count, then F pairs of key, error for items that failed in this pass
+-- Refusals change nothing: {'lost'} {'not_owner', owner} {'expired'} {'cursor', actual}
+--   {'backwards'} {'past_hi', hi}
+-- Returns {'ok', cursor, done, skipped, dead, retries, state}.
+"""
+    + _NOW
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
+local r = redis.call('HMGET', KEYS[1], 'owner', 'lease_until', 'cursor', 'hi')
+if r[1] ~= ARGV[1] then return {'not_owner', r[1]} end
+if tonumber(r[2]) <= now then return {'expired'} end
+if r[3] ~= ARGV[2] then return {'cursor', r[3]} end
+local new = ARGV[3]
+if new < r[3] then return {'backwards'} end
+if new > r[4] then return {'past_hi', r[4]} end
+local done, skipped, dead = tonumber(ARGV[4]), tonumber(ARGV[5]), 0
+local n = tonumber(ARGV[10])
+local i = 11
+for _ = 1, n do
+  if redis.call('HDEL', KEYS[2], ARGV[i]) == 1 then
+    if ARGV[i + 1] == 'd' then done = done + 1 else skipped = skipped + 1 end
+  end
+  i = i + 2
+end
+local f = tonumber(ARGV[i])
+i = i + 1
+local max_attempts = tonumber(ARGV[7])
+for _ = 1, f do
+  local key, err = ARGV[i], ARGV[i + 1]
+  local prev = redis.call('HGET', KEYS[2], key)
+  local attempts = 1
+  if prev then attempts = tonumber(string.match(prev, '^(%d+)|')) + 1 end
+  if attempts >= max_attempts then
+    redis.call('HDEL', KEYS[2], key)
+    redis.call('LPUSH', KEYS[3], cjson.encode({key = key, error = err, attempts = attempts, at_ms = now}))
+    dead = dead + 1
+  else
+    redis.call('HSET', KEYS[2], key, attempts .. '|' .. err)
+  end
+  i = i + 2
+end
+if dead > 0 then redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[8]) - 1) end
+redis.call('HSET', KEYS[1], 'cursor', new, 'lease_until', now + tonumber(ARGV[6]), 'heartbeat_ms', now)
+local c = redis.call('HMGET', KEYS[1], 'done', 'skipped', 'dead')
+done = tonumber(c[1]) + done
+skipped = tonumber(c[2]) + skipped
+dead = tonumber(c[3]) + dead
+redis.call('HSET', KEYS[1], 'done', done, 'skipped', skipped, 'dead', dead)
+redis.call('HINCRBY', KEYS[1], 'chunks', 1)
+local retries = redis.call('HLEN', KEYS[2])
+local state = 'running'
+if new == r[4] and retries == 0 then
+  state = 'complete'
+  redis.call('HSET', KEYS[1], 'state', state, 'completed_ms', now)
+  redis.call('PUBLISH', KEYS[4], ARGV[9] .. ':complete')
+end
+return {'ok', new, done, skipped, dead, retries, state}
+"""
+)
+
+REQUEUE_DEAD = (
+    """
+-- Move dead letters back into the range's retry set (attempts reset) so a normal, fenced
+-- traverse processes them again; the range is no longer complete until they reach a terminal
+-- state. Refused while a live owner holds the range.
+-- KEYS[1] range hash  KEYS[2] dead list  KEYS[3] retry hash   ARGV[1] max letters to move
+-- Returns {'lost'} | {'held', owner} | {'ok', moved}
+"""
+    + _NOW
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
+local r = redis.call('HMGET', KEYS[1], 'owner', 'lease_until', 'state')
+if r[1] ~= '' and tonumber(r[2]) > now then return {'held', r[1]} end
+local moved = 0
+for _ = 1, tonumber(ARGV[1]) do
+  local raw = redis.call('RPOP', KEYS[2])
+  if not raw then break end
+  local d = cjson.decode(raw)
+  redis.call('HSET', KEYS[3], d.key, '0|replay of: ' .. d.error)
+  moved = moved + 1
+end
+if moved > 0 then
+  redis.call('HINCRBY', KEYS[1], 'dead', -moved)
+  if r[3] == 'complete' then redis.call('HSET', KEYS[1], 'state', 'pending') end
+end
+return {'ok', moved}
+"""
+)
+
+RESTORE_ROUND = """
+-- Rebuild a round that Redis lost from its durable mirror, only if it is really gone.
+-- KEYS[1] round hash  KEYS[2] open set  KEYS[3] chained id  KEYS[4] by_key hash  KEYS[5] seq
+-- then per range: range hash, retry hash, dead list
+-- ARGV[1] round info (JSON)  ARGV[2..] one JSON document per range (all values strings)
+-- Owners are cleared (every old token is fenced out); a range that was running is pending.
+-- Returns 1 if restored, 0 if the round exists (nothing written).
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local info = cjson.decode(ARGV[1])
+for k, v in pairs(info) do redis.call('HSET', KEYS[1], k, v) end
+if info.state ~= 'closed' then
+  redis.call('SADD', KEYS[2], info.id)
+  if info.chained == '1' then redis.call('SET', KEYS[3], info.id) end
+end
+if info.round_key and info.round_key ~= '' then redis.call('HSET', KEYS[4], info.round_key, info.id) end
+local num = tonumber(string.sub(info.id, 2))
+if num and num > tonumber(redis.call('GET', KEYS[5]) or '0') then redis.call('SET', KEYS[5], num) end
+for i = 1, #ARGV - 1 do
+  local d = cjson.decode(ARGV[i + 1])
+  local rk, tk, dk = KEYS[3 + 3 * i], KEYS[4 + 3 * i], KEYS[5 + 3 * i]
+  local state = d.state
+  if state == 'running' then state = 'pending' end
+  redis.call('HSET', rk, 'lo', d.lo, 'hi', d.hi, 'cursor', d.cursor, 'state', state, 'owner', '',
+    'lineage', '', 'epoch', d.epoch, 'lease_until', 0, 'heartbeat_ms', 0, 'done', d.done,
+    'skipped', d.skipped, 'dead', d.dead, 'takeovers', d.takeovers, 'chunks', d.chunks,
+    'restored', 1)
+  for key, v in pairs(d.retry) do redis.call('HSET', tk, key, v) end
+  for _, letter in ipairs(d.dead_letters) do redis.call('RPUSH', dk, letter) end
+end
+return 1
+"""
+
+RELEASE = """
+-- Give the range up so the next worker need not wait for the lease to expire.
+-- KEYS[1] range hash  ARGV[1] owner token.  Returns 1 if released, 0 if not the owner.
+local r = redis.call('HMGET', KEYS[1], 'owner', 'state')
+if r[1] ~= ARGV[1] then return 0 end
+local state = r[2]
+if state == 'running' then state = 'pending' end
+redis.call('HSET', KEYS[1], 'owner', '', 'lease_until', 0, 'state', state)
+return 1
+"""
+
+CLOSE_ROUND = (
+    """
+-- Close a round if, and only if, every range is complete and the ranges cover (start, end]
+-- with no gap and no overlap; then move the stream's watermark forward (never backwards), and
+-- only over the contiguous completed prefix: a round that starts above the watermark is parked
+-- in the "ahead" hash and absorbed once the rounds below it have closed.
+-- KEYS[1] round hash  KEYS[2] watermark  KEYS[3] open set  KEYS[4] chained id  KEYS[5] ahead hash
+-- KEYS[6..] range hashes in range order.
+-- Returns {'lost'} (round or a range hash missing) | {'unrecoverable', reason}
+--       | {'gap', range id} (first range whose lo is not the previous hi; n_ranges: end not reached)
+--       | {'incomplete', range ids...} | {'closed', done, skipped, dead, watermark}
+--       (idempotent once closed: the stored totals and the current watermark, '' if none)
+"""
+    + _NOW
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
+local rnd = redis.call('HMGET', KEYS[1], 'state', 'start', 'end', 'id', 'chained')
+local wm = redis.call('GET', KEYS[2])
+if rnd[1] == 'closed' then
+  local t = redis.call('HMGET', KEYS[1], 'done', 'skipped', 'dead')
+  return {'closed', t[1], t[2], t[3], wm or ''}
+end
+if rnd[1] == 'unrecoverable' then return {'unrecoverable', redis.call('HGET', KEYS[1], 'reason') or ''} end
+local expect = rnd[2]
+local done, skipped, dead = 0, 0, 0
+local lagging = {}
+for i = 6, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 0 then return {'lost'} end
+  local r = redis.call('HMGET', KEYS[i], 'lo', 'hi', 'cursor', 'state', 'done', 'skipped', 'dead')
+  if r[1] ~= expect then return {'gap', tostring(i - 6)} end
+  expect = r[2]
+  if r[4] ~= 'complete' or r[3] ~= r[2] then table.insert(lagging, tostring(i - 6)) end
+  done, skipped, dead = done + tonumber(r[5]), skipped + tonumber(r[6]), dead + tonumber(r[7])
+end
+if expect ~= rnd[3] then return {'gap', tostring(#KEYS - 5)} end
+if #lagging > 0 then return {'incomplete', unpack(lagging)} end
+redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_ms', now, 'done', done, 'skipped', skipped, 'dead', dead)
+redis.call('SREM', KEYS[3], rnd[4])
+if redis.call('GET', KEYS[4]) == rnd[4] then redis.call('DEL', KEYS[4]) end
+local function reaches(start) return (wm == false and start == '') or (wm and start <= wm) end
+if (rnd[5] == '1') or reaches(rnd[2]) then
+  if wm == false or rnd[3] > wm then wm = rnd[3] end
+  -- absorb parked rounds that now touch the prefix, until none does
+  local moved = true
+  while moved do
+    moved = false
+    local ahead = redis.call('HGETALL', KEYS[5])
+    for j = 1, #ahead, 2 do
+      local s, e = string.match(ahead[j + 1], '^([^|]*)|(.*)$')
+      if reaches(s) then
+        if e > wm then wm = e; moved = true end
+        redis.call('HDEL', KEYS[5], ahead[j])
+      end
+    end
+  end
+  redis.call('SET', KEYS[2], wm)
+else
+  redis.call('HSET', KEYS[5], rnd[4], rnd[2] .. '|' .. rnd[3])
+end
+return {'closed', done, skipped, dead, wm or ''}
+"""
+)
+
+MARK_UNRECOVERABLE = """
+-- The source lost rows the round still had to read: the round can never close.
+-- KEYS[1] round hash  ARGV[1] reason
+-- Returns 'marked' | 'lost' (no round: nothing written) | 'closed' (a closed round was proven
+-- complete before the loss: it stays closed).
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 'lost' end
+if state == 'closed' then return 'closed' end
+redis.call('HSET', KEYS[1], 'state', 'unrecoverable', 'reason', ARGV[1])
+return 'marked'
+"""
+
+REFRESH_TOTALS = """
+-- Recompute a round's done/skipped/dead totals from its ranges (after a dead-letter replay).
+-- KEYS[1] round hash  KEYS[2..] range hashes
+-- Returns {done, skipped, dead}, or {} when the round or a range is missing (nothing written).
+if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+local done, skipped, dead = 0, 0, 0
+for i = 2, #KEYS do
+  local r = redis.call('HMGET', KEYS[i], 'done', 'skipped', 'dead')
+  if not r[1] then return {} end
+  done, skipped, dead = done + tonumber(r[1]), skipped + tonumber(r[2]), dead + tonumber(r[3])
+end
+redis.call('HSET', KEYS[1], 'done', done, 'skipped', skipped, 'dead', dead)
+return {done, skipped, dead}
+"""
+
+DELETE_ROUND = """
+-- Remove one round's keys and its index entries; never touches the watermark.
+-- KEYS[1] open set  KEYS[2] chained id  KEYS[3] by_key hash  KEYS[4..] the round's keys
+-- ARGV[1] round id  ARGV[2] idempotency key ('' = none)
+-- Returns the number of keys removed.
+local n = 0
+for i = 4, #KEYS do n = n + redis.call('DEL', KEYS[i]) end
+redis.call('SREM', KEYS[1], ARGV[1])
+if ARGV[2] ~= '' then redis.call('HDEL', KEYS[3], ARGV[2]) end
+if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
+return n
+"""

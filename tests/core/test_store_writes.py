@@ -1,0 +1,72 @@
+"""State changes of the cursor store that were plain Redis calls and are one Lua script now:
+marking a round unrecoverable, recomputing its totals, deleting it. Real Redis, no source."""
+
+from __future__ import annotations
+
+import redis
+
+from airflow_keyset_provider.core.keys import MIN_KEY, encode_key
+from airflow_keyset_provider.core.store import CursorStore
+
+
+def _round(store: CursorStore, bounds: list[tuple[str, str]], key: str | None = None) -> str:
+    start, end = bounds[0][0], bounds[-1][1]
+    rid, created = store.create_round(
+        idempotency_key=key, chained=True, start=start, end=end, source="{}", arity=1, bounds=bounds
+    )
+    assert created
+    return rid
+
+
+def _state(client: redis.Redis, store: CursorStore, rid: str) -> str | None:
+    v = client.hget(store.round_key(rid), "state")
+    return None if v is None else v.decode()
+
+
+def test_a_closed_round_is_never_marked_unrecoverable(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Scenario: a round closed (coverage proven, watermark moved); later a worker of a replay sees
+    the source's retention boundary pass and marks the round unrecoverable. A plain HSET turned the
+    closed round into an unrecoverable one; the script leaves a closed round closed."""
+    store = CursorStore(redis_client, "s", prefix=key_prefix)
+    k = encode_key([10])
+    rid = _round(store, [(MIN_KEY, k), (k, k)])
+    store.client.hset(store.range_key(rid, 0), mapping={"cursor": k, "state": "complete"})
+    store.close_round(rid)
+    assert _state(redis_client, store, rid) == "closed"
+    store.mark_unrecoverable(rid, "retention passed the cursor")
+    assert _state(redis_client, store, rid) == "closed"
+
+
+def test_marking_a_missing_round_writes_nothing(redis_client: redis.Redis, key_prefix: str) -> None:
+    """Scenario: Redis lost the round, then a worker marks it unrecoverable. A plain HSET created a
+    stray round hash with only ``state`` and ``reason`` (no bounds, no ranges) that later reads took
+    for the round; the script writes nothing."""
+    store = CursorStore(redis_client, "s", prefix=key_prefix)
+    store.mark_unrecoverable("r7", "retention passed the cursor")
+    assert redis_client.exists(store.round_key("r7")) == 0
+
+
+def test_unrecoverable_round_refuses_to_close(redis_client: redis.Redis, key_prefix: str) -> None:
+    from airflow_keyset_provider.core.store import Unrecoverable
+
+    store = CursorStore(redis_client, "s", prefix=key_prefix)
+    rid = _round(store, [(MIN_KEY, encode_key([10]))])
+    assert store.mark_unrecoverable(rid, "gone")
+    assert store.close_round(rid) == Unrecoverable("gone")
+
+
+def test_refresh_totals_and_delete_round(redis_client: redis.Redis, key_prefix: str) -> None:
+    store = CursorStore(redis_client, "s", prefix=key_prefix)
+    a, b = encode_key([10]), encode_key([20])
+    rid = _round(store, [(MIN_KEY, a), (a, b)], key="run-1")
+    store.client.hset(store.range_key(rid, 0), mapping={"done": 3, "skipped": 1, "dead": 2})
+    store.client.hset(store.range_key(rid, 1), mapping={"done": 4})
+    store.refresh_totals(rid)
+    totals = store.client.hmget(store.round_key(rid), "done", "skipped", "dead")
+    assert [int(x) for x in totals] == [7, 1, 2]
+    assert store.lookup(None, chained=True) == rid
+    assert store.delete_round(rid) == 3  # round hash + two range hashes (no retry, no dead keys)
+    assert store.lookup("run-1", chained=True) is None  # index entries and chained pointer gone
+    assert store.open_rounds() == []
