@@ -165,9 +165,11 @@ def in_recovery(conn: sa.Connection) -> bool:
 _PG_PAGES = sa.text(
     # file sizes, not relpages: a partitioned parent has no storage (relpages -1) and a
     # never-analysed table has relpages 0 although it may hold gigabytes
-    "SELECT coalesce(sum(pg_relation_size(t.relid)), 0) / current_setting('block_size')::bigint, "
+    # (pg_partition_tree lists nothing for a table that is not partitioned: add the table itself)
+    "SELECT coalesce(sum(pg_relation_size(s.relid)), 0) / current_setting('block_size')::bigint, "
     "       count(*) "
-    "FROM pg_partition_tree(CAST(:rel AS regclass)) t WHERE t.isleaf"
+    "FROM (SELECT t.relid FROM pg_partition_tree(CAST(:rel AS regclass)) t WHERE t.isleaf "
+    "      UNION SELECT c.oid FROM pg_class c WHERE c.oid = CAST(:rel AS regclass) AND c.relkind <> 'p') s"
 )
 
 

@@ -22,6 +22,7 @@ from airflow_keyset_provider.core import (
     KeysetTraversal,
     KeyValidationError,
 )
+from airflow_keyset_provider.core.keys import MIN_KEY, decode_key, encode_key
 from airflow_keyset_provider.core.source import SqlSource
 
 
@@ -439,38 +440,40 @@ def _capture_sample_percent(engine: sa.Engine) -> list[float]:
     return seen
 
 
-@pytest.mark.parametrize("analyse", [False, True])
-def test_partitioned_table_sampled_from_partition_sizes(pg_engine, pg_schema_url, analyse):
-    """Scenario: a table range-partitioned by key into 4 partitions (about 4x4 MB), analysed or
-    never analysed. The parent's relpages is -1 (never analysed: 0), so before the fix the
-    sampling planner took TABLESAMPLE SYSTEM(100): every block of every partition. Now the block
-    count comes from the partitions' file sizes: the sample reads a fraction of the blocks and the
-    ranges are still balanced by row count."""
+@pytest.mark.parametrize("shape", ["partitioned, never analysed", "partitioned, analysed", "plain, never analysed"])
+def test_sampling_reads_a_fraction_of_partitioned_and_unanalysed_tables(pg_engine, pg_schema_url, shape):
+    """Scenario: a table range-partitioned by key into 4 partitions (skewed: one holds half of the
+    rows), analysed or never analysed, and a plain table never analysed (~40 MB each). The
+    parent's relpages is -1 (never analysed: 0) and an unanalysed table's relpages is 0, so before
+    the fix the sampling planner took TABLESAMPLE SYSTEM(100): every block of every partition. Now
+    the block count comes from the file sizes (the partitions' for a parent): the sample reads a
+    fraction of the blocks and the ranges are still balanced by row count."""
     with pg_engine.begin() as c:
-        c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, pad text NOT NULL) PARTITION BY RANGE (seq)")
-        for i in range(4):
-            c.exec_driver_sql(f"CREATE TABLE events_{i} PARTITION OF events FOR VALUES FROM ({i * 100000}) "
-                              f"TO ({(i + 1) * 100000})")
-        # skewed: partition 0 holds half of the rows
-        c.exec_driver_sql("INSERT INTO events SELECT g, repeat('x', 200) FROM generate_series(1, 40000) g")
-        c.exec_driver_sql("INSERT INTO events SELECT 100000 + g * 7, repeat('x', 200) "
+        if shape.startswith("partitioned"):
+            c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, pad text NOT NULL) PARTITION BY RANGE (seq)")
+            for i in range(4):
+                c.exec_driver_sql(f"CREATE TABLE events_{i} PARTITION OF events FOR VALUES FROM ({i * 100000}) "
+                                  f"TO ({(i + 1) * 100000})")
+        else:
+            c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, pad text NOT NULL) "
+                              "WITH (autovacuum_enabled = off)")
+        c.exec_driver_sql("INSERT INTO events SELECT g, repeat('x', 400) FROM generate_series(1, 40000) g")
+        c.exec_driver_sql("INSERT INTO events SELECT 100000 + g * 7, repeat('x', 400) "
                           "FROM generate_series(1, 40000) g")
-        if analyse:
+        if shape.endswith(", analysed"):
             c.exec_driver_sql("ANALYZE events")
     src = SqlSource(pg_schema_url, "events", "seq")
     seen = _capture_sample_percent(src.engine)
     try:
         src.validate()
-        from airflow_keyset_provider.core.keys import MIN_KEY, decode_key, encode_key
         end = encode_key((400000,))
         cuts = src.quantile_keys(MIN_KEY, end, parts=4, exact_limit=1000, sample_rows=4000)
         assert seen and max(seen) < 100.0, seen  # not every block
         assert src.last_sample_percent is not None and src.last_sample_percent < 100.0
-        bounds = [None, *[decode_key(k)[0] for k in cuts], 400000]
+        bounds = [-1, *[decode_key(k)[0] for k in cuts], 400000]
         with pg_engine.connect() as c:
-            counts = [c.exec_driver_sql(
-                f"SELECT count(*) FROM events WHERE seq > {lo if lo is not None else -1} AND seq <= {hi}").scalar()
-                for lo, hi in itertools.pairwise(bounds)]
+            counts = [c.exec_driver_sql(f"SELECT count(*) FROM events WHERE seq > {lo} AND seq <= {hi}").scalar()
+                      for lo, hi in itertools.pairwise(bounds)]
         assert len(counts) == 4 and sum(counts) == 80000
         assert max(counts) < 1.5 * min(counts), counts
     finally:
@@ -485,8 +488,6 @@ def test_where_params_are_bound_not_spliced(pg_engine, pg_schema_url):
     a placeholder and ``where_params`` carries the value as a bound parameter, so a value like
     ``x' OR '1'='1`` is data, not SQL, in every statement the source runs (bound, chunks, keys
     re-read, estimate, sampling). Before the fix there was no ``where_params``."""
-    from airflow_keyset_provider.core.keys import MIN_KEY, encode_key
-
     with pg_engine.begin() as c:
         c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, tenant text NOT NULL)")
         c.exec_driver_sql("INSERT INTO events SELECT g, CASE WHEN mod(g, 3) = 0 THEN 'a''b' ELSE 'c' END "
