@@ -62,8 +62,8 @@ def open_transactions(conn: sa.Connection) -> dict[str, Blocker]:
     """Transactions of this database that could still commit a key, by identity."""
     out: dict[str, Blocker] = {}
     for vxid, pid, db, user, app, btype, state, age in conn.execute(_OPEN_BACKENDS):
-        out[vxid] = Blocker(vxid, f"pid {pid} database {db} user {user} app {app!r} ({btype}) state {state} "
-                                  f"transaction open for {float(age or 0):.1f} s")
+        out[vxid] = Blocker(vxid, f"pid {pid} database {db} user {user} app {app!r} ({btype}) transaction "
+                                  f"open for {float(age or 0):.1f} s ({state})")
     for gid, owner, db, age in conn.execute(_OPEN_PREPARED):
         out[f"prepared:{gid}"] = Blocker(
             f"prepared:{gid}", f"prepared transaction gid {gid!r} database {db} owner {owner} "
@@ -92,7 +92,7 @@ def wait_for_transactions(conn: sa.Connection, timeout: float, what: str) -> Non
             raise CommitOrderTimeoutError(
                 f"{len(waiting)} transaction(s) open when the upper bound of {what!r} was fixed did not "
                 f"end within {timeout:.0f} s: {who}. A key they hold could fall inside the round, so no "
-                "round was saved. Let them finish (or terminate / resolve them), or raise commit_wait_timeout."
+                "round was saved. Let them finish (or terminate them), or raise commit_wait_timeout."
             )
         time.sleep(delay)
         delay = min(delay * 2, 0.5)

@@ -260,10 +260,9 @@ class SqlSource:
             why = "".join(f" Unique index {ix.name!r} does not count: it {ix.defect}." for ix in near)
             raise KeyValidationError(
                 f"key ({listed}) of {self.qualified_name!r} is not unique: no primary key, unique "
-                "constraint or unique index without predicate or expression covers it, so two rows could "
-                f"share a cursor position and one would be skipped.{why} Fix: CREATE UNIQUE INDEX ON "
-                f"{self.qualified_name} ({listed}) (no WHERE, plain columns), or add the primary key as the "
-                "last key column, e.g. key=['created_at', 'id']."
+                "constraint or unique index covers it, so two rows could share a cursor position and "
+                f"one would be skipped. Fix: CREATE UNIQUE INDEX ON {self.qualified_name} ({listed}), or "
+                f"add the primary key as the last key column, e.g. key=['created_at', 'id'].{why}"
             )
         if not any(p[: self.arity] == self.key_names for p in ordered_prefixes):
             listed = ", ".join(self.key_names)
@@ -286,11 +285,10 @@ class SqlSource:
             if not pg_checks.sorts_by_code_point(c):
                 provider = {"c": "libc", "i": "ICU", "b": "builtin"}.get(c.provider, c.provider)
                 raise KeyValidationError(
-                    f"text key column {c.column!r} of {self.qualified_name!r} uses collation {c.collation!r} "
-                    f"({provider} locale {c.locale!r}), which does not order by code point, so cursors "
-                    "compared in Redis would disagree with the database. Fix: "
+                    f"text key column {c.column!r} uses collation {c.collation!r}, which does not order by "
+                    "code point, so cursors compared in Redis would disagree with the database. Fix: "
                     f'ALTER TABLE {self.qualified_name} ALTER COLUMN {c.column} TYPE text COLLATE "C" '
-                    "(or page by another key)."
+                    f"(or page by another key). It sorts by the {provider} locale {c.locale!r}."
                 )
 
     # ---- encoding ----------------------------------------------------------------------------
