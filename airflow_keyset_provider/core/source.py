@@ -2,14 +2,18 @@
 
 Guarantees:
 
-- ``validate`` refuses a key that does not define a stable total order (missing, nullable, not
-  covered by a primary key / unique constraint / unique index, no index to page by, a type whose
-  order cannot be encoded exactly, a text column whose collation is not byte order) with an error
-  that names the column and the fix. It reads the catalog only.
+- ``validate`` refuses a database other than PostgreSQL and SQLite, and a key that does not
+  define a stable total order (missing, nullable, not covered by a unique index/constraint
+  *without predicate or expression*, no index to page by, a type whose order cannot be encoded
+  exactly, a text column whose collation - provider included - does not sort by code point) with
+  an error that names the object and the fix. It reads the catalog only (``pg_checks``).
 - ``upper_bound`` on PostgreSQL returns a bound such that every key ``<= bound`` that will ever
-  commit has committed (or aborted) when it returns: it waits, bounded, for the transactions that
-  were open when ``max(key)`` was read. Other sources wait ``settle_seconds`` (SQLite serialises
-  writers, so it needs none).
+  commit has committed (or aborted) when it returns: it waits, bounded, for the transactions of
+  this database (prepared ones included) that were open when ``max(key)`` was read
+  (``commit_order``). ``wait_for_commit_order`` does the same wait for an explicit end. Both
+  refuse what defeats that wait (a sequence with ``CACHE > 1`` feeding the key, a standby) unless
+  the caller opted into a ``settle_seconds`` window. SQLite serialises writers, so it needs no
+  wait; ``settle_seconds`` there is a plain delay.
 - ``fetch`` returns the rows with ``lo < key <= hi`` in key order, at most ``n`` of them, with one
   round trip, using row-value comparison (an index range scan on PostgreSQL).
 """
@@ -17,6 +21,7 @@ Guarantees:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -26,8 +31,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from . import commit_order, pg_checks
 from .errors import (
-    CommitOrderTimeoutError,
     ConfigurationError,
     KeyValidationError,
     UnsupportedKeyTypeError,
@@ -36,8 +41,9 @@ from .keys import MIN_KEY, decode_key, encode_key
 
 log = logging.getLogger(__name__)
 
-# collations that compare by code point (= UTF-8 byte order), as the encoded keys do; PostgreSQL
-# 17+ built-in pg_c_utf8 and 18+ pg_unicode_fast sort by code point too
+SUPPORTED_DIALECTS = ("postgresql", "sqlite")
+# collation names that sort by code point (libc C/POSIX/C.UTF-8, PostgreSQL 17+ builtin); the check
+# itself goes by provider and locale (pg_checks.sorts_by_code_point), this list serves tests
 _BYTE_ORDER_COLLATIONS = {"C", "POSIX", "C.UTF-8", "C.utf8", "ucs_basic", "pg_c_utf8", "pg_unicode_fast"}
 
 
@@ -128,6 +134,7 @@ class SqlSource:
         where: str | None = None,
         columns: Sequence[str] | None = None,
         settle_seconds: float = 0.0,
+        where_params: dict[str, Any] | None = None,
         commit_wait_timeout: float = 60.0,
         retention_sql: str | None = None,
     ) -> None:
@@ -148,13 +155,20 @@ class SqlSource:
         self.key_names = keys
         self.arity = len(keys)
         self.where = where
+        if where_params is not None and (not isinstance(where_params, dict) or not where):
+            raise ConfigurationError("where_params must be a dict of values bound into where "
+                                     f"(e.g. where='tenant = :tenant'), got {where_params!r} with where={where!r}")
+        self.where_params = dict(where_params or {})
+        if settle_seconds is None or settle_seconds < 0:
+            raise ConfigurationError(f"settle_seconds must be >= 0, got {settle_seconds!r}")
         self.column_names = list(dict.fromkeys([*keys, *(columns or [])]))
         self.settle_seconds = settle_seconds
         self.commit_wait_timeout = commit_wait_timeout
         self.retention_sql = retention_sql
         self._table: sa.Table | None = None
         self._fetchers: dict[bool, Callable[[str, str, int], Sequence[tuple]]] = {}
-        self._raw: Any = None  # the DBAPI connection of the hot path, owned by this source
+        self._conns: list[sa.Connection] = []  # the hot path's autocommit connections, closed by close()
+        self.last_sample_percent: float | None = None  # TABLESAMPLE SYSTEM percent of the last plan
 
     # ---- validation --------------------------------------------------------------------------
     @property
@@ -163,8 +177,21 @@ class SqlSource:
 
     def fingerprint(self) -> str:
         """What identifies the traversed set; stored with a round."""
-        return json.dumps({"table": self.qualified_name, "key": self.key_names, "where": self.where,
-                           "dialect": self.dialect}, sort_keys=True)
+        doc: dict[str, Any] = {"table": self.qualified_name, "key": self.key_names, "where": self.where,
+                               "dialect": self.dialect}
+        if self.where_params:
+            doc["where_params"] = self.where_params
+        return json.dumps(doc, sort_keys=True, default=str)
+
+    def _where_clause(self) -> Any:
+        """The trusted ``where`` SQL with ``where_params`` bound as values (never spliced)."""
+        clause = sa.text(f"({self.where})")
+        return clause.bindparams(**self.where_params) if self.where_params else clause
+
+    @property
+    def _rel(self) -> str:
+        quote = self.engine.dialect.identifier_preparer.quote
+        return (quote(self.schema) + "." if self.schema else "") + quote(self.table_name)
 
     @property
     def table(self) -> sa.Table:
@@ -180,6 +207,12 @@ class SqlSource:
 
     def validate(self) -> None:
         """Refuse a key that does not give a stable total order. Reads the catalog only."""
+        if self.dialect not in SUPPORTED_DIALECTS:
+            raise ConfigurationError(
+                f"unsupported dialect {self.dialect!r} for {self.qualified_name!r}; supported: "
+                f"{', '.join(SUPPORTED_DIALECTS)}. The key and commit-order checks (uniqueness, collation, "
+                "in-flight transactions) exist only for those, so no round is planned on another database."
+            )
         insp = sa.inspect(self.engine)
         if not insp.has_table(self.table_name, schema=self.schema):
             raise KeyValidationError(
@@ -208,23 +241,28 @@ class SqlSource:
             _key_kind(col)
         keyset = set(self.key_names)
         pk = [c.name for c in table.primary_key.columns]
-        unique_sets = [set(pk)] if pk else []
+        # Uniqueness is proven by an index of the catalog only: primary keys and unique
+        # constraints are backed by one (SQLite's INTEGER PRIMARY KEY is the rowid itself).
+        with self.engine.connect() as conn:
+            indexes = pg_checks.unique_indexes(conn, self.dialect, self._rel, self.table_name)
+        rowid_pk = self.dialect == "sqlite" and len(pk) == 1 and isinstance(table.c[pk[0]].type, sa.Integer)
+        unique_sets: list[set[str]] = [set(pk)] if rowid_pk else []
         ordered_prefixes = [pk] if pk else []
-        for uc in insp.get_unique_constraints(self.table_name, schema=self.schema):
-            unique_sets.append(set(uc["column_names"]))
-            ordered_prefixes.append(list(uc["column_names"]))
-        for ix in insp.get_indexes(self.table_name, schema=self.schema):
-            cols = [c for c in ix["column_names"] if c is not None]
-            if ix.get("unique") and len(cols) == len(ix["column_names"]):
-                unique_sets.append(set(cols))
-            ordered_prefixes.append(cols)
+        for ix in indexes:
+            if ix.proves_unique:
+                unique_sets.append({c for c in ix.columns if c is not None})
+            plain = list(itertools.takewhile(lambda c: c is not None, ix.columns))  # up to an expression
+            ordered_prefixes.append([c for c in plain if c is not None])
         if not any(s and s <= keyset for s in unique_sets):
             listed = ", ".join(self.key_names)
+            near = [ix for ix in indexes if ix.unique and not ix.proves_unique
+                    and {c for c in ix.columns if c is not None} <= keyset]
+            why = "".join(f" Unique index {ix.name!r} does not count: it {ix.defect}." for ix in near)
             raise KeyValidationError(
                 f"key ({listed}) of {self.qualified_name!r} is not unique: no primary key, unique "
                 "constraint or unique index covers it, so two rows could share a cursor position and "
                 f"one would be skipped. Fix: CREATE UNIQUE INDEX ON {self.qualified_name} ({listed}), or "
-                "add the primary key as the last key column, e.g. key=['created_at', 'id']."
+                f"add the primary key as the last key column, e.g. key=['created_at', 'id'].{why}"
             )
         if not any(p[: self.arity] == self.key_names for p in ordered_prefixes):
             listed = ", ".join(self.key_names)
@@ -241,23 +279,17 @@ class SqlSource:
         text_cols = [c.name for c in key_cols if isinstance(c.type, sa.String)]
         if not text_cols:
             return
-        sql = sa.text(
-            "SELECT a.attname, CASE WHEN co.collname = 'default' THEN d.datcollate ELSE co.collname END "
-            "FROM pg_attribute a JOIN pg_collation co ON co.oid = a.attcollation "
-            "JOIN pg_database d ON d.datname = current_database() "
-            "WHERE a.attrelid = CAST(:rel AS regclass) AND a.attname = ANY(:cols)"
-        )
-        quote = self.engine.dialect.identifier_preparer.quote
-        rel_name = (quote(self.schema) + "." if self.schema else "") + quote(self.table_name)
         with self.engine.connect() as conn:
-            for name, coll in conn.execute(sql, {"rel": rel_name, "cols": text_cols}):
-                if coll not in _BYTE_ORDER_COLLATIONS:
-                    raise KeyValidationError(
-                        f"text key column {name!r} uses collation {coll!r}, which does not order by "
-                        "code point, so cursors compared in Redis would disagree with the database. Fix: "
-                        f'ALTER TABLE {self.qualified_name} ALTER COLUMN {name} TYPE text COLLATE "C" '
-                        "(or page by another key)."
-                    )
+            found = pg_checks.collations(conn, self._rel, text_cols)
+        for c in found:
+            if not pg_checks.sorts_by_code_point(c):
+                provider = {"c": "libc", "i": "ICU", "b": "builtin"}.get(c.provider, c.provider)
+                raise KeyValidationError(
+                    f"text key column {c.column!r} uses collation {c.collation!r}, which does not order by "
+                    "code point, so cursors compared in Redis would disagree with the database. Fix: "
+                    f'ALTER TABLE {self.qualified_name} ALTER COLUMN {c.column} TYPE text COLLATE "C" '
+                    f"(or page by another key). It sorts by the {provider} locale {c.locale!r}."
+                )
 
     # ---- encoding ----------------------------------------------------------------------------
     def encode(self, key_values: Sequence[Any]) -> str:
@@ -284,7 +316,7 @@ class SqlSource:
         if has_lo:
             conds.insert(0, k > self._param_expr("c"))
         if self.where:
-            conds.append(sa.text(f"({self.where})"))
+            conds.append(self._where_clause())
         return conds
 
     def _chunk_statement(self, has_lo: bool) -> sa.Select:
@@ -339,8 +371,12 @@ class SqlSource:
         impls = [self.table.c[c].type.dialect_impl(dialect) for c in self.column_names]
         active: list[tuple[int, Callable[[Any], Any]]] = []
         known = False
-        raw = self.engine.raw_connection()
-        self._raw = raw
+        # An autocommit Connection of this source's engine (a caller's Engine gets autocommit
+        # through execution options, restored when the connection returns to the caller's pool):
+        # between chunks the backend is idle, holding no snapshot and no lock. Closed by close().
+        conn = self.engine.connect()
+        self._conns.append(conn)
+        raw = conn.connection
 
         def learn(description: Sequence[Any]) -> None:
             # Result processors depend on the driver's column type code (PostgreSQL numeric
@@ -396,26 +432,28 @@ class SqlSource:
         cond = k.in_([v[0] for v in values]) if self.arity == 1 else k.in_(values)
         stmt = sa.select(*[self.table.c[c] for c in self.column_names]).where(cond)
         if self.where:
-            stmt = stmt.where(sa.text(f"({self.where})"))
+            stmt = stmt.where(self._where_clause())
         stmt = stmt.order_by(*[self.table.c[c] for c in self.key_names])
         with self.engine.connect() as conn:
             return [tuple(r) for r in conn.execute(stmt)]
 
     def reset(self) -> None:
-        """After a failed fetch: drop the hot-path connection (it may be broken) so the next fetch
-        opens a fresh one."""
-        raw, self._raw = self._raw, None
+        """After a failed fetch: drop the hot-path connections (they may be broken) so the next
+        fetch opens a fresh one."""
+        conns, self._conns = self._conns, []
         self._fetchers.clear()
-        if raw is not None:
+        for conn in conns:
             with contextlib.suppress(Exception):
-                raw.invalidate()
+                conn.invalidate()
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def close(self) -> None:
-        raw = self._raw
-        if raw is not None:
-            raw.close()
-            self._raw = None
-            self._fetchers.clear()
+        """Close every connection this source opened (a caller's engine is not disposed)."""
+        conns, self._conns = self._conns, []
+        self._fetchers.clear()
+        for conn in conns:
+            conn.close()
         if self._owns_engine:
             self.engine.dispose()
 
@@ -424,15 +462,8 @@ class SqlSource:
         cols = [self.table.c[k] for k in self.key_names]
         stmt = sa.select(*cols).order_by(*[c.desc() for c in cols]).limit(1)
         if self.where:
-            stmt = stmt.where(sa.text(f"({self.where})"))
+            stmt = stmt.where(self._where_clause())
         row = conn.execute(stmt).first()
-        return None if row is None else tuple(row)
-
-    def min_key(self) -> tuple | None:
-        cols = [self.table.c[k] for k in self.key_names]
-        stmt = sa.select(*cols).order_by(*cols).limit(1)
-        with self.engine.connect() as conn:
-            row = conn.execute(stmt).first()
         return None if row is None else tuple(row)
 
     def retention_boundary(self) -> str | None:
@@ -451,46 +482,64 @@ class SqlSource:
         return encode_key(tuple(row))
 
     def upper_bound(self) -> str | None:
-        """The encoded ``max(key)`` once every key at or below it is settled (see module doc)."""
+        """The encoded ``max(key)`` once every key at or below it is settled (see module doc).
+        Refuses (``ConfigurationError``) what would defeat the wait, before reading anything."""
+        self.ensure_validated()
         with self.engine.connect() as conn:
+            self._check_commit_order(conn)
             top = self.max_key(conn)
-            if self.dialect == "postgresql":
-                self._wait_for_open_transactions(conn)
-            elif self.settle_seconds > 0:
-                time.sleep(self.settle_seconds)
+            self._settle(conn)
         return None if top is None else encode_key(top)
 
-    def _wait_for_open_transactions(self, conn: sa.Connection) -> None:
-        # Every running transaction holds a lock on its own virtual transaction id, whether or not
-        # it has an xid yet (nextval() alone may not assign one). A key below max(key) can only be
-        # uncommitted if it belongs to one of the transactions running right after max(key) was
-        # read; once they have all ended, nothing at or below the bound can still appear.
-        open_now = sa.text(
-            "SELECT l.virtualxid, a.pid, a.usename, a.application_name, a.xact_start, a.state "
-            "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'virtualxid' AND l.mode = 'ExclusiveLock' AND l.granted "
-            "AND a.pid <> pg_backend_pid() AND a.datname = current_database()"
-        )
-        waiting = {r[0]: r for r in conn.execute(open_now)}
-        deadline = time.monotonic() + self.commit_wait_timeout
-        delay = 0.01
-        while waiting:
-            still = {r[0] for r in conn.execute(open_now)}
-            waiting = {v: r for v, r in waiting.items() if v in still}
-            if not waiting:
-                return
-            if time.monotonic() >= deadline:
-                who = "; ".join(
-                    f"pid {r[1]} user {r[2]} app {r[3]!r} open since {r[4]} ({r[5]})" for r in waiting.values()
+    def wait_for_commit_order(self) -> None:
+        """For an explicit end (a data-interval backfill): return once every transaction that was
+        open on entry has ended (PostgreSQL), so a key at or below the end that was written before
+        the call is visible, plus the ``settle_seconds`` window. Same checks as ``upper_bound``."""
+        self.ensure_validated()
+        with self.engine.connect() as conn:
+            self._check_commit_order(conn)
+            self._settle(conn)
+
+    def _settle(self, conn: sa.Connection) -> None:
+        if self.dialect == "postgresql":
+            commit_order.settle(conn, self.commit_wait_timeout, self.settle_seconds, self.qualified_name)
+        elif self.settle_seconds > 0:
+            time.sleep(self.settle_seconds)
+
+    def _check_commit_order(self, conn: sa.Connection) -> None:
+        """Refuse, at plan time, a PostgreSQL source whose commit order no wait can prove: a
+        standby (its ``pg_locks`` lacks the primary's transactions) and a key fed by a sequence
+        with ``CACHE > 1`` (a session may use a cached, lower value at any later time). A
+        ``settle_seconds`` window is the explicit opt-in: then the round is only as safe as it."""
+        if self.dialect != "postgresql":
+            return
+        opted_in = self.settle_seconds > 0
+        if pg_checks.in_recovery(conn):
+            if not opted_in:
+                raise ConfigurationError(
+                    f"the source of {self.qualified_name!r} is a standby (pg_is_in_recovery() is true): the "
+                    "primary's open transactions are invisible here, so no key order can be proven at the "
+                    "round's end. Fix: plan against the primary, or opt in to a settle window with "
+                    "settle_seconds > 0 (keys committed later than that window are missed)."
                 )
-                raise CommitOrderTimeoutError(
-                    f"{len(waiting)} transaction(s) open when the upper bound of {self.qualified_name!r} "
-                    f"was read did not end within {self.commit_wait_timeout:.0f} s: {who}. A key they "
-                    "hold could fall inside the round, so no round was saved. Let them finish (or "
-                    "terminate them), or raise commit_wait_timeout."
+            log.warning("%s: planning on a standby; only the settle window of %.1f s protects late keys",
+                        self.qualified_name, self.settle_seconds)
+        int_keys = [c for c, kind in zip(self.key_names, self.key_kinds, strict=True) if kind in ("int", "decimal")]
+        if not int_keys:
+            return
+        for seq in pg_checks.key_sequences(conn, self._rel, int_keys):
+            if seq.cache <= 1:
+                continue
+            if not opted_in:
+                raise ConfigurationError(
+                    f"key column {seq.column!r} of {self.qualified_name!r} is fed by sequence {seq.sequence!r} "
+                    f"with CACHE {seq.cache}: a session holding cached values can insert a key below one "
+                    "already committed, at any later time, after its round closed. Fix: ALTER SEQUENCE "
+                    f"{seq.sequence} CACHE 1 (identity: ALTER TABLE {self.qualified_name} ALTER COLUMN "
+                    f"{seq.column} SET CACHE 1), or opt in to a settle window with settle_seconds > 0."
                 )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+            log.warning("%s: key %s is fed by %s with CACHE %d; only the settle window of %.1f s protects "
+                        "late keys", self.qualified_name, seq.column, seq.sequence, seq.cache, self.settle_seconds)
 
     # ---- planning support --------------------------------------------------------------------
     def estimate_rows(self, lo: str, hi: str) -> int:
@@ -517,12 +566,14 @@ class SqlSource:
             if self.dialect == "postgresql" and est > exact_limit:
                 # Block sampling of a table stored in key order draws whole runs of neighbouring
                 # keys, so read at least ~2048 blocks and thin them at random back to sample_rows.
-                quote = self.engine.dialect.identifier_preparer.quote
-                rel = (quote(self.schema) + "." if self.schema else "") + quote(self.table_name)
-                pages = int(conn.execute(sa.text("SELECT relpages FROM pg_class WHERE oid = CAST(:r AS regclass)"),
-                                         {"r": rel}).scalar() or 1)
+                # Blocks from the file sizes (a partitioned parent's relpages is -1, a never-analysed
+                # table's 0): TABLESAMPLE on a parent samples each partition at that percentage.
+                pages, leaves = pg_checks.table_pages(conn, self._rel)
                 fraction = min(1.0, max(sample_rows / max(est, 1), 2048 / max(pages, 1)))
                 keep = min(1.0, sample_rows / max(est * fraction, 1))
+                self.last_sample_percent = 100.0 * fraction
+                log.info("%s: sampling %.2f%% of %d blocks (%d relation(s)) for ~%d estimated rows",
+                         self.qualified_name, 100.0 * fraction, pages, leaves, est)
                 sampled = self.table.tablesample(sa.func.system(100.0 * fraction), name="s")
                 scols = [sampled.c[k] for k in self.key_names]
                 stmt = sa.select(*scols).where(*self._range_filter(lo != MIN_KEY, on=sampled))
