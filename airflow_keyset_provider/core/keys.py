@@ -55,8 +55,6 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _EPOCH_NAIVE = dt.datetime(1970, 1, 1)
 _US = dt.timedelta(microseconds=1)
 
-SUPPORTED_TYPES = (int, str, Decimal, dt.datetime, dt.date, uuid.UUID)
-
 
 class KeyEncodingError(ValueError):
     """A value that cannot be part of a key (None, float, bool, NaN, an unknown type)."""

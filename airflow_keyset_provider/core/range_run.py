@@ -1,8 +1,9 @@
 """One claimed range, traversed from its committed cursor to ``hi``, then its item-retry passes.
 
-``KeysetTraversal.traverse`` claims the range, starts a ``Heartbeat`` and hands over to
-``RangeRun.run``, which reads as the loop it is: next rows, process them, add their outcome to the
-group, commit the group when it is due. Everything here keeps the engine's contract:
+``KeysetTraversal.traverse`` calls ``run_range``: claim the range (waiting while a live owner
+holds it), start a ``Heartbeat``, hand over to ``RangeRun.run``, release the lease. ``run`` reads
+as the loop it is: next rows, process them, add their outcome to the group, commit the group when
+it is due. Everything here keeps the engine's contract:
 
 - The cursor moves only by ``CursorStore.advance`` (fenced by the owner token, together with the
   counters); ``read`` (how far this worker has processed) runs ahead of the committed cursor by
@@ -21,6 +22,7 @@ import logging
 import random
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,8 +35,10 @@ from .errors import (
     CursorConflictError,
     DependencyFailedError,
     KeysetError,
+    LeaseHeldError,
     LeaseLostError,
     ProcessorContractError,
+    RetentionError,
     RetryableError,
     RoundStateLostError,
 )
@@ -47,6 +51,172 @@ if TYPE_CHECKING:
     from .traversal import KeysetTraversal
 
 log = logging.getLogger("airflow_keyset_provider")
+
+
+@dataclass(frozen=True)
+class RangeResult:
+    """Counters of one range (cumulative over every attempt) after a ``traverse`` call."""
+
+    round_id: str
+    range_id: int
+    done: int
+    skipped: int
+    dead: int
+    complete: bool
+    cursor: str
+    rows_read: int = 0  # rows read by this call (including replays)
+    chunks: int = 0  # chunks committed by this call
+    stopped: bool = False  # a stop was requested and honoured
+    takeover: bool = False
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "round_id": self.round_id,
+            "range_id": self.range_id,
+            "done": self.done,
+            "skipped": self.skipped,
+            "dead": self.dead,
+            "complete": self.complete,
+            "rows_read": self.rows_read,
+            "chunks": self.chunks,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def run_range(
+    t: KeysetTraversal, round_id: str, range_id: int, processor: Processor, o: TraverseOptions
+) -> RangeResult:
+    """Claim the range (waiting while a live owner holds it), refuse it if the source's retention
+    passed its cursor, run it with a heartbeat, release the lease. Returns its counters."""
+    token = f"{o.owner_lineage or 'worker'}#{uuid.uuid4().hex[:12]}"
+    claim = _claim(t, round_id, range_id, token, o)
+    started = time.monotonic()
+    if claim.complete:
+        log.info(
+            "round %s range %d is already complete (done %d, skipped %d, dead %d)",
+            round_id,
+            range_id,
+            claim.done,
+            claim.skipped,
+            claim.dead,
+        )
+        return RangeResult(
+            round_id, range_id, claim.done, claim.skipped, claim.dead, True, claim.cursor
+        )
+    _check_retention(t, round_id, range_id, token, claim.cursor)
+    rng = t.store.range(round_id, range_id)
+    _log_claim(t, round_id, range_id, claim, rng)
+    run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o)
+    heart = Heartbeat(t.store, round_id, range_id, token, o.lease_ms)
+    heart.start()
+    try:
+        state = run.run(heart)
+    finally:
+        heart.stop()
+        try:
+            t.store.release(round_id, range_id, token)
+        except KeysetError:
+            log.warning(
+                "round %s range %d: could not release the lease; it expires by itself",
+                round_id,
+                range_id,
+            )
+    return RangeResult(
+        round_id,
+        range_id,
+        state.done,
+        state.skipped,
+        state.dead,
+        state.complete,
+        state.cursor,
+        run.rows_read,
+        run.chunks,
+        state.stopped,
+        claim.takeover,
+        time.monotonic() - started,
+    )
+
+
+def _claim(
+    t: KeysetTraversal, round_id: str, range_id: int, token: str, o: TraverseOptions
+) -> Claim:
+    """Claim the range; while a live owner holds it, wait (on the traversal's stop event) until
+    its lease runs out, up to ``claim_timeout``."""
+    timeout, lease_ms = o.claim_timeout_seconds, o.lease_ms
+    deadline = time.monotonic() + timeout
+    while True:
+        res = t.store.claim(round_id, range_id, token, o.owner_lineage, lease_ms)
+        if isinstance(res, Claim):
+            return res
+        owner, ms_left = res
+        if time.monotonic() + ms_left / 1000 > deadline + lease_ms / 1000:
+            raise LeaseHeldError(
+                f"round {round_id} range {range_id} is held by live owner {owner} (lease "
+                f"renewed by heartbeats); gave up after {timeout:.0f} s. If that worker is "
+                "gone, its lease expires by itself; otherwise let it finish."
+            )
+        if time.monotonic() > deadline:
+            raise LeaseHeldError(
+                f"round {round_id} range {range_id} is still held by {owner} after {timeout:.0f} s"
+            )
+        log.info(
+            "round %s range %d is held by %s for %.1f s more; waiting",
+            round_id,
+            range_id,
+            owner,
+            ms_left / 1000,
+        )
+        if t._stop.wait(min(ms_left / 1000 + 0.05, max(deadline - time.monotonic(), 0.05))):
+            raise LeaseHeldError(
+                f"stop requested while waiting for round {round_id} range {range_id}"
+            )
+
+
+def _check_retention(
+    t: KeysetTraversal, round_id: str, range_id: int, token: str, cursor: str
+) -> None:
+    """If the source may already have deleted keys this range has not read, the round is lost
+    for good: mark it unrecoverable (it can never close) and stop."""
+    boundary = t.source.retention_boundary()
+    if boundary is None or boundary <= cursor:
+        return
+    reason = (
+        f"the source's retention boundary {display_key(boundary, t.arity)} passed range "
+        f"{range_id}'s cursor {display_key(cursor, t.arity)}: keys in between may have "
+        "been deleted unread"
+    )
+    t.store.mark_unrecoverable(round_id, reason)
+    t.store.release(round_id, range_id, token)
+    log.error("round %s: %s; the round is marked unrecoverable", round_id, reason)
+    raise RetentionError(
+        f"round {round_id}: {reason}. It is marked unrecoverable and will never be reported "
+        "complete. Keep rows above the stream's retention floor (airflow-keyset status) until "
+        "rounds finish, then reset this round and plan again."
+    )
+
+
+def _log_claim(
+    t: KeysetTraversal, round_id: str, range_id: int, claim: Claim, rng: dict[str, Any]
+) -> None:
+    if claim.takeover:
+        t.metrics.incr("lease.takeover", tags=t.tags)
+        log.warning(
+            "round %s range %d: took over from a previous owner at cursor %s (that owner is "
+            "fenced; up to one chunk will be replayed)",
+            round_id,
+            range_id,
+            display_key(claim.cursor, t.arity),
+        )
+    else:
+        log.info(
+            "round %s range %d: claimed (%s, %s], resuming at cursor %s",
+            round_id,
+            range_id,
+            display_key(rng["lo"], t.arity),
+            display_key(rng["hi"], t.arity),
+            display_key(claim.cursor, t.arity),
+        )
 
 
 class Heartbeat(threading.Thread):
@@ -603,4 +773,4 @@ def _stored(reason: str) -> str:
     return reason.replace("\n", " ")[:500]
 
 
-__all__ = ["Heartbeat", "RangeRun", "RangeState"]
+__all__ = ["Heartbeat", "RangeResult", "RangeRun", "RangeState", "run_range"]

@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -34,9 +31,7 @@ from .chunk import Processor, load_processor
 from .control import RangeSpec, Round, RoundTotals, StreamControl
 from .errors import (
     ConfigurationError,
-    KeysetError,
     LeaseHeldError,
-    RetentionError,
     RoundStateLostError,
 )
 from .keys import MIN_KEY, KeyEncodingError, coerce_bound, decode_user_key, display_key, encode_key
@@ -44,42 +39,11 @@ from .metrics import Metrics, NullMetrics
 from .mirror import CheckpointMirror
 from .options import TraverseOptions
 from .planner import MAX_MAP_LENGTH, split
-from .range_run import Heartbeat, RangeRun
+from .range_run import RangeResult, run_range
 from .source import SqlSource
-from .store import Claim, CursorStore
+from .store import CursorStore
 
 log = logging.getLogger("airflow_keyset_provider")
-
-
-@dataclass(frozen=True)
-class RangeResult:
-    """Counters of one range (cumulative over every attempt) after a ``traverse`` call."""
-
-    round_id: str
-    range_id: int
-    done: int
-    skipped: int
-    dead: int
-    complete: bool
-    cursor: str
-    rows_read: int = 0  # rows read by this call (including replays)
-    chunks: int = 0  # chunks committed by this call
-    stopped: bool = False  # a stop was requested and honoured
-    takeover: bool = False
-    seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "round_id": self.round_id,
-            "range_id": self.range_id,
-            "done": self.done,
-            "skipped": self.skipped,
-            "dead": self.dead,
-            "complete": self.complete,
-            "rows_read": self.rows_read,
-            "chunks": self.chunks,
-            "seconds": round(self.seconds, 3),
-        }
 
 
 class KeysetTraversal:
@@ -171,15 +135,7 @@ class KeysetTraversal:
         the same key always returns the same round, open or closed. Validation happens before
         anything is written; a refused plan writes nothing.
         """
-        if (
-            isinstance(max_ranges, bool)
-            or not isinstance(max_ranges, int)
-            or not 1 <= max_ranges <= MAX_MAP_LENGTH
-        ):
-            raise ConfigurationError(
-                f"max_ranges must be an integer from 1 to {MAX_MAP_LENGTH} (Airflow's "
-                f"max_map_length), got {max_ranges!r}"
-            )
+        _check_max_ranges(max_ranges)
         self.store.ping()
         self.source.validate()
         self.control.recover_stream()
@@ -192,20 +148,7 @@ class KeysetTraversal:
                 existing,
             )
             return self.round(existing)
-        if start_key is None:
-            start = self.store.watermark() or MIN_KEY
-        else:
-            start = self._encode_user_key("start_key", start_key)
-        if end_key is None:
-            top = self.source.upper_bound()
-            end = start if top is None or top < start else top
-        else:
-            end = self._encode_user_key("end_key", end_key)
-        if end < start:
-            raise ConfigurationError(
-                f"start_key {display_key(start, self.arity)} is above end_key "
-                f"{display_key(end, self.arity)}: a round is start < key <= end"
-            )
+        start, end = self._round_bounds(start_key, end_key)
         cuts = (
             self.source.quantile_keys(start, end, max_ranges, exact_limit, sample_rows)
             if max_ranges > 1 and end != start
@@ -233,6 +176,25 @@ class KeysetTraversal:
                 len(bounds),
             )
         return Round(**{**rnd.__dict__, "created": created})
+
+    def _round_bounds(self, start_key: Any, end_key: Any) -> tuple[str, str]:
+        """The encoded ``(start, end]`` of a new round: ``start`` defaults to the watermark,
+        ``end`` to ``max(key)`` once every key below it has committed."""
+        if start_key is None:
+            start = self.store.watermark() or MIN_KEY
+        else:
+            start = self._encode_user_key("start_key", start_key)
+        if end_key is None:
+            top = self.source.upper_bound()
+            end = start if top is None or top < start else top
+        else:
+            end = self._encode_user_key("end_key", end_key)
+        if end < start:
+            raise ConfigurationError(
+                f"start_key {display_key(start, self.arity)} is above end_key "
+                f"{display_key(end, self.arity)}: a round is start < key <= end"
+            )
+        return start, end
 
     def round(self, round_id: str) -> Round:
         return self.control.round(round_id)
@@ -328,7 +290,8 @@ class KeysetTraversal:
     ) -> RangeResult:
         for _ in range(3):
             try:
-                return self._traverse_once(round_id, range_id, processor, options)
+                self._check_range(round_id, range_id)
+                return run_range(self, round_id, range_id, processor, options)
             except RoundStateLostError:
                 # Redis lost the round; with a mirror, put it back (cursors at their last
                 # checkpoint) and go on. Without one, or if the mirror never saw it, the loss is
@@ -336,61 +299,8 @@ class KeysetTraversal:
                 if not self.control.restore(round_id):
                     raise
                 self.metrics.incr("state.restored", tags=self.tags)
-        return self._traverse_once(round_id, range_id, processor, options)
-
-    def _traverse_once(
-        self, round_id: str, range_id: int, processor: Processor, o: TraverseOptions
-    ) -> RangeResult:
         self._check_range(round_id, range_id)
-        token = f"{o.owner_lineage or 'worker'}#{uuid.uuid4().hex[:12]}"
-        claim = self._claim(
-            round_id, range_id, token, o.owner_lineage, o.lease_ms, o.claim_timeout_seconds
-        )
-        started = time.monotonic()
-        if claim.complete:
-            log.info(
-                "round %s range %d is already complete (done %d, skipped %d, dead %d)",
-                round_id,
-                range_id,
-                claim.done,
-                claim.skipped,
-                claim.dead,
-            )
-            return RangeResult(
-                round_id, range_id, claim.done, claim.skipped, claim.dead, True, claim.cursor
-            )
-        self._check_retention(round_id, range_id, token, claim.cursor)
-        rng = self.store.range(round_id, range_id)
-        self._log_claim(round_id, range_id, claim, rng)
-        run = RangeRun(self, round_id, range_id, processor, claim, rng["hi"], o)
-        heart = Heartbeat(self.store, round_id, range_id, token, o.lease_ms)
-        heart.start()
-        try:
-            state = run.run(heart)
-        finally:
-            heart.stop()
-            try:
-                self.store.release(round_id, range_id, token)
-            except KeysetError:
-                log.warning(
-                    "round %s range %d: could not release the lease; it expires by itself",
-                    round_id,
-                    range_id,
-                )
-        return RangeResult(
-            round_id,
-            range_id,
-            state.done,
-            state.skipped,
-            state.dead,
-            state.complete,
-            state.cursor,
-            run.rows_read,
-            run.chunks,
-            state.stopped,
-            claim.takeover,
-            time.monotonic() - started,
-        )
+        return run_range(self, round_id, range_id, processor, options)
 
     def _check_range(self, round_id: str, range_id: int) -> None:
         """The range exists, and the round was planned over this source."""
@@ -408,26 +318,6 @@ class KeysetTraversal:
             raise ConfigurationError(
                 f"round {round_id} was planned over {info.get('source')}, not "
                 f"{self.source.fingerprint()}; traverse it with the same table, key and where"
-            )
-
-    def _log_claim(self, round_id: str, range_id: int, claim: Claim, rng: dict[str, Any]) -> None:
-        if claim.takeover:
-            self.metrics.incr("lease.takeover", tags=self.tags)
-            log.warning(
-                "round %s range %d: took over from a previous owner at cursor %s (that owner is "
-                "fenced; up to one chunk will be replayed)",
-                round_id,
-                range_id,
-                display_key(claim.cursor, self.arity),
-            )
-        else:
-            log.info(
-                "round %s range %d: claimed (%s, %s], resuming at cursor %s",
-                round_id,
-                range_id,
-                display_key(rng["lo"], self.arity),
-                display_key(rng["hi"], self.arity),
-                display_key(claim.cursor, self.arity),
             )
 
     def replay_dead_letters(
@@ -463,58 +353,6 @@ class KeysetTraversal:
             self.store.refresh_totals(round_id)
         return results
 
-    def _check_retention(self, round_id: str, range_id: int, token: str, cursor: str) -> None:
-        """If the source may already have deleted keys this range has not read, the round is lost
-        for good: mark it unrecoverable (it can never close) and stop."""
-        boundary = self.source.retention_boundary()
-        if boundary is None or boundary <= cursor:
-            return
-        reason = (
-            f"the source's retention boundary {display_key(boundary, self.arity)} passed range "
-            f"{range_id}'s cursor {display_key(cursor, self.arity)}: keys in between may have "
-            "been deleted unread"
-        )
-        self.store.mark_unrecoverable(round_id, reason)
-        self.store.release(round_id, range_id, token)
-        log.error("round %s: %s; the round is marked unrecoverable", round_id, reason)
-        raise RetentionError(
-            f"round {round_id}: {reason}. It is marked unrecoverable and will never be reported "
-            "complete. Keep rows above the stream's retention floor (airflow-keyset status) until "
-            "rounds finish, then reset this round and plan again."
-        )
-
-    def _claim(
-        self, round_id: str, range_id: int, token: str, lineage: str, lease_ms: int, timeout: float
-    ) -> Claim:
-        deadline = time.monotonic() + timeout
-        while True:
-            res = self.store.claim(round_id, range_id, token, lineage, lease_ms)
-            if isinstance(res, Claim):
-                return res
-            owner, ms_left = res
-            if time.monotonic() + ms_left / 1000 > deadline + lease_ms / 1000:
-                raise LeaseHeldError(
-                    f"round {round_id} range {range_id} is held by live owner {owner} (lease "
-                    f"renewed by heartbeats); gave up after {timeout:.0f} s. If that worker is "
-                    "gone, its lease expires by itself; otherwise let it finish."
-                )
-            if time.monotonic() > deadline:
-                raise LeaseHeldError(
-                    f"round {round_id} range {range_id} is still held by {owner} after "
-                    f"{timeout:.0f} s"
-                )
-            log.info(
-                "round %s range %d is held by %s for %.1f s more; waiting",
-                round_id,
-                range_id,
-                owner,
-                ms_left / 1000,
-            )
-            if self._stop.wait(min(ms_left / 1000 + 0.05, max(deadline - time.monotonic(), 0.05))):
-                raise LeaseHeldError(
-                    f"stop requested while waiting for round {round_id} range {range_id}"
-                )
-
     def close_round(self, round_id: str) -> RoundTotals:
         return self.control.close_round(round_id)
 
@@ -523,6 +361,15 @@ class KeysetTraversal:
 
     def close(self) -> None:
         self.source.close()
+
+
+def _check_max_ranges(max_ranges: Any) -> None:
+    is_int = isinstance(max_ranges, int) and not isinstance(max_ranges, bool)
+    if not is_int or not 1 <= max_ranges <= MAX_MAP_LENGTH:
+        raise ConfigurationError(
+            f"max_ranges must be an integer from 1 to {MAX_MAP_LENGTH} (Airflow's "
+            f"max_map_length), got {max_ranges!r}"
+        )
 
 
 __all__ = [

@@ -90,7 +90,8 @@ class Waiter:
 def _takeover_trial(
     ctx: rs.TrialContext, trial: int, rng: random.Random, tally: rs.Tally
 ) -> tuple[float, float, int] | None:
-    """Returns (seconds from A's death to B's claim, seconds from A's lease expiry to B's claim, lease)."""
+    """Returns (seconds from A's death to B's claim, seconds from A's lease expiry to B's claim,
+    lease)."""
     with ctx.engine.begin() as c:
         c.execute(sa.text("TRUNCATE effects"))
     lease = rng.choice([1, 2]) if rs.LONG else 1
@@ -166,7 +167,8 @@ def _takeover_trial(
         claimed_ms = oks[0][1]
         if claimed_ms < lease_until:
             tally.fail(
-                f"trial {trial}: B claimed at {claimed_ms}, before A's lease ran out at {lease_until}"
+                f"trial {trial}: B claimed at {claimed_ms}, before A's lease ran out at "
+                f"{lease_until}"
             )
         figures = ((claimed_ms - killed_ms) / 1000, (claimed_ms - lease_until) / 1000, lease)
     # the claim loop never sleeps past the remaining lease + 50 ms
@@ -220,9 +222,10 @@ def test_dead_owner_is_taken_over_after_its_lease(
     note = "no takeover measured"
     if delays:
         note = (
-            f"takeover after SIGKILL: median {statistics.median(delays):.2f} s, max {max(delays):.2f} s "
-            f"(lease {'1-2' if rs.LONG else '1'} s), claimed at most {max(lags) * 1000:.0f} ms after the lease "
-            f"ran out; {within}/{len(delays)} within lease + one heartbeat interval"
+            f"takeover after SIGKILL: median {statistics.median(delays):.2f} s, "
+            f"max {max(delays):.2f} s (lease {'1-2' if rs.LONG else '1'} s), claimed at most "
+            f"{max(lags) * 1000:.0f} ms after the lease ran out; {within}/{len(delays)} within "
+            "lease + one heartbeat interval"
         )
     tally.record("3 lease expiry takeover", note=note)
     assert not tally.failures, tally.verdict(seed)
