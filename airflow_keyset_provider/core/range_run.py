@@ -397,7 +397,7 @@ class RangeRun:
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="keyset-prefetch")
         try:
             while self.read != self.hi:
-                self._check_lease(heart, "; stopping")
+                self._check_lease(heart, "lease lost; stopping")
                 if self.t._stop.is_set():
                     return self._stop_here()
                 rows = self._next_rows()
@@ -410,7 +410,7 @@ class RangeRun:
                 verdict = self._process(rows)
                 if verdict is None:
                     continue  # a dependency failed and was backed off: the same chunk again
-                self._check_lease(heart, "; chunk not committed")
+                self._check_lease(heart, "lease lost; chunk not committed")
                 self._add_to_group(rows, verdict)
                 if self._group_due():
                     self._flush()
@@ -427,7 +427,7 @@ class RangeRun:
     # -- the steps -------------------------------------------------------------------------------
     def _check_lease(self, heart: Heartbeat, what: str) -> None:
         if heart.lost.is_set():
-            raise LeaseLostError(f"round {self.round_id} range {self.range_id}: lease lost{what}")
+            raise LeaseLostError(f"round {self.round_id} range {self.range_id}: {what}")
 
     def _stop_here(self) -> RangeState:
         """A stop was requested: commit what was processed and return."""
@@ -679,7 +679,7 @@ class RangeRun:
         left."""
         attempt, passes = 0, 0
         while self.state.retries > 0 and not self.state.complete:
-            self._check_lease(heart, " during retries")
+            self._check_lease(heart, "lease lost during retries")
             entries = self.store.retry_entries(self.round_id, self.range_id, self.o.chunk_size)
             if not entries:
                 break
