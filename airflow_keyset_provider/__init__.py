@@ -16,6 +16,7 @@ _EXPORTS = {
     "ChunkResult": "airflow_keyset_provider.core.chunk",
     "RetryableError": "airflow_keyset_provider.core.errors",
     "KeysetTraversal": "airflow_keyset_provider.core.traversal",
+    "TraverseOptions": "airflow_keyset_provider.core.options",
     "PlanRangesOperator": "airflow_keyset_provider.operators.keyset",
     "TraverseRangeOperator": "airflow_keyset_provider.operators.keyset",
     "BarrierSensor": "airflow_keyset_provider.sensors.keyset",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -19,7 +18,7 @@ from .core.errors import (
     RetentionError,
     RoundStateLostError,
 )
-from .core.status import value_label
+from .core.keys import key_label
 
 #: Context variable set by ``TraverseRangeOperator.execute``; the default ``map_index_template``
 #: renders it, e.g. ``range 3 (1000, 2000]``.
@@ -50,11 +49,6 @@ def airflow_errors() -> Iterator[None]:
     except FATAL_ERRORS as exc:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
-
-def key_label(value: Any) -> str:
-    """A decoded key (scalar, tuple or its JSON list) as the engine's logs write it: ``None`` ->
-    ``-inf``, ``[a, b]`` -> ``(a, b)``, else ``str`` (``core.status.value_label``)."""
-    return value_label(value)
 
 
 __all__ = [

@@ -36,6 +36,7 @@ import redis
 from .core.chunk import Chunk, ChunkResult
 from .core.errors import ConfigurationError
 from .core.keys import MIN_KEY, encode_key
+from .core.options import TraverseOptions
 from .core.traversal import KeysetTraversal, RangeResult, load_processor
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -76,9 +77,18 @@ class ProcessorRun:
         return sorted(d["key"] for d in self.dead_letters)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"round_id": self.round_id, "start_key": self.start_key, "end_key": self.end_key,
-                "key_prefix": self.key_prefix, "done": self.done, "skipped": self.skipped, "dead": self.dead, "rows_read": self.rows_read,
-                "chunks": self.chunks, "dead_letters": self.dead_letters}
+        return {
+            "round_id": self.round_id,
+            "start_key": self.start_key,
+            "end_key": self.end_key,
+            "key_prefix": self.key_prefix,
+            "done": self.done,
+            "skipped": self.skipped,
+            "dead": self.dead,
+            "rows_read": self.rows_read,
+            "chunks": self.chunks,
+            "dead_letters": self.dead_letters,
+        }
 
 
 def run_processor(
@@ -110,39 +120,75 @@ def run_processor(
     ``end_key`` stops after the first ``rows`` keys. Redis comes from ``redis_client``, else
     ``redis_url``, else ``$KEYSET_REDIS_URL``, else ``redis://127.0.0.1:6379/0``. Retry delays
     default to (almost) zero so a failing item is dead-lettered at once; other keyword arguments
-    go to ``KeysetTraversal.traverse``.
+    are ``TraverseOptions`` fields (an unknown name is a ``ConfigurationError``).
     """
     if rows is not None and end_key is not None:
         raise ConfigurationError("give rows or end_key, not both")
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
         raise ConfigurationError(f"rows must be a non-negative integer, got {rows!r}")
     fn = load_processor(processor)
+    options = TraverseOptions.from_kwargs(
+        chunk_size=chunk_size,
+        max_item_attempts=max_item_attempts,
+        max_chunk_attempts=max_chunk_attempts,
+        item_retry_delay=item_retry_delay,
+        backoff_base=backoff_base,
+        **traverse_kwargs,
+    )
     run_id = _new_run_id()
     own_client = redis_client is None
-    client = redis_client if redis_client is not None else redis.Redis.from_url(
-        redis_url or os.environ.get("KEYSET_REDIS_URL") or DEFAULT_REDIS_URL)
-    t = KeysetTraversal(source_url, table, key, stream=f"test-{run_id}", where=where, columns=columns,
-                        redis_client=client, key_prefix=f"ks-test-{run_id}")
+    client = (
+        redis_client
+        if redis_client is not None
+        else redis.Redis.from_url(
+            redis_url or os.environ.get("KEYSET_REDIS_URL") or DEFAULT_REDIS_URL
+        )
+    )
+    t = KeysetTraversal(
+        source_url,
+        table,
+        key,
+        stream=f"test-{run_id}",
+        where=where,
+        columns=columns,
+        redis_client=client,
+        key_prefix=f"ks-test-{run_id}",
+    )
     try:
         if rows is not None:
             end_key = _nth_key(t, start_key, rows)
             if end_key is None:  # nothing to read: no round at all
-                return ProcessorRun("", start_key, start_key, t.store.base.split(":{")[0], 0, 0, 0, 0, 0)
+                return ProcessorRun(
+                    "", start_key, start_key, t.store.stream_prefix, 0, 0, 0, 0, 0
+                )
         rnd = t.plan(max_ranges=max_ranges, start_key=start_key, end_key=end_key)
         results = [
-            t.traverse(rnd.round_id, spec.range_id, fn, chunk_size=chunk_size, max_item_attempts=max_item_attempts,
-                       max_chunk_attempts=max_chunk_attempts, item_retry_delay=item_retry_delay,
-                       backoff_base=backoff_base, **traverse_kwargs)
-            for spec in rnd.ranges
+            t.traverse(rnd.round_id, spec.range_id, fn, options=options) for spec in rnd.ranges
         ]
         totals = t.close_round(rnd.round_id)
         letters = [
-            {"range_id": spec.range_id, "key": d["key"], "error": d.get("error"), "attempts": d.get("attempts")}
+            {
+                "range_id": spec.range_id,
+                "key": d["key"],
+                "error": d.get("error"),
+                "attempts": d.get("attempts"),
+            }
             for spec in rnd.ranges
-            for d in t.dead_letters(rnd.round_id, spec.range_id, limit=traverse_kwargs.get("dead_cap", 1000))
+            for d in t.dead_letters(rnd.round_id, spec.range_id, limit=options.dead_cap)
         ]
-        return ProcessorRun(rnd.round_id, rnd.start_key, rnd.end_key, f"ks-test-{run_id}", totals.done, totals.skipped, totals.dead,
-                            sum(r.rows_read for r in results), sum(r.chunks for r in results), results, letters)
+        return ProcessorRun(
+            rnd.round_id,
+            rnd.start_key,
+            rnd.end_key,
+            f"ks-test-{run_id}",
+            totals.done,
+            totals.skipped,
+            totals.dead,
+            sum(r.rows_read for r in results),
+            sum(r.chunks for r in results),
+            results,
+            letters,
+        )
     finally:
         try:
             t.store.delete_stream()

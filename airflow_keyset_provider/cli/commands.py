@@ -17,8 +17,9 @@ import redis
 
 from ..core.control import StreamControl, list_streams
 from ..core.errors import ConfigurationError
+from ..core.keys import decode_user_key as decode
 from ..core.keys import display_key, to_json
-from ..core.status import StreamStatus, decode, iso_ms
+from ..core.status import StreamStatus, iso_ms
 from ..core.store import CursorStore
 from . import render
 from .exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError

@@ -1,6 +1,6 @@
 """The traversal engine. Imports nothing from Airflow: usable from any orchestrator or script."""
 
-from .chunk import Chunk, ChunkResult
+from .chunk import Chunk, ChunkResult, load_processor
 from .control import RoundCheck, StreamControl
 from .errors import (
     CommitOrderTimeoutError,
@@ -20,7 +20,8 @@ from .errors import (
     StoreUnavailableError,
     UnsupportedKeyTypeError,
 )
-from .traversal import KeysetTraversal, RangeResult, RangeSpec, Round, RoundTotals, load_processor
+from .options import TraverseOptions
+from .traversal import KeysetTraversal, RangeResult, RangeSpec, Round, RoundTotals
 
 __all__ = [
     "Chunk",
@@ -47,6 +48,7 @@ __all__ = [
     "RoundTotals",
     "StoreUnavailableError",
     "StreamControl",
+    "TraverseOptions",
     "UnsupportedKeyTypeError",
     "load_processor",
 ]

@@ -1,10 +1,14 @@
-"""What a processor receives and returns."""
+"""The processor contract: what a processor receives (``Chunk``) and returns (``ChunkResult``),
+its type (``Processor``) and how a reference to one is resolved (``load_processor``)."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from .errors import ConfigurationError
 
 Key = Any  # a scalar for a one-column key, a tuple for a composite key
 
@@ -36,7 +40,16 @@ class Chunk:
     be delivered again after a crash (at-least-once), so processors must be idempotent.
     """
 
-    __slots__ = ("_keys", "_rows", "_values", "attempt", "columns", "key_of", "range_id", "round_id")
+    __slots__ = (
+        "_keys",
+        "_rows",
+        "_values",
+        "attempt",
+        "columns",
+        "key_of",
+        "range_id",
+        "round_id",
+    )
 
     def __init__(
         self,
@@ -86,3 +99,32 @@ class Chunk:
 
 
 Processor = Callable[[Chunk], "ChunkResult | None"]
+"""A processor: called with each chunk, returns ``ChunkResult`` (or None: every key done), raises
+``RetryableError`` when a dependency fails. It must be idempotent (at-least-once delivery)."""
+
+
+def load_processor(ref: str | Callable[..., Any]) -> Callable[..., Any]:
+    """A callable, or ``"package.module:function"`` (also ``package.module.function``)."""
+    if callable(ref):
+        return ref
+    if not isinstance(ref, str) or not ref.strip():
+        raise ConfigurationError(
+            f"processor must be a callable or 'package.module:function', got {ref!r}"
+        )
+    module_name, sep, attr = ref.partition(":")
+    if not sep:
+        module_name, _, attr = ref.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigurationError(f"processor {ref!r} is not of the form 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"processor {ref!r}: cannot import module {module_name!r}: {exc}"
+        ) from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigurationError(
+            f"processor {ref!r}: module {module_name!r} has no callable {attr!r}"
+        )
+    return fn

@@ -20,17 +20,15 @@ from .errors import (
     RoundStateLostError,
     StreamNotFoundError,
 )
-from .keys import MIN_KEY, decode_key, display_key, from_tuple, to_json
+from .keys import MIN_KEY, decode_key, decode_user_key, display_key, from_tuple, to_json
 from .mirror import CheckpointMirror
-from .status import RangeState, RangeStatus, RoundState, RoundStatus, StreamStatus, decode
+from .status import RangeState, RangeStatus, RoundState, RoundStatus, StreamStatus
 from .store import Closed, CursorStore, Gap, Unrecoverable
 from .store_reads import stream_names
 
 log = logging.getLogger("airflow_keyset_provider")
 
 
-#: Kept for ``core/traversal.py``, which imports it from here; the model's name is ``status.decode``.
-_decode = decode
 
 
 @dataclass(frozen=True)
@@ -153,8 +151,8 @@ class StreamControl:
         specs = [
             RangeSpec(
                 range_id=int(r["range_id"]),
-                lo=_decode(r["lo"], arity),
-                hi=_decode(r["hi"], arity),
+                lo=decode_user_key(r["lo"], arity),
+                hi=decode_user_key(r["hi"], arity),
                 lo_encoded=r["lo"],
                 hi_encoded=r["hi"],
                 label=f"range {r['range_id']} ({display_key(r['lo'], arity)}, {display_key(r['hi'], arity)}]",
@@ -164,8 +162,8 @@ class StreamControl:
         return Round(
             round_id,
             self.stream,
-            _decode(info["start"], arity),
-            _decode(info["end"], arity),
+            decode_user_key(info["start"], arity),
+            decode_user_key(info["end"], arity),
             specs,
             info["start"],
             info["end"],
@@ -284,7 +282,7 @@ class StreamControl:
             res = self.store.close_round(round_id)
         info = self.store.round_info(round_id)
         arity = self._arity(info)
-        start, end = _decode(info["start"], arity), _decode(info["end"], arity)
+        start, end = decode_user_key(info["start"], arity), decode_user_key(info["end"], arity)
         if isinstance(res, Closed):
             if self.mirror is not None:
                 self._mirror_round(round_id)
@@ -297,7 +295,7 @@ class StreamControl:
                 res.done,
                 res.skipped,
                 res.dead,
-                _decode(res.watermark, arity) if res.watermark else None,
+                decode_user_key(res.watermark, arity) if res.watermark else None,
             )
         if isinstance(res, Unrecoverable):
             raise RetentionError(
@@ -319,7 +317,7 @@ class StreamControl:
         arity = self._arity(self.store.round_info(round_id))
         out = self.store.dead_letters(round_id, range_id, limit)
         for d in out:
-            d["key"] = _decode(d["key"], arity)
+            d["key"] = decode_user_key(d["key"], arity)
         return out
 
     def reset_round(self, round_id: str, *, confirm: bool = False) -> int:

@@ -12,7 +12,8 @@ comparison, and keys travel through XCom and Redis without float or timezone acc
 The empty string is ``MIN_KEY``: below every key, it stands for "no lower bound".
 
 The byte layout follows FoundationDB's tuple layer: each component is a type code followed by
-an order-preserving body; the bytes are rendered as hex (hex digits sort like the bytes they encode).
+an order-preserving body; the bytes are rendered as hex (hex digits sort like the bytes they
+encode).
 
 =========  ======  ====================================================================
 type       code    body
@@ -33,11 +34,16 @@ Components of one column always share a type, so codes only need to order within
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import json
+import re
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
+
+from .errors import ConfigurationError
 
 MIN_KEY = ""
 
@@ -48,8 +54,6 @@ _TS_AWARE, _TS_NAIVE, _DATE, _UUID = 0x33, 0x34, 0x35, 0x36
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _EPOCH_NAIVE = dt.datetime(1970, 1, 1)
 _US = dt.timedelta(microseconds=1)
-
-SUPPORTED_TYPES = (int, str, Decimal, dt.datetime, dt.date, uuid.UUID)
 
 
 class KeyEncodingError(ValueError):
@@ -152,8 +156,10 @@ def _decode_decimal(b: bytes, i: int) -> tuple[Decimal, int]:
 def _encode_component(v: Any, out: bytearray) -> None:
     # bool is an int subclass; a boolean "key" is never unique enough to be one.
     if isinstance(v, bool) or v is None or isinstance(v, float):
-        raise KeyEncodingError(f"unsupported key value {v!r} ({type(v).__name__}): keys are NOT NULL "
-                               "and exact (int, str, Decimal, datetime, date, UUID)")
+        raise KeyEncodingError(
+            f"unsupported key value {v!r} ({type(v).__name__}): keys are NOT NULL "
+            "and exact (int, str, Decimal, datetime, date, UUID)"
+        )
     if isinstance(v, int):
         _encode_int(v, out)
     elif isinstance(v, str):
@@ -243,7 +249,9 @@ def as_tuple(key: Any, arity: int) -> tuple[Any, ...]:
             return tuple(key)
         return (key,)
     if not isinstance(key, (tuple, list)) or len(key) != arity:
-        raise KeyEncodingError(f"key {key!r} must be a tuple of {arity} values (one per key column)")
+        raise KeyEncodingError(
+            f"key {key!r} must be a tuple of {arity} values (one per key column)"
+        )
     return tuple(key)
 
 
@@ -264,10 +272,120 @@ def to_json(value: Any) -> Any:
     return value
 
 
-def display_key(encoded: str, arity: int) -> str:
-    """A human-readable rendering of an encoded key for logs and UI labels."""
-    if encoded == MIN_KEY:
+def decode_user_key(encoded: str, arity: int) -> Any:
+    """Encoded key -> the user's value: a scalar for a one-column key, a tuple otherwise;
+    ``None`` for ``MIN_KEY`` (the open lower bound). The one decode every reader uses."""
+    return None if encoded == MIN_KEY else from_tuple(decode_key(encoded), arity)
+
+
+def key_label(value: Any) -> str:
+    """A key as logs, task labels and the UI show it: ``None`` -> ``-inf``, a tuple or list ->
+    ``(a, b)``, anything else -> its JSON rendering (``42``, ``2024-01-01T00:00:00+00:00``).
+    Accepts decoded keys and their JSON form (XCom) alike, and renders both the same."""
+    if value is None:
         return "-inf"
-    values = decode_key(encoded)
-    rendered = [v.isoformat() if isinstance(v, (dt.date, dt.datetime)) else str(v) for v in values]
-    return rendered[0] if arity == 1 else "(" + ", ".join(rendered) + ")"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(str(to_json(v)) for v in value) + ")"
+    return str(to_json(value))
+
+
+def display_key(encoded: str, arity: int) -> str:
+    """``key_label`` of an encoded key."""
+    return key_label(decode_user_key(encoded, arity))
+
+
+# --------------------------------------------------------------------------- user-supplied bounds
+
+_INT_RE = re.compile(r"^[+-]?\d+$")
+
+
+def parse_bound(value: Any) -> Any:
+    """A bound as a template renders it: native values pass through (tuples become lists); a
+    string that is JSON (``"[\\"2024-01-01T00:00:00+00:00\\", 0]"``, ``"\\"abc\\""``) is decoded;
+    ``""``/``"None"``/``"null"`` mean None. Other strings (``"1000"``, ISO timestamps, text keys)
+    are passed on for ``coerce_bound`` to read against the key columns."""
+    if not isinstance(value, str):
+        return list(value) if isinstance(value, tuple) else value
+    text = value.strip()
+    if text in ("", "None", "null"):
+        return None
+    if text[0] in '["':
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"bound {value!r} looks like JSON but does not parse: {exc}"
+            ) from exc
+    return value
+
+
+def coerce_bound(
+    name: str, value: Any, kinds: Sequence[str], *, from_text: bool = False
+) -> tuple[Any, ...]:
+    """A user-supplied bound (scalar, or tuple/list for a composite key) as a key tuple, checked
+    against the key columns' kinds (``SqlSource.key_kinds``); refusals name ``name`` and the fix.
+
+    ``from_text`` (rendered templates) also reads ``"1000"`` as an integer for integer columns and
+    ``"1.5"``/``7`` as a ``Decimal`` for numeric ones. ISO 8601 strings are accepted for timestamp,
+    date and UUID columns either way."""
+    arity = len(kinds)
+    if from_text:
+        parts = list(value) if isinstance(value, (list, tuple)) else [value]
+        if len(parts) != arity:
+            raise ConfigurationError(
+                f"{name}={value!r} has {len(parts)} part(s); the key has {arity} column(s)"
+            )
+        value = [_from_text(name, part, kind) for part, kind in zip(parts, kinds, strict=True)]
+    try:
+        values = as_tuple(value, arity)
+    except KeyEncodingError as exc:
+        raise ConfigurationError(f"{name}: {exc}") from exc
+    return tuple(
+        _coerce_component(f"{name}[{i}]" if arity > 1 else name, v, kind)
+        for i, (v, kind) in enumerate(zip(values, kinds, strict=True))
+    )
+
+
+def _from_text(name: str, part: Any, kind: str) -> Any:
+    if isinstance(part, str) and kind == "int" and _INT_RE.match(part.strip()):
+        return int(part)
+    if isinstance(part, (str, int)) and not isinstance(part, bool) and kind == "decimal":
+        try:
+            return Decimal(str(part).strip())
+        except ArithmeticError as exc:
+            raise ConfigurationError(f"{name}: {part!r} is not a number") from exc
+    return part
+
+
+def _coerce_component(name: str, v: Any, kind: str) -> Any:
+    """One bound value, checked against its key column's kind."""
+    if kind == "int" and isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if kind == "text" and isinstance(v, str):
+        return v
+    if kind == "decimal" and isinstance(v, (Decimal, int)) and not isinstance(v, bool):
+        return Decimal(v)
+    if kind in ("timestamp", "timestamptz") and isinstance(v, str):
+        with contextlib.suppress(ValueError):
+            v = dt.datetime.fromisoformat(v)
+    if kind in ("timestamp", "timestamptz") and isinstance(v, dt.datetime):
+        aware = v.tzinfo is not None and v.utcoffset() is not None
+        if aware == (kind == "timestamptz"):
+            return v
+        want = (
+            "timestamp with time zone: give an aware datetime (e.g. tzinfo=UTC)"
+            if kind == "timestamptz"
+            else "timestamp without time zone: give a naive datetime"
+        )
+        raise ConfigurationError(
+            f"{name}={v!r} is {'timezone-aware' if aware else 'naive'} but the key column is {want}"
+        )
+    if kind == "date" and isinstance(v, dt.date) and not isinstance(v, dt.datetime):
+        return v
+    if kind == "date" and isinstance(v, str):
+        with contextlib.suppress(ValueError):
+            return dt.date.fromisoformat(v)
+    if kind == "uuid" and isinstance(v, (uuid.UUID, str)):
+        with contextlib.suppress(ValueError):
+            return v if isinstance(v, uuid.UUID) else uuid.UUID(v)
+    raise ConfigurationError(f"{name}={v!r} ({type(v).__name__}) does not fit a {kind} key column")

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from .keys import MIN_KEY, decode_key, display_key, from_tuple, to_json
+from .keys import decode_user_key as decode
+from .keys import display_key, to_json
+from .keys import key_label as value_label
 from .progress import key_eta, key_fraction
 
 
@@ -85,15 +87,6 @@ def format_rate(rate: float | None) -> str:
     return f"{rate:,.0f}/s" if rate >= 10 else f"{rate:.1f}/s"
 
 
-def value_label(value: Any) -> str:
-    """A decoded key as the engine's logs show it: ``-inf``, ``42``, ``(2024-01-01T00:00:00+00:00, 7)``."""
-    if value is None:
-        return "-inf"
-    if isinstance(value, (list, tuple)):
-        return "(" + ", ".join(str(to_json(v)) for v in value) + ")"
-    return str(to_json(value))
-
-
 def iso_ms(ms: Any) -> str | None:
     """A Redis-clock millisecond timestamp as ISO 8601 UTC (``None`` for 0 or garbage)."""
     try:
@@ -103,11 +96,6 @@ def iso_ms(ms: Any) -> str | None:
     if n <= 0:
         return None
     return dt.datetime.fromtimestamp(n / 1000, tz=dt.UTC).isoformat(timespec="seconds")
-
-
-def decode(encoded: str, arity: int) -> Any:
-    """An encoded key as a value (scalar for one column, tuple otherwise); ``None`` for -inf."""
-    return None if encoded == MIN_KEY else from_tuple(decode_key(encoded), arity)
 
 
 # ---- records --------------------------------------------------------------------------------

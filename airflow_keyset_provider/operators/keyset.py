@@ -1,8 +1,10 @@
-"""``PlanRangesOperator`` and ``TraverseRangeOperator``: thin Airflow adapters over ``KeysetTraversal``.
+"""``PlanRangesOperator`` and ``TraverseRangeOperator``: thin adapters over ``KeysetTraversal``.
 
 A round is planned once per DAG run and plan task, then every range becomes one mapped task::
 
-    plan = PlanRangesOperator(task_id="plan", source_conn_id="events_db", table="im_events", key="seq")
+    plan = PlanRangesOperator(
+        task_id="plan", source_conn_id="events_db", table="im_events", key="seq"
+    )
     traverse = TraverseRangeOperator.partial(
         task_id="traverse", processor=redispatch, retries=3,
     ).expand_kwargs(plan.output)
@@ -25,100 +27,35 @@ Guarantees (on top of the engine's, see ``airflow_keyset_provider.core.traversal
 
 from __future__ import annotations
 
-import contextlib
-import json
-import re
-from collections.abc import Callable, Iterator, Sequence
-from decimal import Decimal
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context, conf
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException
 
+from airflow_keyset_provider.common import (
+    DEFAULT_MAP_INDEX_TEMPLATE,
+    RANGE_LABEL_CONTEXT_KEY,
+    ROUND_ID_XCOM_KEY,
+    ROUND_XCOM_KEY,
+    airflow_errors,
+    key_label,
+)
 from airflow_keyset_provider.core import (
     ConfigurationError,
     KeysetTraversal,
-    ProcessorContractError,
-    RetentionError,
-    RoundStateLostError,
     load_processor,
 )
-from airflow_keyset_provider.core.keys import to_json
+from airflow_keyset_provider.core.keys import (
+    coerce_bound,
+    from_tuple,
+    parse_bound,
+    to_json,
+)
+from airflow_keyset_provider.core.options import TraverseOptions
 from airflow_keyset_provider.core.planner import MAX_MAP_LENGTH
 from airflow_keyset_provider.hooks.keyset import KeysetHook
-
-#: Context variable set by ``TraverseRangeOperator.execute``; the default ``map_index_template``
-#: renders it, e.g. ``range 3 (1000, 2000]``.
-RANGE_LABEL_CONTEXT_KEY = "keyset_range_label"
-DEFAULT_MAP_INDEX_TEMPLATE = "{{ " + RANGE_LABEL_CONTEXT_KEY + " }}"
-#: XCom key under which ``PlanRangesOperator`` pushes the round's id (the return value holds the
-#: ranges) and, under ``ROUND_XCOM_KEY``, where to find the round (stream, key prefix, bounds).
-ROUND_ID_XCOM_KEY = "round_id"
-ROUND_XCOM_KEY = "keyset_round"
-
-_INT_RE = re.compile(r"^[+-]?\d+$")
-
-
-@contextlib.contextmanager
-def airflow_errors() -> Iterator[None]:
-    """Turn engine errors that no retry can fix into ``AirflowFailException`` (fail now, no
-    retries); everything else propagates and is retried by Airflow as usual."""
-    try:
-        yield
-    except (ConfigurationError, ProcessorContractError, RoundStateLostError, RetentionError) as exc:
-        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
-
-
-
-def key_label(value: Any) -> str:
-    """``None`` -> ``-inf``, ``[a, b]`` -> ``(a, b)``, else ``str``; matches the engine's labels."""
-    if value is None:
-        return "-inf"
-    if isinstance(value, (list, tuple)):
-        return "(" + ", ".join(str(to_json(v)) for v in value) + ")"
-    return str(to_json(value))
-
-
-def _parse_bound(value: Any) -> Any:
-    """A rendered ``start_key``/``end_key``: native values pass through; a string that is JSON
-    (``"[\\"2024-01-01T00:00:00+00:00\\", 0]"``, ``"1000"``) is decoded; ``""``/``"None"`` mean None.
-    Other strings (ISO timestamps, text keys) are passed on for the engine to check."""
-    if not isinstance(value, str):
-        return list(value) if isinstance(value, tuple) else value
-    text = value.strip()
-    if text in ("", "None", "null"):
-        return None
-    if text[0] in "[\"":
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise ConfigurationError(f"bound {value!r} looks like JSON but does not parse: {exc}") from exc
-    return value
-
-
-def _coerce_bound(t: KeysetTraversal, name: str, value: Any) -> Any:
-    """Rendered templates are strings: turn ``"1000"`` into ``1000`` for integer key columns and
-    ``"1.5"`` into ``Decimal`` for numeric ones. Other types are checked by the engine."""
-    value = _parse_bound(value)
-    if value is None:
-        return None
-    parts = list(value) if isinstance(value, list) else [value]
-    if len(parts) != t.arity:
-        raise ConfigurationError(
-            f"{name}={value!r} has {len(parts)} part(s); the key {t.source.key_names} has {t.arity}"
-        )
-    kinds = t.source.key_kinds
-    out = []
-    for part, kind in zip(parts, kinds, strict=True):
-        if isinstance(part, str) and kind == "int" and _INT_RE.match(part.strip()):
-            part = int(part)
-        elif isinstance(part, (str, int)) and not isinstance(part, bool) and kind == "decimal":
-            try:
-                part = Decimal(str(part).strip())
-            except ArithmeticError as exc:
-                raise ConfigurationError(f"{name}: {part!r} is not a number") from exc
-        out.append(part)
-    return tuple(out) if t.arity > 1 else out[0]
 
 
 def _max_map_length() -> int:
@@ -127,11 +64,22 @@ def _max_map_length() -> int:
 
 def _check_max_ranges(max_ranges: Any) -> None:
     limit = _max_map_length()
-    if isinstance(max_ranges, bool) or not isinstance(max_ranges, int) or not 1 <= max_ranges <= limit:
+    if (
+        isinstance(max_ranges, bool)
+        or not isinstance(max_ranges, int)
+        or not 1 <= max_ranges <= limit
+    ):
         raise ConfigurationError(
             f"max_ranges must be an integer from 1 to {limit} (Airflow's [core] max_map_length "
             f"caps how many mapped tasks one task may expand to), got {max_ranges!r}"
         )
+
+
+def _typed_bound(t: KeysetTraversal, name: str, value: Any) -> Any:
+    """A rendered bound read against the key columns (``"1000"`` -> ``1000`` for an integer key)."""
+    if value is None:
+        return None
+    return from_tuple(coerce_bound(name, value, t.source.key_kinds, from_text=True), t.arity)
 
 
 def _run_key(context: Context) -> str:
@@ -159,9 +107,40 @@ class PlanRangesOperator(BaseOperator):
     ``render_template_as_native_obj=True`` native values (lists, datetimes) pass through.
 
     Running the task again for the same DAG run (retry, clear) returns the same round, unchanged.
+
+    :param source_conn_id: Airflow connection of the source database.
+    :param table: table to traverse, ``name`` or ``schema.name`` (templated).
+    :param key: key column, or a list of columns for a composite key; unique, NOT NULL, indexed
+        (templated).
+    :param redis_conn_id: Airflow ``redis`` connection of the cursor store.
+    :param stream: the sequence of rounds that chain by watermark; None: the DAG id (templated).
+    :param where: SQL predicate restricting the rows, evaluated when each chunk is read
+        (templated). Trusted SQL, like the DAG file: never render it from run conf or user input;
+        put varying values in ``where_params``.
+    :param where_params: values bound into ``where`` (``:name`` placeholders), never spliced into
+        the SQL.
+    :param columns: extra columns the processor needs in ``chunk.rows`` (templated).
+    :param start_key: lower bound, exclusive; None: the stream's watermark (templated).
+    :param end_key: upper bound, inclusive; None: ``max(key)`` once every smaller key has committed
+        (templated).
+    :param max_ranges: at most this many ranges (and mapped tasks), 1 to ``[core] max_map_length``.
+    :param key_prefix: prefix of every Redis key of the traversal.
+    :param commit_wait_timeout: PostgreSQL: seconds to wait for transactions open when ``max(key)``
+        was read (``CommitOrderTimeoutError`` after).
+    :param settle_seconds: other sources: seconds to wait after reading ``max(key)``.
+    :param checkpoint_conn_id: a ``postgres``/``sqlite`` connection for the durable checkpoint
+        mirror; passed on to the traverse tasks and the barrier.
     """
 
-    template_fields: Sequence[str] = ("table", "key", "where", "columns", "start_key", "end_key", "stream")
+    template_fields: Sequence[str] = (
+        "table",
+        "key",
+        "where",
+        "columns",
+        "start_key",
+        "end_key",
+        "stream",
+    )
     ui_color = "#d8e6f3"
 
     def __init__(
@@ -173,6 +152,7 @@ class PlanRangesOperator(BaseOperator):
         redis_conn_id: str = "redis_default",
         stream: str | None = None,
         where: str | None = None,
+        where_params: dict[str, Any] | None = None,
         columns: Sequence[str] | None = None,
         start_key: Any = None,
         end_key: Any = None,
@@ -192,6 +172,7 @@ class PlanRangesOperator(BaseOperator):
         self.redis_conn_id = redis_conn_id
         self.stream = stream
         self.where = where
+        self.where_params = where_params
         self.columns = columns
         self.start_key = start_key
         self.end_key = end_key
@@ -207,34 +188,77 @@ class PlanRangesOperator(BaseOperator):
         with airflow_errors():
             _check_max_ranges(self.max_ranges)
             hook = KeysetHook(self.source_conn_id, self.redis_conn_id, self.checkpoint_conn_id)
-            t = hook.traversal(table=self.table, key=key, stream=stream, where=self.where, columns=columns,
-                               key_prefix=self.key_prefix, commit_wait_timeout=self.commit_wait_timeout,
-                               settle_seconds=self.settle_seconds)
+            t = hook.traversal(
+                table=self.table,
+                key=key,
+                stream=stream,
+                where=self.where,
+                where_params=self.where_params,
+                columns=columns,
+                key_prefix=self.key_prefix,
+                commit_wait_timeout=self.commit_wait_timeout,
+                settle_seconds=self.settle_seconds,
+            )
             try:
-                start, end = _parse_bound(self.start_key), _parse_bound(self.end_key)
+                start, end = parse_bound(self.start_key), parse_bound(self.end_key)
                 if start is not None or end is not None:
                     t.source.validate()  # the key columns' types, to read rendered bounds
-                    start = _coerce_bound(t, "start_key", start)
-                    end = _coerce_bound(t, "end_key", end)
+                    start = _typed_bound(t, "start_key", start)
+                    end = _typed_bound(t, "end_key", end)
                 rnd = t.plan(self.max_ranges, start, end, round_key=_run_key(context))
             finally:
                 t.close()
-        how = "planned" if rnd.created else "reused (already planned for this run, or the stream's open round)"
-        self.log.info("stream %s: round %s (%s, %s] %s, %d range(s):", stream, rnd.round_id,
-                      key_label(to_json(rnd.start_key)), key_label(to_json(rnd.end_key)), how, len(rnd.ranges))
+        how = (
+            "planned"
+            if rnd.created
+            else "reused (already planned for this run, or the stream's open round)"
+        )
+        self.log.info(
+            "stream %s: round %s (%s, %s] %s, %d range(s):",
+            stream,
+            rnd.round_id,
+            key_label(rnd.start_key),
+            key_label(rnd.end_key),
+            how,
+            len(rnd.ranges),
+        )
         for spec in rnd.ranges:
             self.log.info("  %s", spec.label)
-        common = {"source_conn_id": self.source_conn_id, "table": self.table, "key": key, "stream": stream,
-                  "where": self.where, "columns": columns, "key_prefix": self.key_prefix,
-                  "checkpoint_conn_id": self.checkpoint_conn_id}
+        common = {
+            "source_conn_id": self.source_conn_id,
+            "table": self.table,
+            "key": key,
+            "stream": stream,
+            "where": self.where,
+            "where_params": self.where_params,
+            "columns": columns,
+            "key_prefix": self.key_prefix,
+            "checkpoint_conn_id": self.checkpoint_conn_id,
+        }
         ti = context["ti"]
         ti.xcom_push(key=ROUND_ID_XCOM_KEY, value=rnd.round_id)
-        ti.xcom_push(key=ROUND_XCOM_KEY, value={
-            "round_id": rnd.round_id, "stream": stream, "key_prefix": self.key_prefix,
-            "checkpoint_conn_id": self.checkpoint_conn_id, "start_key": to_json(rnd.start_key), "end_key": to_json(rnd.end_key), "ranges": len(rnd.ranges),
-        })
-        return [{"round_id": rnd.round_id, "range_id": spec.range_id, "lo": to_json(spec.lo),
-                 "hi": to_json(spec.hi), **common} for spec in rnd.ranges]
+        ti.xcom_push(
+            key=ROUND_XCOM_KEY,
+            value={
+                "round_id": rnd.round_id,
+                "stream": stream,
+                "key_prefix": self.key_prefix,
+                "checkpoint_conn_id": self.checkpoint_conn_id,
+                "start_key": to_json(rnd.start_key),
+                "end_key": to_json(rnd.end_key),
+                "ranges": len(rnd.ranges),
+            },
+        )
+        return [
+            {
+                "round_id": rnd.round_id,
+                "range_id": spec.range_id,
+                "lo": to_json(spec.lo),
+                "hi": to_json(spec.hi),
+                **common,
+            }
+            for spec in rnd.ranges
+        ]
 
 
 class TraverseRangeOperator(BaseOperator):
@@ -251,6 +275,33 @@ class TraverseRangeOperator(BaseOperator):
     (dependency kept failing, lease lost, kill requested): the next try resumes from the cursor.
     ``on_kill`` asks the traversal to commit the chunk in hand, release the lease and return.
     Progress lines (cursor, counters, rows/s, ETA) come from the ``airflow_keyset_provider`` logger.
+
+    :param round_id: the round, from the plan's output (templated).
+    :param range_id: the range, from the plan's output (templated).
+    :param processor: ``(Chunk) -> ChunkResult | None``, a callable or
+        ``"package.module:function"``.
+    :param source_conn_id: from the plan's output.
+    :param table: from the plan's output (templated).
+    :param key: from the plan's output.
+    :param lo: from the plan's output; display only (the bounds used are the round's).
+    :param hi: from the plan's output; display only.
+    :param stream: from the plan's output; None: the DAG id (templated).
+    :param where: from the plan's output (templated).
+    :param where_params: from the plan's output.
+    :param columns: from the plan's output.
+    :param redis_conn_id: Airflow ``redis`` connection of the cursor store (set it in
+        ``partial()``).
+    :param key_prefix: from the plan's output.
+    :param chunk_size: see ``TraverseOptions.chunk_size``.
+    :param lease_seconds: see ``TraverseOptions.lease_seconds``.
+    :param max_chunk_attempts: see ``TraverseOptions.max_chunk_attempts``.
+    :param max_item_attempts: see ``TraverseOptions.max_item_attempts``.
+    :param claim_timeout: see ``TraverseOptions.claim_timeout``.
+    :param log_every_seconds: see ``TraverseOptions.log_every_seconds``.
+    :param prefetch: see ``TraverseOptions.prefetch``.
+    :param group_commit_chunks: see ``TraverseOptions.group_commit_chunks``.
+    :param group_commit_seconds: see ``TraverseOptions.group_commit_seconds``.
+    :param checkpoint_conn_id: from the plan's output: the durable checkpoint mirror.
     """
 
     template_fields: Sequence[str] = ("round_id", "range_id", "stream", "table", "where")
@@ -269,6 +320,7 @@ class TraverseRangeOperator(BaseOperator):
         hi: Any = None,
         stream: str | None = None,
         where: str | None = None,
+        where_params: dict[str, Any] | None = None,
         columns: Sequence[str] | None = None,
         redis_conn_id: str = "redis_default",
         key_prefix: str = "ks",
@@ -297,24 +349,33 @@ class TraverseRangeOperator(BaseOperator):
         self.hi = hi
         self.stream = stream
         self.where = where
+        self.where_params = where_params
         self.columns = columns
         self.redis_conn_id = redis_conn_id
         self.key_prefix = key_prefix
-        self.chunk_size = chunk_size
-        self.lease_seconds = lease_seconds
-        self.max_chunk_attempts = max_chunk_attempts
-        self.max_item_attempts = max_item_attempts
-        self.claim_timeout = claim_timeout
-        self.log_every_seconds = log_every_seconds
-        self.prefetch = prefetch
-        self.group_commit_chunks = group_commit_chunks
-        self.group_commit_seconds = group_commit_seconds
+        with airflow_errors():  # a bad setting fails at once, naming it
+            self.options = TraverseOptions(
+                chunk_size=chunk_size,
+                lease_seconds=lease_seconds,
+                max_chunk_attempts=max_chunk_attempts,
+                max_item_attempts=max_item_attempts,
+                claim_timeout=claim_timeout,
+                log_every_seconds=log_every_seconds,
+                prefetch=prefetch,
+                group_commit_chunks=group_commit_chunks,
+                group_commit_seconds=group_commit_seconds,
+            )
         self.checkpoint_conn_id = checkpoint_conn_id
         self._traversal: KeysetTraversal | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
-        range_id = int(self.range_id) if isinstance(self.range_id, str) and self.range_id.isdigit() else self.range_id
-        context[RANGE_LABEL_CONTEXT_KEY] = f"range {range_id} ({key_label(self.lo)}, {key_label(self.hi)}]"  # type: ignore[literal-required]
+        range_id = (
+            int(self.range_id)
+            if isinstance(self.range_id, str) and self.range_id.isdigit()
+            else self.range_id
+        )
+        label = f"range {range_id} ({key_label(self.lo)}, {key_label(self.hi)}]"
+        context[RANGE_LABEL_CONTEXT_KEY] = label  # type: ignore[literal-required]
         if not context.get("map_index_template"):
             # A mapped task's context carries the partial()'s template, which lacks our default.
             context["map_index_template"] = self.map_index_template or DEFAULT_MAP_INDEX_TEMPLATE
@@ -322,48 +383,70 @@ class TraverseRangeOperator(BaseOperator):
         lineage = _run_key(context)
         stream = self.stream or self.dag_id
         key = list(self.key) if not isinstance(self.key, str) else self.key
-        self.log.info("round %s %s: try %s, owner lineage %s", self.round_id,
-                      context[RANGE_LABEL_CONTEXT_KEY], getattr(ti, "try_number", "?"), lineage)  # type: ignore[literal-required]
+        self.log.info(
+            "round %s %s: try %s, owner lineage %s",
+            self.round_id,
+            label,
+            getattr(ti, "try_number", "?"),
+            lineage,
+        )
         with airflow_errors():
             processor = load_processor(self.processor)
             hook = KeysetHook(self.source_conn_id, self.redis_conn_id, self.checkpoint_conn_id)
-            t = hook.traversal(table=self.table, key=key, stream=stream, where=self.where,
-                               columns=self.columns, key_prefix=self.key_prefix)
+            t = hook.traversal(
+                table=self.table,
+                key=key,
+                stream=stream,
+                where=self.where,
+                where_params=self.where_params,
+                columns=self.columns,
+                key_prefix=self.key_prefix,
+            )
             self._traversal = t
             try:
-                res = t.traverse(
-                    self.round_id, range_id, processor, chunk_size=self.chunk_size,
-                    lease_seconds=self.lease_seconds, max_chunk_attempts=self.max_chunk_attempts,
-                    max_item_attempts=self.max_item_attempts, owner_lineage=lineage,
-                    claim_timeout=self.claim_timeout, log_every_seconds=self.log_every_seconds,
-                    prefetch=self.prefetch, group_commit_chunks=self.group_commit_chunks,
-                    group_commit_seconds=self.group_commit_seconds,
-                )
+                options = dataclasses.replace(self.options, owner_lineage=lineage)
+                res = t.traverse(self.round_id, range_id, processor, options=options)
             finally:
                 self._traversal = None
                 t.close()
         result = res.as_dict()
         rate = res.rows_read / res.seconds if res.seconds > 0 else 0.0
         self.log.info(
-            "round %s range %s: %s; done %d, skipped %d, dead %d; this try read %d rows in %d chunks, "
-            "%.1f s (%.0f rows/s)%s", res.round_id, res.range_id,
-            "complete" if res.complete else f"stopped at cursor {res.cursor!r}", res.done, res.skipped, res.dead,
-            res.rows_read, res.chunks, res.seconds, rate, ", took over from a previous try" if res.takeover else "",
+            "round %s range %s: %s; done %d, skipped %d, dead %d; this try read %d rows in %d "
+            "chunks, %.1f s (%.0f rows/s)%s",
+            res.round_id,
+            res.range_id,
+            "complete" if res.complete else f"stopped at cursor {res.cursor!r}",
+            res.done,
+            res.skipped,
+            res.dead,
+            res.rows_read,
+            res.chunks,
+            res.seconds,
+            rate,
+            ", took over from a previous try" if res.takeover else "",
         )
         if res.dead:
-            self.log.warning("round %s range %s has %d dead-lettered item(s); inspect them before closing "
-                             "the round", res.round_id, res.range_id, res.dead)
+            self.log.warning(
+                "round %s range %s has %d dead-lettered item(s); inspect them before closing "
+                "the round",
+                res.round_id,
+                res.range_id,
+                res.dead,
+            )
         if res.stopped or not res.complete:
             raise AirflowException(
-                f"round {res.round_id} range {res.range_id} is not complete (stopped on request); its cursor "
-                "is committed and the next try resumes from there"
+                f"round {res.round_id} range {res.range_id} is not complete (stopped on request); "
+                "its cursor is committed and the next try resumes from there"
             )
         return result
 
     def on_kill(self) -> None:
         t = self._traversal
         if t is not None:
-            self.log.info("kill requested: finishing the chunk in hand, committing it, releasing the lease")
+            self.log.info(
+                "kill requested: finishing the chunk in hand, committing it, releasing the lease"
+            )
             t.request_stop()
 
 

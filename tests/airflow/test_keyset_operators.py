@@ -24,8 +24,8 @@ from airflow.utils.state import DagRunState, TaskInstanceState
 from keyset_examples_common import create_example_tables, example_metadata
 
 from airflow_keyset_provider.core import KeysetTraversal, StreamControl
+from airflow_keyset_provider.core.keys import parse_bound
 from airflow_keyset_provider.core.store import CursorStore
-from airflow_keyset_provider.operators.keyset import _parse_bound
 
 pytestmark = pytest.mark.airflow
 
@@ -197,7 +197,7 @@ def test_bad_input_fails_the_task_at_once_with_a_clear_error(airflow_env, events
     ("2024-01-01 00:00:00+00:00", "2024-01-01 00:00:00+00:00"), (("a", 1), ["a", 1]), (7, 7),
 ])
 def test_rendered_bounds_are_decoded(rendered, expected):
-    assert _parse_bound(rendered) == expected
+    assert parse_bound(rendered) == expected
 
 
 def test_airflow_lists_the_provider(airflow_env):

@@ -709,7 +709,7 @@ def test_troubleshooting_quotes_runtime_errors(pg_schema_url: str, pg_engine: sa
     _quoted(_raised(lambda: store.advance(rnd.round_id, 0, "c#3", claim.cursor, claim.cursor, done=0, skipped=0,
                                           lease_ms=1000, max_item_attempts=3)),
             "the lease on range ", " of round r1 (stream 'events-nightly') expired before the advance; refused (fencing)")
-    _in_source("core/traversal.py", ": lease lost; chunk not committed")
+    _in_source("core/range_run.py", "lease lost; chunk not committed")
 
     # lost state
     store.client.delete(store.range_key(rnd.round_id, 0))
@@ -747,7 +747,7 @@ def test_troubleshooting_quotes_the_airflow_adapters() -> None:
                "traverse it again.")
     _in_source("hooks/keyset.py", " is not defined. Create it in the Airflow UI (Admin > Connections, type ",
                "; it must be of type ")
-    _in_source("core/traversal.py", " s more; waiting")
+    _in_source("core/range_run.py", " s more; waiting")
 
 
 if __name__ == "__main__":

@@ -185,13 +185,10 @@ def test_explicit_end_wait_for_commit_order(pg_engine, pg_schema_url):
         src.close()
 
 
-@pytest.mark.xfail(strict=True, reason="needs the coordinator's wiring in KeysetTraversal.plan: "
-                                      "call self.source.wait_for_commit_order() when end_key is given")
 def test_explicit_end_plan_delivers_key_committed_late(pg_engine, pg_schema_url, redis_url, key_prefix):
     """Scenario (through ``KeysetTraversal.plan(end_key=10)``): key 5 inserted before the plan,
-    committed 2.5 s later, must be delivered by the round (5 is below the explicit end). Expected
-    to fail until traversal.plan calls ``source.wait_for_commit_order()`` on the explicit path;
-    then remove the xfail marker."""
+    committed 2.5 s later, must be delivered by the round (5 is below the explicit end): the plan
+    waits for it as it would below ``max(key)``."""
     with pg_engine.begin() as c:
         c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, p text)")
         c.exec_driver_sql("INSERT INTO events VALUES (1, 'x'), (9, 'x'), (20, 'x')")
@@ -512,10 +509,8 @@ def test_where_params_are_bound_not_spliced(pg_engine, pg_schema_url):
         evil.close()
 
 
-@pytest.mark.xfail(strict=True, reason="needs the coordinator's wiring: KeysetTraversal(where_params=...) "
-                                      "passed on to SqlSource")
 def test_where_params_through_traversal(pg_engine, pg_schema_url, redis_url, key_prefix):
-    """Same scenario through ``KeysetTraversal``; remove the xfail marker once wired."""
+    """Same scenario through ``KeysetTraversal``."""
     with pg_engine.begin() as c:
         c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, tenant text NOT NULL)")
         c.exec_driver_sql("INSERT INTO events SELECT g, CASE WHEN mod(g, 3) = 0 THEN 'a''b' ELSE 'c' END "

@@ -1,5 +1,5 @@
-"""Shared machinery of the reliability suite: modes, the results registry, worker processes,
-the cursor watcher and the coverage check that every scenario ends with.
+"""Shared machinery of the reliability suite: modes (from ``tests/modes.py``), the results registry,
+worker processes, the cursor watcher and the coverage check that every scenario ends with.
 
 Short mode (default) keeps the whole suite within about three minutes on two cores; long mode
 (``KEYSET_RELIABILITY_LONG=1``) runs thousands of trials where a trial is cheap.
@@ -20,17 +20,25 @@ from typing import Any
 
 import redis
 import sqlalchemy as sa
+from modes import LONG as LONG
+from modes import MODE as MODE
+from modes import trials as trials
 
 from airflow_keyset_provider.core.keys import encode_key
 from airflow_keyset_provider.core.store import CursorStore
 
-LONG = os.environ.get("KEYSET_RELIABILITY_LONG", "").strip().lower() in {"1", "true", "yes", "on"}
-MODE = "long" if LONG else "short"
 
+@dataclass
+class TrialContext:
+    """What one scenario's trials share: the database, Redis, the key prefix, a scratch directory
+    and the encoded keys the table holds (the coverage check's reference)."""
 
-def trials(short: int, long: int) -> int:
-    """The number of trials of a scenario in the current mode."""
-    return long if LONG else short
+    engine: sa.Engine
+    url: str
+    redis_url: str
+    prefix: str
+    tmp_path: Path
+    keys: list[str]
 
 
 # --------------------------------------------------------------------------- results registry
@@ -52,8 +60,15 @@ RESULTS: dict[str, ScenarioResult] = {}
 _LOCK = threading.Lock()
 
 
-def record(scenario: str, *, trials: int = 0, keys_lost: int = 0, max_replay: int = 0,
-           counter_errors: int = 0, note: str | None = None) -> None:
+def record(
+    scenario: str,
+    *,
+    trials: int = 0,
+    keys_lost: int = 0,
+    max_replay: int = 0,
+    counter_errors: int = 0,
+    note: str | None = None,
+) -> None:
     """Add a test's figures to its scenario's line (several tests may share one scenario).
     Tests call this *before* asserting, so a failing run still shows what it measured."""
     with _LOCK:
@@ -68,17 +83,36 @@ def record(scenario: str, *, trials: int = 0, keys_lost: int = 0, max_replay: in
 
 def summary_lines() -> list[str]:
     head = ["scenario", "trials", "keys lost", "max replay (chunks)", "counter errors", "notes"]
-    rows = [[r.scenario, str(r.trials), str(r.keys_lost), str(r.max_replay), str(r.counter_errors),
-             "; ".join(r.notes)] for r in sorted(RESULTS.values(), key=lambda r: r.scenario)]
-    return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|",
-            *("| " + " | ".join(row) + " |" for row in rows)]
+    rows = [
+        [
+            r.scenario,
+            str(r.trials),
+            str(r.keys_lost),
+            str(r.max_replay),
+            str(r.counter_errors),
+            "; ".join(r.notes),
+        ]
+        for r in sorted(RESULTS.values(), key=lambda r: r.scenario)
+    ]
+    return [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
 
 
 # --------------------------------------------------------------------------- worker processes
 
 _CTX: Any = None
-_PRELOAD = ["airflow_keyset_provider.core", "airflow_keyset_provider.core.traversal", "sqlalchemy",
-            "sqlalchemy.dialects.postgresql.psycopg2", "psycopg2", "psycopg2.extras", "redis"]
+_PRELOAD = [
+    "airflow_keyset_provider.core",
+    "airflow_keyset_provider.core.traversal",
+    "sqlalchemy",
+    "sqlalchemy.dialects.postgresql.psycopg2",
+    "psycopg2",
+    "psycopg2.extras",
+    "redis",
+]
 
 
 def _context() -> Any:
@@ -104,7 +138,9 @@ class Worker:
         import reliability_workers
 
         self.spec = spec
-        self.process = _context().Process(target=reliability_workers.run_worker, args=(spec,), daemon=True)
+        self.process = _context().Process(
+            target=reliability_workers.run_worker, args=(spec,), daemon=True
+        )
         self.process.start()
         self.pid: int = self.process.pid
         self.killed = False
@@ -119,7 +155,9 @@ class Worker:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(5)
-            raise AssertionError(f"worker {self.spec['worker']} (pid {self.pid}) hung for {timeout} s")
+            raise AssertionError(
+                f"worker {self.spec['worker']} (pid {self.pid}) hung for {timeout} s"
+            )
         return self.process.exitcode
 
     @property
@@ -149,7 +187,9 @@ def encoded_keys(engine: sa.Engine, table: str, key: str | Sequence[str]) -> lis
     """Every key of ``table``, encoded (so it compares like cursors), in order."""
     cols = [key] if isinstance(key, str) else list(key)
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(f"SELECT {', '.join(cols)} FROM {table} ORDER BY {', '.join(cols)}"))
+        rows = conn.execute(
+            sa.text(f"SELECT {', '.join(cols)} FROM {table} ORDER BY {', '.join(cols)}")
+        )
         return [encode_key(tuple(r)) for r in rows]
 
 
@@ -166,8 +206,13 @@ class EffectRow:
 
 def effects(engine: sa.Engine, round_id: str) -> list[EffectRow]:
     with engine.connect() as conn:
-        rows = conn.execute(sa.text("SELECT id, k, range_id, pid, worker, batch, ok FROM effects "
-                                    "WHERE round_id = :r ORDER BY id"), {"r": round_id})
+        rows = conn.execute(
+            sa.text(
+                "SELECT id, k, range_id, pid, worker, batch, ok FROM effects "
+                "WHERE round_id = :r ORDER BY id"
+            ),
+            {"r": round_id},
+        )
         return [EffectRow(*r) for r in rows]
 
 
@@ -221,8 +266,14 @@ class CursorWatcher(threading.Thread):
     Independent of the engine's own checks: it reads the Redis hashes directly, every few ms.
     """
 
-    def __init__(self, redis_url: str, store: CursorStore, round_id: str, n_ranges: int,
-                 interval: float = 0.003) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        store: CursorStore,
+        round_id: str,
+        n_ranges: int,
+        interval: float = 0.003,
+    ) -> None:
         super().__init__(daemon=True, name=f"cursor-watcher-{round_id}")
         self.client = redis.Redis.from_url(redis_url)
         self.keys = [store.range_key(round_id, i) for i in range(n_ranges)]
@@ -274,8 +325,14 @@ class Coverage:
     outside: list[str]
 
 
-def check_round(engine: sa.Engine, store: CursorStore, round_id: str, keys: Sequence[str],
-                expect_dead: Iterable[str] = (), expect_skipped: Iterable[str] = ()) -> Coverage:
+def check_round(
+    engine: sa.Engine,
+    store: CursorStore,
+    round_id: str,
+    keys: Sequence[str],
+    expect_dead: Iterable[str] = (),
+    expect_skipped: Iterable[str] = (),
+) -> Coverage:
     """Compare a finished round with the source keys it covers and the effects record.
 
     ``keys``: the encoded keys the source held in the round (static during the round).
@@ -303,20 +360,26 @@ def check_round(engine: sa.Engine, store: CursorStore, round_id: str, keys: Sequ
         if wrong_range:
             errors.append(f"range {i}: {len(wrong_range)} key(s) processed outside (lo, hi]")
         if rng["cursor"] != hi or rng["state"] != "complete":
-            errors.append(f"range {i}: cursor {rng['cursor']} state {rng['state']}, expected hi {hi} complete")
+            errors.append(
+                f"range {i}: cursor {rng['cursor']} state {rng['state']}, expected hi {hi} complete"
+            )
         d, s, x = int(rng["done"]), int(rng["skipped"]), int(rng["dead"])
         exp_dead = len([k for k in inside if k in dead])
         exp_skipped = len([k for k in inside if k in skipped and k not in dead])
         if d + s + x != len(inside):
             errors.append(f"range {i}: done {d} + skipped {s} + dead {x} != {len(inside)} keys")
         if d != len(processed - dead - skipped):
-            errors.append(f"range {i}: done {d} != {len(processed - dead - skipped)} distinct keys processed")
+            errors.append(
+                f"range {i}: done {d} != {len(processed - dead - skipped)} distinct keys processed"
+            )
         if x != exp_dead or s != exp_skipped:
             errors.append(f"range {i}: dead {x} skipped {s}, expected {exp_dead} and {exp_skipped}")
     return Coverage(lost, errors, outside)
 
 
-def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.005, what: str = "condition") -> None:
+def wait_for(
+    predicate: Any, timeout: float = 30.0, interval: float = 0.005, what: str = "condition"
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -350,8 +413,14 @@ class Tally:
         self.failures.append(message)
 
     def record(self, scenario: str, note: str | None = None) -> None:
-        record(scenario, trials=self.trials, keys_lost=self.lost, max_replay=self.max_replay,
-               counter_errors=self.counter_errors, note=note)
+        record(
+            scenario,
+            trials=self.trials,
+            keys_lost=self.lost,
+            max_replay=self.max_replay,
+            counter_errors=self.counter_errors,
+            note=note,
+        )
 
     def verdict(self, seed: int | None = None) -> str:
         head = f"seed {seed}: " if seed is not None else ""

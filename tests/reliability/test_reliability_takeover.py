@@ -45,16 +45,6 @@ def _server_ms(t: KeysetTraversal) -> int:
 
 
 @dataclass
-class Ctx:
-    engine: sa.Engine
-    url: str
-    redis_url: str
-    prefix: str
-    tmp_path: Path
-    keys: list[str]
-
-
-@dataclass
 class Waiter:
     """Worker B: another lineage, in this process, waiting in its claim loop while A lives.
     Records every claim attempt (status, Redis time in ms, lease ms left) and every sleep."""
@@ -74,7 +64,9 @@ class Waiter:
             if isinstance(res, tuple):
                 self.attempts.append(("held", _server_ms(self.t), res[1]))
             else:
-                self.attempts.append(("ok", int(self.t.store.client.hget(self.range_key, "claimed_ms") or 0), None))
+                self.attempts.append(
+                    ("ok", int(self.t.store.client.hget(self.range_key, "claimed_ms") or 0), None)
+                )
             return res
 
         self.t.store.claim = claim  # type: ignore[method-assign]
@@ -82,30 +74,73 @@ class Waiter:
     def run(self, round_id: str, lineage: str, lease: int, engine: sa.Engine) -> None:
         proc = rw.EffectsProcessor(engine, {"key": "id", "worker": "B"}, rw.CrashPlan(None))
         try:
-            self.outcome["result"] = self.t.traverse(round_id, 0, proc, chunk_size=10, lease_seconds=lease,
-                                                     owner_lineage=lineage, claim_timeout=60)
+            self.outcome["result"] = self.t.traverse(
+                round_id,
+                0,
+                proc,
+                chunk_size=10,
+                lease_seconds=lease,
+                owner_lineage=lineage,
+                claim_timeout=60,
+            )
         except Exception as exc:
             self.outcome["error"] = exc
 
 
-def _takeover_trial(ctx: Ctx, trial: int, rng: random.Random, tally: rs.Tally) -> tuple[float, float, int] | None:
-    """Returns (seconds from A's death to B's claim, seconds from A's lease expiry to B's claim, lease)."""
+def _takeover_trial(
+    ctx: rs.TrialContext, trial: int, rng: random.Random, tally: rs.Tally
+) -> tuple[float, float, int] | None:
+    """Returns (seconds from A's death to B's claim, seconds from A's lease expiry to B's claim,
+    lease)."""
     with ctx.engine.begin() as c:
         c.execute(sa.text("TRUNCATE effects"))
     lease = rng.choice([1, 2]) if rs.LONG else 1
     stream = f"takeover-{trial}"
-    t = KeysetTraversal(ctx.url, table="items", key="id", redis_url=ctx.redis_url, stream=stream,
-                        key_prefix=ctx.prefix)
+    t = KeysetTraversal(
+        ctx.url,
+        table="items",
+        key="id",
+        redis_url=ctx.redis_url,
+        stream=stream,
+        key_prefix=ctx.prefix,
+    )
     rnd = t.plan(max_ranges=1)
     rkey = t.store.range_key(rnd.round_id, 0)
-    a = rs.Worker({"db_url": ctx.url, "redis_url": ctx.redis_url, "key_prefix": ctx.prefix, "stream": stream,
-                   "table": "items", "key": "id", "round_id": rnd.round_id, "range_id": 0, "chunk_size": 10,
-                   "lease_seconds": lease, "worker": "A", "lineage": f"A{trial}", "sleep_per_chunk": 0.1,
-                   "result_path": str(ctx.tmp_path / f"A{trial}.json")})
-    rs.wait_for(lambda: t.range_status(rnd.round_id)[0]["owner"].startswith(f"A{trial}#"), what="A's claim")
-    b = Waiter(KeysetTraversal(ctx.url, table="items", key="id", redis_url=ctx.redis_url, stream=stream,
-                               key_prefix=ctx.prefix), rkey)
-    runner = threading.Thread(target=b.run, args=(rnd.round_id, f"B{trial}", lease, ctx.engine), daemon=True)
+    a = rs.Worker(
+        {
+            "db_url": ctx.url,
+            "redis_url": ctx.redis_url,
+            "key_prefix": ctx.prefix,
+            "stream": stream,
+            "table": "items",
+            "key": "id",
+            "round_id": rnd.round_id,
+            "range_id": 0,
+            "chunk_size": 10,
+            "lease_seconds": lease,
+            "worker": "A",
+            "lineage": f"A{trial}",
+            "sleep_per_chunk": 0.1,
+            "result_path": str(ctx.tmp_path / f"A{trial}.json"),
+        }
+    )
+    rs.wait_for(
+        lambda: t.range_status(rnd.round_id)[0]["owner"].startswith(f"A{trial}#"), what="A's claim"
+    )
+    b = Waiter(
+        KeysetTraversal(
+            ctx.url,
+            table="items",
+            key="id",
+            redis_url=ctx.redis_url,
+            stream=stream,
+            key_prefix=ctx.prefix,
+        ),
+        rkey,
+    )
+    runner = threading.Thread(
+        target=b.run, args=(rnd.round_id, f"B{trial}", lease, ctx.engine), daemon=True
+    )
     runner.start()
     rs.wait_for(lambda: len(b.attempts) >= 1, what="B's first claim attempt")
     time.sleep(rng.uniform(0.0, 0.4))
@@ -131,32 +166,47 @@ def _takeover_trial(ctx: Ctx, trial: int, rng: random.Random, tally: rs.Tally) -
     elif a.crashed and owner_at_death.startswith(f"A{trial}#"):
         claimed_ms = oks[0][1]
         if claimed_ms < lease_until:
-            tally.fail(f"trial {trial}: B claimed at {claimed_ms}, before A's lease ran out at {lease_until}")
+            tally.fail(
+                f"trial {trial}: B claimed at {claimed_ms}, before A's lease ran out at "
+                f"{lease_until}"
+            )
         figures = ((claimed_ms - killed_ms) / 1000, (claimed_ms - lease_until) / 1000, lease)
     # the claim loop never sleeps past the remaining lease + 50 ms
     helds = [x[2] for x in b.attempts if x[0] == "held"]
     for ms_left, slept in zip(helds, b.t._stop.waits, strict=False):
         if slept > ms_left / 1000 + 0.05 + 1e-6:
-            tally.fail(f"trial {trial}: the claim loop slept {slept:.3f} s with {ms_left} ms of lease left")
+            tally.fail(
+                f"trial {trial}: the claim loop slept {slept:.3f} s with {ms_left} ms of lease left"
+            )
     report = rs.replay_report(rs.effects(ctx.engine, rnd.round_id))
     tally.replay(report.max_batches)
     if report.max_batches > 1 or report.duplicates > 10:
         tally.fail(f"trial {trial}: replay {report.per_worker}, {report.duplicates} duplicate keys")
-    tally.check(f"trial {trial}", rs.check_round(ctx.engine, t.store, rnd.round_id, ctx.keys), watcher)
+    tally.check(
+        f"trial {trial}", rs.check_round(ctx.engine, t.store, rnd.round_id, ctx.keys), watcher
+    )
     t.close()
     b.t.close()
     return figures
 
 
-def test_dead_owner_is_taken_over_after_its_lease(pg_engine: sa.Engine, pg_schema_url: str, redis_url: str,
-                                                  key_prefix: str, tmp_path: Path) -> None:
+def test_dead_owner_is_taken_over_after_its_lease(
+    pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     with pg_engine.begin() as c:
         c.execute(sa.text("CREATE TABLE items (id bigint PRIMARY KEY, payload text NOT NULL)"))
         c.execute(sa.text("INSERT INTO items SELECT g, 'p' FROM generate_series(1, 300) g"))
     rs.create_effects_table(pg_engine)
-    ctx = Ctx(pg_engine, pg_schema_url, redis_url, key_prefix, tmp_path, rs.encoded_keys(pg_engine, "items", "id"))
+    ctx = rs.TrialContext(
+        pg_engine,
+        pg_schema_url,
+        redis_url,
+        key_prefix,
+        tmp_path,
+        rs.encoded_keys(pg_engine, "items", "id"),
+    )
     tally = rs.Tally()
     delays: list[float] = []  # from A's SIGKILL to B's claim
     lags: list[float] = []  # from A's lease expiry to B's claim
@@ -171,9 +221,12 @@ def test_dead_owner_is_taken_over_after_its_lease(pg_engine: sa.Engine, pg_schem
             break
     note = "no takeover measured"
     if delays:
-        note = (f"takeover after SIGKILL: median {statistics.median(delays):.2f} s, max {max(delays):.2f} s "
-                f"(lease {'1-2' if rs.LONG else '1'} s), claimed at most {max(lags) * 1000:.0f} ms after the lease "
-                f"ran out; {within}/{len(delays)} within lease + one heartbeat interval")
+        note = (
+            f"takeover after SIGKILL: median {statistics.median(delays):.2f} s, "
+            f"max {max(delays):.2f} s (lease {'1-2' if rs.LONG else '1'} s), claimed at most "
+            f"{max(lags) * 1000:.0f} ms after the lease ran out; {within}/{len(delays)} within "
+            "lease + one heartbeat interval"
+        )
     tally.record("3 lease expiry takeover", note=note)
     assert not tally.failures, tally.verdict(seed)
     assert delays

@@ -1,0 +1,154 @@
+"""``TraverseOptions``: every setting of one ``KeysetTraversal.traverse`` call, checked once.
+
+Adding a setting means adding one documented field here (and reading it where it is used in
+``range_run.py``); ``traverse``, ``TraverseRangeOperator`` and ``run_processor`` accept it by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigurationError
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraverseOptions:
+    """How one range is traversed. Keyword-only, so two numbers can never be swapped by position;
+    every field is validated when the object is built, and a refusal names the field."""
+
+    chunk_size: int = 1000
+    """Rows per chunk handed to the processor (positive integer). Also the replay bound after a
+    crash: at most one chunk (or one group, see ``group_commit_chunks``) is delivered again."""
+
+    lease_seconds: float = 60
+    """How long a claim on the range lives without a heartbeat (at least 1); heartbeats renew it
+    every third of it, so a worker that stops beating loses the range after this long."""
+
+    max_chunk_attempts: int = 5
+    """Consecutive failures of one chunk (dependency failures: the cursor stays) before
+    ``DependencyFailedError`` is raised (positive integer)."""
+
+    max_item_attempts: int = 3
+    """Attempts of one failed item before it is dead-lettered and counted as dead (positive
+    integer)."""
+
+    owner_lineage: str = ""
+    """Names the logical worker (e.g. an Airflow task instance). A new attempt of the same lineage
+    takes the range over at once and fences the old one; ``""`` is anonymous."""
+
+    claim_timeout: float | None = None
+    """Seconds to wait while another live owner holds the range before ``LeaseHeldError``
+    (non-negative; None: three leases)."""
+
+    backoff_base: float = 0.5
+    """Seconds before retrying a failed chunk; doubles with each consecutive failure, jittered to
+    50-100 % (non-negative)."""
+
+    backoff_max: float = 30.0
+    """Upper bound of that backoff and of the wait between item retry passes (non-negative)."""
+
+    item_retry_delay: float = 0.5
+    """Seconds before the first retry pass over failed items; doubles with the items' attempts, up
+    to ``backoff_max`` (non-negative)."""
+
+    outage_failure_ratio: float = 0.5
+    """When more than this fraction of a chunk's items (and at least two) fail, it is a dependency
+    outage, not bad items: the chunk is retried and nothing is dead-lettered (non-negative; above
+    1 turns the check off)."""
+
+    prefetch: bool = True
+    """Read the next chunk while the processor works on this one (one more chunk in memory)."""
+
+    log_every_seconds: float = 30.0
+    """At most one progress line (cursor, counters, rows/s, ETA) this often (non-negative)."""
+
+    dead_cap: int = 1000
+    """Dead letters kept per range for inspection and replay; the ``dead`` counter stays exact
+    beyond it (non-negative integer)."""
+
+    group_commit_chunks: int = 1
+    """Commit the cursor once per this many chunks instead of once per chunk (positive integer; 1
+    is off). Saves a Redis round trip per chunk; the replay bound after a crash widens from one
+    chunk to one group. A group is always committed before stopping, backing off or retrying
+    items."""
+
+    group_commit_seconds: float | None = None
+    """Also commit once the group is this old (non-negative; None: off). With
+    ``group_commit_chunks`` left at 1, groups are cut by time only."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "chunk_size",
+            "max_chunk_attempts",
+            "max_item_attempts",
+            "group_commit_chunks",
+        ):
+            _check_integer(name, getattr(self, name))
+        _check_integer("dead_cap", self.dead_cap, allow_zero=True)
+        _check_number("lease_seconds", self.lease_seconds)
+        if self.lease_seconds < 1:
+            raise ConfigurationError(
+                "lease_seconds must be at least 1 (heartbeats renew it every third), "
+                f"got {self.lease_seconds!r}"
+            )
+        for name in (
+            "backoff_base",
+            "backoff_max",
+            "item_retry_delay",
+            "outage_failure_ratio",
+            "log_every_seconds",
+        ):
+            _check_number(name, getattr(self, name), allow_zero=True)
+        for name in ("claim_timeout", "group_commit_seconds"):
+            if getattr(self, name) is not None:
+                _check_number(name, getattr(self, name), allow_zero=True)
+        if not isinstance(self.owner_lineage, str):
+            raise ConfigurationError(f"owner_lineage must be a string, got {self.owner_lineage!r}")
+        if not isinstance(self.prefetch, bool):
+            raise ConfigurationError(f"prefetch must be True or False, got {self.prefetch!r}")
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.lease_seconds * 1000)
+
+    @property
+    def claim_timeout_seconds(self) -> float:
+        """``claim_timeout``, or three leases when it is None."""
+        return self.claim_timeout if self.claim_timeout is not None else 3 * self.lease_seconds
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> TraverseOptions:
+        """Options from keyword arguments, refusing an unknown name with a ``ConfigurationError``
+        that lists the known ones (a constructor would raise ``TypeError``)."""
+        unknown = sorted(set(kwargs) - OPTION_NAMES)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown traverse option(s) {', '.join(unknown)}; "
+                f"known: {', '.join(sorted(OPTION_NAMES))}"
+            )
+        return cls(**kwargs)
+
+
+#: The field names of ``TraverseOptions``.
+OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(TraverseOptions))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_number(name: str, value: Any, *, allow_zero: bool = False) -> None:
+    if not (_is_number(value) and (value >= 0 if allow_zero else value > 0)):
+        kind = "non-negative" if allow_zero else "positive"
+        raise ConfigurationError(f"{name} must be a {kind} number, got {value!r}")
+
+
+def _check_integer(name: str, value: Any, *, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        kind = "non-negative" if allow_zero else "positive"
+        raise ConfigurationError(f"{name} must be a {kind} integer, got {value!r}")
+
+
+__all__ = ["OPTION_NAMES", "TraverseOptions"]
