@@ -17,18 +17,13 @@ it is due. Everything here keeps the engine's contract:
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import random
-import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-import redis
+from typing import TYPE_CHECKING, Any
 
 from .chunk import Chunk, ChunkResult, Processor
 from .errors import (
@@ -44,44 +39,14 @@ from .errors import (
 )
 from .keys import as_tuple, display_key, encode_key
 from .options import TraverseOptions
+from .run_state import Group, Heartbeat, ProgressLog, RangeResult, RangeState, Verdict
 from .source import release
-from .store import Claim, CursorStore
+from .store import Claim
 
 if TYPE_CHECKING:
     from .traversal import KeysetTraversal
 
 log = logging.getLogger("airflow_keyset_provider")
-
-
-@dataclass(frozen=True)
-class RangeResult:
-    """Counters of one range (cumulative over every attempt) after a ``traverse`` call."""
-
-    round_id: str
-    range_id: int
-    done: int
-    skipped: int
-    dead: int
-    complete: bool
-    cursor: str
-    rows_read: int = 0  # rows read by this call (including replays)
-    chunks: int = 0  # chunks committed by this call
-    stopped: bool = False  # a stop was requested and honoured
-    takeover: bool = False
-    seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "round_id": self.round_id,
-            "range_id": self.range_id,
-            "done": self.done,
-            "skipped": self.skipped,
-            "dead": self.dead,
-            "complete": self.complete,
-            "rows_read": self.rows_read,
-            "chunks": self.chunks,
-            "seconds": round(self.seconds, 3),
-        }
 
 
 def run_range(
@@ -220,135 +185,6 @@ def _log_claim(
         )
 
 
-class Heartbeat(threading.Thread):
-    """Renews the lease every third of it. If the store says the token no longer owns the range,
-    ``lost`` is set and the loop stops before its next side effect."""
-
-    def __init__(
-        self, store: CursorStore, round_id: str, range_id: int, token: str, lease_ms: int
-    ) -> None:
-        super().__init__(name=f"keyset-heartbeat-{round_id}-{range_id}", daemon=True)
-        self.store, self.round_id, self.range_id = store, round_id, range_id
-        self.token, self.lease_ms = token, lease_ms
-        self.lost = threading.Event()
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.wait(self.lease_ms / 3000):
-            try:
-                if not self.store.heartbeat(
-                    self.round_id, self.range_id, self.token, self.lease_ms
-                ):
-                    log.error(
-                        "round %s range %d: lease lost (another worker owns the range); stopping",
-                        self.round_id,
-                        self.range_id,
-                    )
-                    self.lost.set()
-                    return
-            except (
-                KeysetError,
-                redis.RedisError,
-            ) as exc:  # keep trying; the fence protects the cursor
-                log.warning(
-                    "round %s range %d: heartbeat failed: %s", self.round_id, self.range_id, exc
-                )
-
-    def stop(self) -> None:
-        self._halt.set()
-
-
-@dataclass
-class RangeState:
-    """The range as last committed (cursor and cumulative counters)."""
-
-    cursor: str
-    done: int
-    skipped: int
-    dead: int
-    retries: int
-    complete: bool = False
-    stopped: bool = False
-
-
-@dataclass
-class _Group:
-    """Outcomes of processed chunks not yet committed (group commit)."""
-
-    chunks: int = 0
-    done: int = 0
-    skipped: int = 0
-    failed: list[tuple[str, str]] = field(default_factory=list)
-    since: float = field(default_factory=time.monotonic)
-
-    def add(self, done: int, skipped: int, failed: Iterable[tuple[str, str]]) -> None:
-        if not self.chunks:
-            self.since = time.monotonic()
-        self.chunks += 1
-        self.done += done
-        self.skipped += skipped
-        self.failed.extend(failed)
-
-    def reset(self) -> None:
-        self.chunks = self.done = self.skipped = 0
-        self.failed = []
-
-
-@dataclass
-class _Progress:
-    """Throttled progress lines: what a person needs at 3 a.m."""
-
-    round_id: str
-    range_id: int
-    hi_label: str
-    arity: int
-    every_seconds: float
-    estimate: int | None
-    started: float = field(default_factory=time.monotonic)
-    last: float = field(default_factory=time.monotonic)
-    rows: int = 0
-
-    def tick(self, n: int, cursor: str, state: RangeState, force: bool = False) -> None:
-        self.rows += n
-        now = time.monotonic()
-        if not force and now - self.last < self.every_seconds:
-            return
-        self.last = now
-        elapsed = max(now - self.started, 1e-9)
-        rate = self.rows / elapsed
-        log.info(
-            "round %s range %d: cursor %s of %s; done %d, skipped %d, dead %d, retry %d; "
-            "%d rows in %.1f s (%.0f rows/s%s)",
-            self.round_id,
-            self.range_id,
-            display_key(cursor, self.arity),
-            self.hi_label,
-            state.done,
-            state.skipped,
-            state.dead,
-            state.retries,
-            self.rows,
-            elapsed,
-            rate,
-            self._eta(rate, force),
-        )
-
-    def _eta(self, rate: float, force: bool) -> str:
-        if self.estimate and rate > 0 and self.rows < self.estimate:
-            return f", ETA {dt.timedelta(seconds=int((self.estimate - self.rows) / rate))}"
-        if self.estimate is not None and self.rows >= self.estimate and not force:
-            return ", ETA unknown (more rows than the planner estimated; ANALYZE the table)"
-        return ""
-
-
-class _Verdict(NamedTuple):
-    """A processed chunk: its last key and the processor's verdict (encoded keys)."""
-
-    last: str
-    failed: dict[str, str]
-    skipped: list[str]
-
-
 class RangeRun:
     """One claimed range, from its cursor to ``hi``, then the item-retry passes."""
 
@@ -375,12 +211,12 @@ class RangeRun:
         # catches up at every flush. With group commit off (the default) they never differ
         # between chunks, so a crash replays at most one chunk; with it, at most one group.
         self.read = claim.cursor
-        self.group = _Group()
+        self.group = Group()
         self.attempt = 0  # consecutive failures of the chunk in hand
         self.pool: ThreadPoolExecutor | None = None
         self.pending: Future[Sequence[tuple]] | None = None  # the prefetched next chunk
         hi_label = display_key(hi, self.arity)
-        self.progress = _Progress(
+        self.progress = ProgressLog(
             round_id, range_id, hi_label, self.arity, options.log_every_seconds, self._estimate()
         )
 
@@ -457,7 +293,7 @@ class RangeRun:
             self._backoff(self.attempt, "reading the chunk", exc)
             return None
 
-    def _process(self, rows: Sequence[tuple]) -> _Verdict | None:
+    def _process(self, rows: Sequence[tuple]) -> Verdict | None:
         """Hand the rows to the processor; None after a dependency failure (backed off)."""
         self.rows_read += len(rows)
         last = encode_key(tuple(rows[-1][: self.arity]))
@@ -493,7 +329,7 @@ class RangeRun:
                 self._backoff(self.attempt, "the processor", exc)
             return None
         self.attempt = 0
-        return _Verdict(last, failed, skipped)
+        return Verdict(last, failed, skipped)
 
     def _check_chunk_outage(self, failed: dict[str, str], n_rows: int) -> None:
         ratio = self.o.outage_failure_ratio
@@ -504,7 +340,7 @@ class RangeRun:
                 f"(first: {next(iter(failed.values()))})"
             )
 
-    def _add_to_group(self, rows: Sequence[tuple], verdict: _Verdict) -> None:
+    def _add_to_group(self, rows: Sequence[tuple], verdict: Verdict) -> None:
         for enc, reason in verdict.failed.items():
             log.warning(
                 "round %s range %d: item %s failed: %s",

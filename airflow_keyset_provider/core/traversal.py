@@ -38,7 +38,8 @@ from .metrics import Metrics, NullMetrics
 from .mirror import CheckpointMirror
 from .options import TraverseOptions
 from .planner import MAX_MAP_LENGTH, split
-from .range_run import RangeResult, run_range
+from .range_run import run_range
+from .run_state import RangeResult
 from .source import SqlSource
 from .status import RangeStatus, RoundState
 from .store import CursorStore

@@ -1,0 +1,183 @@
+"""The pieces a range run is made of: its result, its heartbeat, its committed state, the group
+of processed chunks not yet committed, and its progress log lines.
+
+``RangeRun`` (``range_run.py``) owns the loop; these hold no policy of their own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import redis
+
+from .errors import KeysetError
+from .keys import display_key
+from .store import CursorStore
+
+log = logging.getLogger("airflow_keyset_provider")
+
+
+@dataclass(frozen=True)
+class RangeResult:
+    """Counters of one range (cumulative over every attempt) after a ``traverse`` call."""
+
+    round_id: str
+    range_id: int
+    done: int
+    skipped: int
+    dead: int
+    complete: bool
+    cursor: str
+    rows_read: int = 0  # rows read by this call (including replays)
+    chunks: int = 0  # chunks committed by this call
+    stopped: bool = False  # a stop was requested and honoured
+    takeover: bool = False
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "round_id": self.round_id,
+            "range_id": self.range_id,
+            "done": self.done,
+            "skipped": self.skipped,
+            "dead": self.dead,
+            "complete": self.complete,
+            "rows_read": self.rows_read,
+            "chunks": self.chunks,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+class Heartbeat(threading.Thread):
+    """Renews the lease every third of it. If the store says the token no longer owns the range,
+    ``lost`` is set and the loop stops before its next side effect."""
+
+    def __init__(
+        self, store: CursorStore, round_id: str, range_id: int, token: str, lease_ms: int
+    ) -> None:
+        super().__init__(name=f"keyset-heartbeat-{round_id}-{range_id}", daemon=True)
+        self.store, self.round_id, self.range_id = store, round_id, range_id
+        self.token, self.lease_ms = token, lease_ms
+        self.lost = threading.Event()
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(self.lease_ms / 3000):
+            try:
+                if not self.store.heartbeat(
+                    self.round_id, self.range_id, self.token, self.lease_ms
+                ):
+                    log.error(
+                        "round %s range %d: lease lost (another worker owns the range); stopping",
+                        self.round_id,
+                        self.range_id,
+                    )
+                    self.lost.set()
+                    return
+            except (
+                KeysetError,
+                redis.RedisError,
+            ) as exc:  # keep trying; the fence protects the cursor
+                log.warning(
+                    "round %s range %d: heartbeat failed: %s", self.round_id, self.range_id, exc
+                )
+
+    def stop(self) -> None:
+        self._halt.set()
+
+
+@dataclass
+class RangeState:
+    """The range as last committed (cursor and cumulative counters)."""
+
+    cursor: str
+    done: int
+    skipped: int
+    dead: int
+    retries: int
+    complete: bool = False
+    stopped: bool = False
+
+
+@dataclass
+class Group:
+    """Outcomes of processed chunks not yet committed (group commit)."""
+
+    chunks: int = 0
+    done: int = 0
+    skipped: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    since: float = field(default_factory=time.monotonic)
+
+    def add(self, done: int, skipped: int, failed: Iterable[tuple[str, str]]) -> None:
+        if not self.chunks:
+            self.since = time.monotonic()
+        self.chunks += 1
+        self.done += done
+        self.skipped += skipped
+        self.failed.extend(failed)
+
+    def reset(self) -> None:
+        self.chunks = self.done = self.skipped = 0
+        self.failed = []
+
+
+@dataclass
+class ProgressLog:
+    """Throttled progress lines: what a person needs at 3 a.m."""
+
+    round_id: str
+    range_id: int
+    hi_label: str
+    arity: int
+    every_seconds: float
+    estimate: int | None
+    started: float = field(default_factory=time.monotonic)
+    last: float = field(default_factory=time.monotonic)
+    rows: int = 0
+
+    def tick(self, n: int, cursor: str, state: RangeState, force: bool = False) -> None:
+        self.rows += n
+        now = time.monotonic()
+        if not force and now - self.last < self.every_seconds:
+            return
+        self.last = now
+        elapsed = max(now - self.started, 1e-9)
+        rate = self.rows / elapsed
+        log.info(
+            "round %s range %d: cursor %s of %s; done %d, skipped %d, dead %d, retry %d; "
+            "%d rows in %.1f s (%.0f rows/s%s)",
+            self.round_id,
+            self.range_id,
+            display_key(cursor, self.arity),
+            self.hi_label,
+            state.done,
+            state.skipped,
+            state.dead,
+            state.retries,
+            self.rows,
+            elapsed,
+            rate,
+            self._eta(rate, force),
+        )
+
+    def _eta(self, rate: float, force: bool) -> str:
+        if self.estimate and rate > 0 and self.rows < self.estimate:
+            return f", ETA {dt.timedelta(seconds=int((self.estimate - self.rows) / rate))}"
+        if self.estimate is not None and self.rows >= self.estimate and not force:
+            return ", ETA unknown (more rows than the planner estimated; ANALYZE the table)"
+        return ""
+
+
+class Verdict(NamedTuple):
+    """A processed chunk: its last key and the processor's verdict (encoded keys)."""
+
+    last: str
+    failed: dict[str, str]
+    skipped: list[str]
