@@ -27,6 +27,10 @@ Tables are ``sqlalchemy.Table`` objects or names (``"name"`` or ``"schema.name"`
 per engine and name. Identifiers are quoted by SQLAlchemy and every value is a bound parameter.
 Supported databases: PostgreSQL (psycopg2, psycopg 3) and SQLite >= 3.35 (``RETURNING``).
 
+One module on purpose: the four helpers (guarded update, per-row update, idempotent upsert, SKIP
+LOCKED claim) are one concept, "write a batch back and say what happened to each key", and share
+the reflection cache, the outcome type and the row-by-row isolation of a failing batch.
+
 Example, in a processor::
 
     def cancel_expired(chunk: Chunk) -> ChunkResult:
