@@ -457,3 +457,13 @@ def delete_prefix(redis_url: str, prefix: str) -> None:
             client.delete(*batch)
     finally:
         client.close()
+
+
+def skip_or_fail(reason: str) -> None:
+    """An optional server or tool this test needs is missing: skip with ``reason`` printed, except
+    under ``KEYSET_REQUIRE_SERVICES=1`` (CI), where every test must run and the run fails."""
+    import pytest
+
+    if _flag(os.environ, ENV_REQUIRE):
+        pytest.fail(f"{reason} ({ENV_REQUIRE}=1: this test must run)")
+    pytest.skip(reason)

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections import Counter
 
+import _services
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
@@ -364,7 +365,11 @@ def test_mysql_dialect_is_refused_at_plan(redis_url, key_prefix, redis_client):
     pytest.importorskip("pymysql", reason="pymysql is in the test extra")
     url = "mysql+pymysql://root@127.0.0.1:3306/test"
     table = f"kt_{uuid.uuid4().hex[:8]}"
-    eng = sa.create_engine(url, poolclass=NullPool)
+    eng = sa.create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 3})
+    try:
+        eng.connect().close()
+    except sa.exc.OperationalError as exc:
+        _services.skip_or_fail(f"MariaDB/MySQL is not reachable at 127.0.0.1:3306 ({exc.orig})")
     with eng.begin() as c:
         c.exec_driver_sql(f"CREATE TABLE {table} (seq bigint PRIMARY KEY)")
         c.exec_driver_sql(f"INSERT INTO {table} VALUES (1), (2)")
