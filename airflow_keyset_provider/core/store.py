@@ -369,16 +369,19 @@ class CursorStore(StoreReads):
 
     def _eviction_policies(self) -> list[str]:
         """The maxmemory-policy of each server (each primary of a cluster) that answered."""
-        out: list[str] = []
+        # every primary of a cluster (each may be configured differently), else the one server
+        where: dict[str, Any] = {}
+        if isinstance(self.client, redis.cluster.RedisCluster):
+            where = {"target_nodes": redis.cluster.RedisCluster.PRIMARIES}
+        client: Any = self.client
         try:
-            got = self.client.config_get("maxmemory-policy")
-            out = _policy_values(got, "maxmemory-policy")
+            out = _policy_values(client.config_get("maxmemory-policy", **where), "maxmemory-policy")
         except redis.ResponseError:
             out = []
         if out:
             return out
         try:
-            info = self.client.info("memory")
+            info = client.info("memory", **where)
         except redis.ResponseError:
             return []
         return _policy_values(info, "maxmemory_policy")

@@ -79,9 +79,11 @@ class KeysetHook(BaseHook):
 
     :param source_conn_id: a ``postgres`` or ``sqlite`` connection (the traversed table's database).
         Not needed for round-level operations (``control``).
-    :param redis_conn_id: a ``redis`` connection (the cursor store).
-    :param checkpoint_conn_id: optional ``postgres``/``sqlite`` connection of the durable checkpoint
-        mirror (see ``core.mirror``): with it, a round that Redis loses is restored with bounded replay.
+    :param redis_conn_id: a ``redis`` connection (the cursor store); its extra
+        ``{"cluster": true}`` selects Redis Cluster.
+    :param checkpoint_conn_id: optional ``postgres``/``sqlite`` connection of the durable
+        checkpoint mirror (see ``core.mirror``): with it, a round that Redis loses is restored with
+        bounded replay.
     """
 
     hook_name = "Keyset traversal"
@@ -116,11 +118,16 @@ class KeysetHook(BaseHook):
         return make_engine(self.source_url())  # type: ignore[arg-type]
 
     def redis_client(self) -> redis.Redis:
-        """The Redis client of ``redis_conn_id`` (via ``RedisHook``), with socket timeouts."""
+        """The Redis client of ``redis_conn_id`` (via ``RedisHook``), with socket timeouts.
+
+        A connection whose extra sets ``{"cluster": true}`` gives a ``redis.cluster.RedisCluster``
+        (``RedisHook`` builds it; every stream's keys share one hash slot, so the engine's scripts
+        run unchanged; its node connections keep redis-py's cluster socket timeouts)."""
         _conn_type(self.redis_conn_id, "Redis (cursor store)", STORE_CONN_TYPES)
         from airflow.providers.redis.hooks.redis import RedisHook
 
         client = RedisHook(redis_conn_id=self.redis_conn_id).get_conn()
+        # a RedisCluster has no single pool: its node clients come with redis-py's own timeouts
         pool_kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
         if isinstance(pool_kwargs, dict):
             for name, value in _REDIS_SOCKET_DEFAULTS.items():
