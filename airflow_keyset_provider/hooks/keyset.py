@@ -152,7 +152,19 @@ class KeysetHook(BaseHook):
         key_prefix: str = "ks",
         **kwargs: Any,
     ) -> KeysetTraversal:
-        """A ``KeysetTraversal`` over ``table`` of the source connection, cursors in Redis."""
+        """A ``KeysetTraversal`` over ``table`` of the source connection, cursors in Redis.
+
+        The Redis connection's extra ``{"allow_unverified_eviction_policy": true}`` lets a plan
+        go ahead on a server whose ``maxmemory-policy`` cannot be read (CONFIG and INFO refused);
+        an ``allkeys-*`` policy is refused either way."""
+        if "allow_unverified_eviction_policy" not in kwargs:
+            extra = self.get_connection(self.redis_conn_id).extra_dejson
+            allow = extra.get("allow_unverified_eviction_policy", False)
+            kwargs["allow_unverified_eviction_policy"] = allow is True or str(allow).lower() in {
+                "true",
+                "1",
+                "yes",
+            }
         return KeysetTraversal(
             self.source_url(),
             table=table,
