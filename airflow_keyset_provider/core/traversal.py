@@ -341,7 +341,7 @@ class KeysetTraversal:
         At-least-once and fenced like any traversal: the letters go back to the range's retry set
         (refused with ``LeaseHeldError`` while a live owner holds the range), then a normal
         ``traverse`` claims the range and processes them; items that fail again are dead-lettered
-        again. The cursor is not moved. Only letters still in the capped list can be replayed.
+        again. The cursor is not moved. Every letter is kept, so every one can be replayed.
         """
         info = self.store.round_info(round_id)
         ids = range(int(info["n_ranges"])) if range_id is None else [range_id]

@@ -8,6 +8,7 @@ never on the shared one.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,15 @@ from airflow_keyset_provider.core import (
 )
 from airflow_keyset_provider.core.mirror import CheckpointMirror
 from airflow_keyset_provider.core.store import CursorStore
+
+
+TROUBLESHOOTING = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
+
+
+def _quoted(message: str, phrase: str) -> None:
+    """The phrase is in the real message and quoted verbatim in docs/troubleshooting.md."""
+    assert phrase in message
+    assert phrase in TROUBLESHOOTING.read_text(), f"troubleshooting.md does not quote {phrase!r}"
 
 
 @pytest.fixture
@@ -55,8 +65,10 @@ def test_plan_refuses_a_server_that_may_evict_any_key(server, pg_engine, pg_sche
     t = traversal(pg_schema_url, url, "kst")
     with pytest.raises(EvictionPolicyError, match=policy) as err:
         t.plan(max_ranges=2)
-    assert "CONFIG SET maxmemory-policy noeviction" in str(err.value)
-    assert "dedicated Redis" in str(err.value)
+    _quoted(str(err.value).replace(policy, "allkeys-lru"),
+            "the Redis server's maxmemory-policy is allkeys-lru, which may evict any key, including "
+            "the stream's cursors and dead letters. Set `CONFIG SET maxmemory-policy noeviction` "
+            "(and in redis.conf), or give the cursor store a dedicated Redis. Nothing was written.")
     assert redis.Redis.from_url(url).dbsize() == 0, "a refused plan writes nothing"
     t.close()
 
@@ -100,6 +112,8 @@ def test_unreadable_policy_is_refused_unless_explicitly_allowed(server, pg_engin
     with pytest.raises(EvictionPolicyError, match="could not read") as err:
         t.plan()
     assert "allow_unverified_eviction_policy=True" in str(err.value)
+    _quoted(str(err.value), "could not read the Redis server's maxmemory-policy (CONFIG GET and "
+            "INFO memory were both refused)")
     t.close()
     t = traversal(pg_schema_url, url, "kst", allow_unverified_eviction_policy=True)
     assert t.plan().round_id == "r1"
@@ -136,8 +150,11 @@ def test_lost_retry_hash_never_closes_short(pg_engine, pg_schema_url, redis_url,
     t = traversal(pg_schema_url, redis_url, key_prefix)
     rnd = t.plan(max_ranges=1)
     proc = _evict_once(redis_client, t.store.retry_key(rnd.round_id, 0), 51)
-    with pytest.raises(RoundStateLostError, match="lost"):
+    with pytest.raises(RoundStateLostError, match="lost") as err:
         t.traverse(rnd.round_id, 0, proc, chunk_size=10, item_retry_delay=0)
+    _quoted(str(err.value), "lost state in Redis (its range hash, retry hash or dead list is "
+            "missing or does not match the counts it keeps: flushed, evicted or deleted); nothing "
+            "was committed.")
     with pytest.raises(RoundStateLostError):
         t.close_round(rnd.round_id)
     with pytest.raises(RoundStateLostError):
@@ -226,7 +243,8 @@ def test_dead_letters_past_the_cap_are_never_dropped(pg_engine, pg_schema_url, r
     opts = {"chunk_size": 300, "max_item_attempts": 1, "item_retry_delay": 0}
     with pytest.raises(DeadLetterCapError, match="dead_cap=1000") as err:
         t.traverse(rid, 0, poison, **opts)
-    assert "nothing of it was committed" in str(err.value)
+    _quoted(str(err.value), "dead letter(s) and this step would add 100, more than dead_cap=1000. "
+            "Dead letters are never dropped, so nothing of it was committed")
     rng = t.store.range(rid, 0)
     assert int(rng["dead"]) == 1000 == len(t.dead_letters(rid, 0, limit=10**6))
     assert t.decode(rng["cursor"]) == 3000  # ten chunks committed, the eleventh refused
