@@ -27,7 +27,6 @@ from airflow_keyset_provider.core import (
 from airflow_keyset_provider.core.mirror import CheckpointMirror
 from airflow_keyset_provider.core.store import CursorStore
 
-
 TROUBLESHOOTING = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
 
 
@@ -66,8 +65,9 @@ def test_plan_refuses_a_server_that_may_evict_any_key(server, pg_engine, pg_sche
     with pytest.raises(EvictionPolicyError, match=policy) as err:
         t.plan(max_ranges=2)
     _quoted(str(err.value).replace(policy, "allkeys-lru"),
-            "the Redis server's maxmemory-policy is allkeys-lru, which may evict any key, including "
-            "the stream's cursors and dead letters. Set `CONFIG SET maxmemory-policy noeviction` "
+            "the Redis server's maxmemory-policy is allkeys-lru, which may evict any key, "
+            "including the stream's cursors and dead letters. Set `CONFIG SET maxmemory-policy "
+            "noeviction` "
             "(and in redis.conf), or give the cursor store a dedicated Redis. Nothing was written.")
     assert redis.Redis.from_url(url).dbsize() == 0, "a refused plan writes nothing"
     t.close()
