@@ -220,7 +220,7 @@ def cmd_dead_letters(args: argparse.Namespace, out: TextIO) -> int:
     con.print(t)
     note = f"{len(letters)} shown, {counted} dead in total"
     if counted > len(letters):
-        note += f" (each range keeps its newest dead letters up to dead_cap; --limit {args.limit} per range)"
+        note += f" (--limit {args.limit} per range; raise it to list them all)"
     con.print(note)
     return EXIT_OK
 

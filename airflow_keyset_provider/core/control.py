@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import (
     ConfigurationError,
@@ -28,6 +29,7 @@ from .store_reads import stream_names
 
 log = logging.getLogger("airflow_keyset_provider")
 
+T = TypeVar("T")
 
 
 
@@ -105,11 +107,17 @@ class StreamControl:
         info, ranges = doc
         if self.store.restore_round(info, ranges):
             arity = self._arity(info)
+            log.warning(
+                "round %s of stream %s: Redis lost (part of) its state; restored from the "
+                "checkpoint mirror",
+                round_id,
+                self.stream,
+            )
             for r in ranges:
                 log.warning(
-                    "round %s range %s restored from the checkpoint mirror after Redis lost it: cursor %s, "
-                    "done %s, skipped %s, dead %s, %d retry, state %s; keys committed after that cursor are "
-                    "delivered again (at-least-once)",
+                    "round %s range %s as the checkpoint mirror holds it: cursor %s, done %s, "
+                    "skipped %s, dead %s, %d retry, state %s; a range rebuilt from it delivers the "
+                    "keys committed after that cursor again (at-least-once)",
                     round_id,
                     r["range_id"],
                     display_key(r["cursor"], arity),
@@ -120,6 +128,17 @@ class StreamControl:
                     r["state"],
                 )
         return True
+
+    def restoring(self, round_id: str, read: Callable[[], T]) -> T:
+        """``read()``; if Redis lost (part of) the round, restore it from the checkpoint mirror
+        and ``read()`` again. The one path the barrier's check and the close share: without a
+        mirror, or when the mirror never saw the round, ``RoundStateLostError`` is raised."""
+        try:
+            return read()
+        except RoundStateLostError:
+            if not self.restore(round_id):
+                raise
+        return read()
 
     def recover_stream(self) -> None:
         """If Redis lost the stream (no round counter) but the mirror knows it, put back the
@@ -155,7 +174,10 @@ class StreamControl:
                 hi=decode_user_key(r["hi"], arity),
                 lo_encoded=r["lo"],
                 hi_encoded=r["hi"],
-                label=f"range {r['range_id']} ({display_key(r['lo'], arity)}, {display_key(r['hi'], arity)}]",
+                label=(
+                    f"range {r['range_id']} ({display_key(r['lo'], arity)}, "
+                    f"{display_key(r['hi'], arity)}]"
+                ),
             )
             for r in ranges
         ]
@@ -220,9 +242,10 @@ class StreamControl:
         typo, or a Redis that lost everything)."""
         if not self.store.has_state():
             raise StreamNotFoundError(
-                f"stream {self.stream!r} has no state under key prefix {self.store.stream_prefix!r}: "
-                "check the stream name and --key-prefix (list streams with `airflow-keyset status`). "
-                "If the name is right, Redis lost the stream's state (flushed, evicted or restarted "
+                f"stream {self.stream!r} has no state under key prefix "
+                f"{self.store.stream_prefix!r}: check the stream name and --key-prefix (list "
+                "streams with `airflow-keyset status`). If the name is right, Redis lost the "
+                "stream's state (flushed, evicted or restarted "
                 "without persistence)."
             )
 
@@ -259,6 +282,12 @@ class StreamControl:
             return int(time.time() * 1000)
 
     def check_round(self, round_id: str) -> RoundCheck:
+        """A read-only look at the round (the barrier polls it). A round Redis lost, wholly or in
+        part, is restored from the checkpoint mirror first, exactly as ``close_round`` does;
+        without a mirror that loss raises ``RoundStateLostError``."""
+        return self.restoring(round_id, lambda: self._check_round(round_id))
+
+    def _check_round(self, round_id: str) -> RoundCheck:
         info = self.store.round_info(round_id)
         if info["state"] == RoundState.CLOSED:
             return RoundCheck(round_id, RoundState.CLOSED, True, [])
@@ -274,12 +303,7 @@ class StreamControl:
         move the watermark forward. Idempotent. Raises ``RoundIncompleteError`` (with the lagging
         ranges) otherwise, ``RetentionError`` for an unrecoverable round and
         ``RoundStateLostError`` if Redis lost the round (and no mirror could restore it)."""
-        try:
-            res = self.store.close_round(round_id)
-        except RoundStateLostError:
-            if not self.restore(round_id):
-                raise
-            res = self.store.close_round(round_id)
+        res = self.restoring(round_id, lambda: self.store.close_round(round_id))
         info = self.store.round_info(round_id)
         arity = self._arity(info)
         start, end = decode_user_key(info["start"], arity), decode_user_key(info["end"], arity)

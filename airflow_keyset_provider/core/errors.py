@@ -91,3 +91,14 @@ class DependencyFailedError(KeysetError):
 class RetentionError(KeysetError):
     """The source no longer retains rows the round still has to read (it was truncated past a
     range's cursor). The round is unrecoverable; it is never reported complete."""
+
+
+class DeadLetterCapError(KeysetError):
+    """A range would hold more dead letters than its ``dead_cap``. Letters are never trimmed, so
+    the advance that would pass the cap was refused and nothing of it was committed: the cursor
+    and counters stay, every letter so far stays listable and replayable."""
+
+
+class EvictionPolicyError(ConfigurationError):
+    """The Redis server may evict the stream's keys (``maxmemory-policy`` ``allkeys-*``), or its
+    policy could not be read. The plan was refused; nothing was written."""

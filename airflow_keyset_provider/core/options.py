@@ -65,8 +65,9 @@ class TraverseOptions:
     """At most one progress line (cursor, counters, rows/s, ETA) this often (non-negative)."""
 
     dead_cap: int = 1000
-    """Dead letters kept per range for inspection and replay; the ``dead`` counter stays exact
-    beyond it (non-negative integer)."""
+    """The most dead letters a range may hold (non-negative integer). Letters are never dropped:
+    the advance that would pass the cap is refused, nothing of it committed, and the range raises
+    ``DeadLetterCapError``; fix the cause and replay, or raise the cap."""
 
     group_commit_chunks: int = 1
     """Commit the cursor once per this many chunks instead of once per chunk (positive integer; 1

@@ -15,9 +15,19 @@ Key layout (``P`` is the key prefix, ``ks`` by default; ``S`` the stream)::
     P:{S}:ahead                     hash    closed rounds above a gap: round id -> "start|end"
     P:{S}:round:R                   hash    start, end, n_ranges, state, chained, source, totals
     P:{S}:round:R:range:I           hash    lo, hi, cursor, owner, lineage, epoch, lease_until,
-                                            heartbeat_ms, done, skipped, dead, state, takeovers
+                                            heartbeat_ms, done, skipped, dead, retries, state,
+                                            takeovers
     P:{S}:round:R:retry:I           hash    encoded key -> "attempts|last error"   (sparse)
-    P:{S}:round:R:dead:I            list    JSON dead letters, newest first, capped (sparse)
+    P:{S}:round:R:dead:I            list    JSON dead letters, newest first, never trimmed (sparse)
+
+No key has a TTL (nothing here calls EXPIRE or SET with EX/PX), so a ``volatile-*`` eviction
+policy never evicts them; ``allkeys-*`` could, and ``check_eviction_policy`` refuses it.
+
+Partial loss is detected, not only total loss: each range hash keeps ``retries`` (= HLEN of its
+retry hash) and ``dead`` (= LLEN of its dead list), changed in the same script as what they
+count, and every script that reads a range (claim, advance, requeue, close, the status read)
+checks both. A piece lost on its own reads as lost (``RoundStateLostError``), which the mirror
+restores (only the pieces that are not intact) or the caller reports; never as complete.
     P:{S}:events                    channel "R:I:complete" (a hint to wake a barrier, never truth)
 
 Why owner tokens (the timeline ``redis.lock`` taught us)::
@@ -36,7 +46,10 @@ Leases are measured on the Redis server's clock (``TIME``), never on a worker's.
 State changes that are *not* a Lua script, and why each is still safe::
 
     create_round       INCR seq before the script: a single atomic command; an id the script
-                       then does not use is burnt, never reused
+                       then does not use is burnt, never reused. If the counter was lost, the
+                       script refuses an id whose round or range hash exists ('taken'); the
+                       counter is then raised past every round of the stream (SCAN) and the
+                       next id is tried: a live round is never overwritten
     lookup             HSETNX by_key: a single atomic command (the request joins the open
                        chained round, first writer wins)
     restore_watermark  SET NX watermark, init_round_counter SET NX seq: single atomic commands
@@ -55,14 +68,19 @@ The states written here (``open``/``closed``/``unrecoverable`` for rounds, ``pen
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import redis
+import redis.cluster
 
 from .errors import (
+    ConfigurationError,
     CursorConflictError,
+    DeadLetterCapError,
+    EvictionPolicyError,
     LeaseHeldError,
     LeaseLostError,
     RoundStateLostError,
@@ -78,11 +96,30 @@ from .store_scripts import (
     DELETE_ROUND,
     HEARTBEAT,
     MARK_UNRECOVERABLE,
+    RAISE_COUNTER,
     REFRESH_TOTALS,
     RELEASE,
     REQUEUE_DEAD,
     RESTORE_ROUND,
 )
+
+log = logging.getLogger("airflow_keyset_provider")
+
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+
+
+def connect_redis(url: str) -> redis.Redis:
+    """A client for ``url``: ``redis://`` / ``rediss://`` / ``unix://`` give one server,
+    ``redis+cluster://host:port`` (``rediss+cluster://`` with TLS) a ``RedisCluster`` that
+    discovers the other nodes from that one. Socket timeouts are set so a hung server fails."""
+    opts: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 30}
+    try:
+        if url.startswith(CLUSTER_SCHEMES):
+            plain = url.replace("+cluster", "", 1)
+            return redis.cluster.RedisCluster.from_url(plain, **opts)  # type: ignore[return-value]
+        return redis.Redis.from_url(url, health_check_interval=30, **opts)
+    except (ValueError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise ConfigurationError(f"redis_url is not valid or not reachable: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -171,9 +208,18 @@ class CursorStore(StoreReads):
     the methods below, never the client.
     """
 
-    def __init__(self, client: redis.Redis, stream: str, prefix: str = "ks") -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        stream: str,
+        prefix: str = "ks",
+        *,
+        allow_unverified_eviction_policy: bool = False,
+    ) -> None:
         super().__init__(client, stream, prefix)
+        self.allow_unverified_eviction_policy = allow_unverified_eviction_policy
         reg = client.register_script
+        self._raise_counter = reg(RAISE_COUNTER)
         self._create = reg(CREATE_ROUND)
         self._claim = reg(CLAIM)
         self._heartbeat = reg(HEARTBEAT)
@@ -204,7 +250,8 @@ class CursorStore(StoreReads):
         return bool(self.client.set(self.watermark_key, watermark, nx=True))
 
     def delete_stream(self) -> int:
-        """Remove every key of this stream (tests, ``reset``). Returns the number of keys removed."""
+        """Remove every key of this stream (tests, ``reset``); SCAN visits every primary of a
+        cluster. Returns the number of keys removed."""
         n = 0
         for k in self.client.scan_iter(match=f"{self.base}:*", count=500):
             n += int(self.client.delete(k))
@@ -238,22 +285,106 @@ class CursorStore(StoreReads):
     ) -> tuple[str, bool]:
         """Save a new round atomically; returns ``(round_id, created)``. If the idempotency key or
         the stream's open chained round already has a round, returns that one unchanged."""
-        round_id = f"r{int(self.client.incr(self.seq_key))}"
-        keys = [self.round_key(round_id), self.open_key, self.chained_key, self.by_key_key]
-        keys += [self.range_key(round_id, i) for i in range(len(bounds))]
-        args: list[Any] = [
-            round_id,
-            idempotency_key or "",
-            "1" if chained else "0",
-            start,
-            end,
-            source,
-            arity,
-        ]
-        for lo, hi in bounds:
-            args += [lo, hi]
-        status, rid = self._call(self._create, keys, args)
-        return _s(rid), _s(status) == "created"
+        for _ in range(3):
+            round_id = f"r{int(self.client.incr(self.seq_key))}"
+            keys = [self.round_key(round_id), self.open_key, self.chained_key, self.by_key_key]
+            keys += [self.range_key(round_id, i) for i in range(len(bounds))]
+            args: list[Any] = [
+                round_id,
+                idempotency_key or "",
+                "1" if chained else "0",
+                start,
+                end,
+                source,
+                arity,
+            ]
+            for lo, hi in bounds:
+                args += [lo, hi]
+            res = self._call(self._create, keys, args)
+            if _s(res[0]) != "taken":
+                return _s(res[1]), _s(res[0]) == "created"
+            top = self.highest_round_number()
+            log.warning(
+                "stream %s: round id %s is in use although the round counter handed it out "
+                "(the counter was lost); nothing was overwritten, the counter moves to %d",
+                self.stream,
+                round_id,
+                top,
+            )
+            self._call(self._raise_counter, [self.seq_key], [top])
+        raise RoundStateLostError(
+            f"stream {self.stream!r}: the round counter keeps handing out ids that are in use; "
+            "nothing was written. Another client may be resetting it: check what writes "
+            f"{self.seq_key!r}."
+        )
+
+    def highest_round_number(self) -> int:
+        """The highest round number with a key in Redis (SCAN over the stream's round keys, on
+        every primary of a cluster); 0 if none."""
+        head = f"{self.base}:round:r"
+        top = 0
+        for k in self.client.scan_iter(match=_glob_escape(head) + "*", count=1000):
+            rest = _s(k)[len(head) :]
+            number = rest.split(":", 1)[0]
+            if number.isdigit():
+                top = max(top, int(number))
+        return top
+
+    # ---- the server ------------------------------------------------------------------------
+    def check_eviction_policy(self) -> str:
+        """Refuse a Redis server that may evict the stream's keys; returns the policy.
+
+        ``noeviction`` and ``volatile-*`` are accepted (no key of the stream has a TTL, so a
+        ``volatile-*`` policy never picks one); ``allkeys-*`` raises ``EvictionPolicyError``. The
+        policy is read with ``CONFIG GET maxmemory-policy``, else (managed Redis often refuses
+        CONFIG) from ``INFO memory``; when neither answers the plan is refused too, unless the
+        store was opened with ``allow_unverified_eviction_policy=True``. On a cluster every
+        primary is checked.
+        """
+        policies = self._eviction_policies()
+        if not policies:
+            if self.allow_unverified_eviction_policy:
+                log.warning(
+                    "stream %s: the Redis maxmemory-policy could not be read (CONFIG and INFO "
+                    "refused); planning anyway because allow_unverified_eviction_policy is set",
+                    self.stream,
+                )
+                return "unverified"
+            raise EvictionPolicyError(
+                f"stream {self.stream!r}: could not read the Redis server's maxmemory-policy "
+                "(CONFIG GET and INFO memory were both refused), so it is unknown whether Redis "
+                "may evict the stream's cursors. Run it on a server whose policy is noeviction "
+                "(or volatile-*), or, if you know it is, pass "
+                "allow_unverified_eviction_policy=True. Nothing was written."
+            )
+        bad = sorted({p for p in policies if not _policy_keeps_keys(p)})
+        if bad:
+            raise EvictionPolicyError(
+                f"stream {self.stream!r}: the Redis server's maxmemory-policy is "
+                f"{', '.join(bad)}, which may evict any key, including the stream's cursors "
+                "and dead letters. Set `CONFIG SET maxmemory-policy noeviction` (and in "
+                "redis.conf), or give the cursor store a dedicated Redis. Nothing was written."
+            )
+        return ", ".join(sorted(set(policies)))
+
+    def _eviction_policies(self) -> list[str]:
+        """The maxmemory-policy of each server (each primary of a cluster) that answered."""
+        # every primary of a cluster (each may be configured differently), else the one server
+        where: dict[str, Any] = {}
+        if isinstance(self.client, redis.cluster.RedisCluster):
+            where = {"target_nodes": redis.cluster.RedisCluster.PRIMARIES}
+        client: Any = self.client
+        try:
+            out = _policy_values(client.config_get("maxmemory-policy", **where), "maxmemory-policy")
+        except redis.ResponseError:
+            out = []
+        if out:
+            return out
+        try:
+            info = client.info("memory", **where)
+        except redis.ResponseError:
+            return []
+        return _policy_values(info, "maxmemory_policy")
 
     # ---- one range -------------------------------------------------------------------------
     def claim(
@@ -263,8 +394,7 @@ class CursorStore(StoreReads):
         live owner holds the range (nothing written)."""
         keys = [
             self.round_key(round_id),
-            self.range_key(round_id, range_id),
-            self.retry_key(round_id, range_id),
+            *self._range_keys(round_id, range_id),
         ]
         res = self._call(self._claim, keys, [token, lineage, lease_ms])
         status = _s(res[0])
@@ -349,6 +479,16 @@ class CursorStore(StoreReads):
                 int(res[5]),
                 _s(res[6]) == RangeState.COMPLETE,
             )
+        if status == "dead_cap":
+            raise DeadLetterCapError(
+                f"{self._where(round_id, range_id)} holds {_s(res[1])} dead letter(s) and this "
+                f"step would add {_s(res[2])}, more than dead_cap={_s(res[3])}. Dead letters are "
+                "never dropped, so nothing of it was committed (the cursor stays at "
+                f"{expected!r}). "
+                f"List them with dead_letters({round_id!r}, {range_id}) (CLI: airflow-keyset "
+                "dead-letters), fix the processor or the data and replay_dead_letters, or raise "
+                "dead_cap and run the range again."
+            )
         raise _advance_refused(self._where(round_id, range_id), status, res, expected, new)
 
     def release(self, round_id: str, range_id: int, token: str) -> bool:
@@ -374,7 +514,9 @@ class CursorStore(StoreReads):
         return int(res[1])
 
     def restore_round(self, info: dict[str, str], ranges: list[dict[str, Any]]) -> bool:
-        """Write a mirrored round back if Redis has no trace of it. Returns True if restored."""
+        """Write a mirrored round back: all of it when Redis lost its hash, else only the ranges
+        that are not intact (intact state is never overwritten). Returns True if anything was
+        written."""
         round_id = info["id"]
         keys = [
             self.round_key(round_id),
@@ -392,7 +534,8 @@ class CursorStore(StoreReads):
             for r in ranges
         ]
         # cjson turns an empty {} into an array, harmless here: pairs() over it does nothing
-        return bool(self._call(self._restore, keys, [json.dumps(info), *docs]))
+        whole, rewritten = self._call(self._restore, keys, [json.dumps(info), *docs])
+        return bool(int(whole) or int(rewritten))
 
     def refresh_totals(self, round_id: str) -> None:
         """Recompute a round's totals from its ranges in one step (after a dead-letter replay)."""
@@ -406,7 +549,8 @@ class CursorStore(StoreReads):
     # ---- closing ---------------------------------------------------------------------------
     def close_round(self, round_id: str) -> CloseResult:
         """``Closed`` (now, or before: idempotent), else ``Incomplete`` / ``Gap`` /
-        ``Unrecoverable`` with nothing written; raises ``RoundStateLostError`` when state is missing."""
+        ``Unrecoverable`` with nothing written; raises ``RoundStateLostError`` when state is
+        missing or a range is not intact."""
         info = self.round_info(round_id)
         keys = [
             self.round_key(round_id),
@@ -415,7 +559,8 @@ class CursorStore(StoreReads):
             self.chained_key,
             self.ahead_key,
         ]
-        keys += [self.range_key(round_id, i) for i in range(int(info["n_ranges"]))]
+        for i in range(int(info["n_ranges"])):
+            keys += self._range_keys(round_id, i)
         res = self._call(self._close, keys, [])
         status, values = _s(res[0]), [_s(x) for x in res[1:]]
         if status == "lost":
@@ -451,7 +596,11 @@ def _advance_refused(
 ) -> Exception:
     """The error for a refused ``ADVANCE`` (nothing was written)."""
     if status == "lost":
-        return RoundStateLostError(f"{where} has no state in Redis; nothing was committed")
+        return RoundStateLostError(
+            f"{where} lost state in Redis (its range hash, retry hash or dead list is missing or "
+            "does not match the counts it keeps: flushed, evicted or deleted); nothing was "
+            "committed. Restore it from the checkpoint mirror or re-plan the round."
+        )
     if status == "not_owner":
         return LeaseLostError(
             f"{where} is now owned by {_s(res[1]) or 'nobody'}; this worker "
@@ -468,3 +617,27 @@ def _advance_refused(
             f"{where}: advance from {expected!r} to {new!r} moves backwards; refused"
         )
     return CursorConflictError(f"{where}: advance to {new!r} passes hi {_s(res[1])!r}; refused")
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis glob pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _policy_keeps_keys(policy: str) -> bool:
+    """True when the policy never evicts a key without a TTL (the stream's keys have none)."""
+    return policy == "noeviction" or policy.startswith("volatile-")
+
+
+def _policy_values(reply: Any, name: str) -> list[str]:
+    """The policy values in a CONFIG GET / INFO reply: one server's dict, or a cluster's dict of
+    node -> dict (redis-py merges or keeps per node depending on the command)."""
+    if not isinstance(reply, dict):
+        return []
+    if name in reply or name.encode() in reply:
+        v = reply.get(name, reply.get(name.encode()))
+        return [_s(v)] if v not in (None, "", b"") else []
+    out: list[str] = []
+    for sub in reply.values():
+        out += _policy_values(sub, name)
+    return out

@@ -20,6 +20,7 @@ from .errors import (
     RoundStateLostError,
     StoreUnavailableError,
 )
+from .store_scripts import SNAPSHOT_RANGES
 
 _STREAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-:]{1,64}$")
@@ -27,6 +28,11 @@ _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-:]{1,64}$")
 
 def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    """A flat HGETALL reply from a script (``[k1, v1, k2, v2, ...]``) as a dict."""
+    return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 def stream_names(client: redis.Redis, prefix: str) -> list[str]:
@@ -58,6 +64,7 @@ class StoreReads:
         self.stream = stream
         self.key_prefix = prefix
         self.base = f"{prefix}:{{{stream}}}"
+        self._snapshot = client.register_script(SNAPSHOT_RANGES)
 
     @property
     def stream_prefix(self) -> str:
@@ -170,31 +177,44 @@ class StoreReads:
         number = round_id[1:] if round_id.startswith("r") else ""
         if seq is None or (number.isdigit() and int(number) <= seq):
             return RoundStateLostError(
-                f"round {round_id} of stream {self.stream!r} has no state in Redis (flushed, evicted "
-                "or restarted without persistence). Nothing was read as complete. Re-plan the round "
-                "or restore it from its checkpoint mirror (see docs/reliability.md)."
+                f"round {round_id} of stream {self.stream!r} has no state in Redis (flushed, "
+                "evicted or restarted without persistence). Nothing was read as complete. Re-plan "
+                "the round or restore it from its checkpoint mirror (see docs/reliability.md)."
             )
         return RoundNotFoundError(f"stream {self.stream!r} has no round {round_id!r}")
 
     def ranges(self, round_id: str, n_ranges: int | None = None) -> list[dict[str, str]]:
-        """Every range hash of the round (with ``range_id`` and ``retries`` added), one pipeline."""
+        """Every range hash of the round (with ``range_id`` and ``retries`` added), in one atomic
+        read. Raises ``RoundStateLostError`` when a range is not intact (its hash, retry hash or
+        dead list lost: the counts it keeps disagree with what they count)."""
         if n_ranges is None:
             n_ranges = int(self.round_info(round_id)["n_ranges"])
-        pipe = self.client.pipeline(transaction=False)
+        keys: list[str] = []
         for i in range(n_ranges):
-            pipe.hgetall(self.range_key(round_id, i))
-            pipe.hlen(self.retry_key(round_id, i))
-        out = pipe.execute()
+            keys += self._range_keys(round_id, i)
+        out = self._snapshot(keys=keys, args=["0"]) if keys else []
         result = []
-        for i in range(n_ranges):
-            raw, retries = out[2 * i], out[2 * i + 1]
-            if not raw:
-                raise RoundStateLostError(f"{self._where(round_id, i)} has no state in Redis")
-            d = {_s(k): _s(v) for k, v in raw.items()}
+        for i, (raw, retries, dead) in enumerate(out):
+            d = self._intact(round_id, i, _pairs(raw), int(retries), int(dead))
             d["range_id"] = str(i)
             d["retries"] = str(retries)
             result.append(d)
         return result
+
+    def _intact(
+        self, round_id: str, range_id: int, d: dict[str, str], retries: int, dead: int
+    ) -> dict[str, str]:
+        """``d`` when the range is intact (the same check as the scripts' ``intact``)."""
+        if not d:
+            raise RoundStateLostError(f"{self._where(round_id, range_id)} has no state in Redis")
+        if "retries" in d and (int(d["retries"]) != retries or int(d["dead"]) != dead):
+            raise RoundStateLostError(
+                f"{self._where(round_id, range_id)} lost part of its state in Redis: it counts "
+                f"{d['retries']} pending retries and {d['dead']} dead letters but holds {retries} "
+                f"and {dead} (evicted or deleted). Nothing was read as complete; restore it from "
+                "the checkpoint mirror or re-plan the round."
+            )
+        return d
 
     def range(self, round_id: str, range_id: int) -> dict[str, str]:
         """One range's hash (a single read, whatever the number of ranges)."""
@@ -221,18 +241,18 @@ class StoreReads:
         return out
 
     def snapshot_range(self, round_id: str, range_id: int) -> dict[str, Any]:
-        """One consistent (MULTI) read of a range, its retries and dead letters, for the mirror."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(self.range_key(round_id, range_id))
-        pipe.hgetall(self.retry_key(round_id, range_id))
-        pipe.lrange(self.dead_key(round_id, range_id), 0, -1)
-        raw, retry, dead = pipe.execute()
-        if not raw:
-            raise RoundStateLostError(f"{self._where(round_id, range_id)} has no state")
-        doc: dict[str, Any] = {_s(k): _s(v) for k, v in raw.items()}
+        """One atomic read (a script) of a range, its retries and dead letters, for the mirror;
+        ``RoundStateLostError`` when the range is not intact."""
+        ((raw, retry, dead),) = self._snapshot(
+            keys=self._range_keys(round_id, range_id), args=["1"]
+        )
+        retry_map = _pairs(retry)
+        doc: dict[str, Any] = self._intact(
+            round_id, range_id, _pairs(raw), len(retry_map), len(dead)
+        )
         doc.update(
             range_id=str(range_id),
-            retry={_s(k): _s(v) for k, v in retry.items()},
+            retry=retry_map,
             dead_letters=[_s(x) for x in dead],
         )
         for name in ("epoch", "takeovers", "chunks"):
@@ -240,5 +260,7 @@ class StoreReads:
         return doc
 
     def dead_letters(self, round_id: str, range_id: int, limit: int = 100) -> list[dict[str, Any]]:
+        """Up to ``limit`` dead letters, newest first (the list is never trimmed: ``dead`` letters
+        are all here)."""
         raw = self.client.lrange(self.dead_key(round_id, range_id), 0, limit - 1)
         return [json.loads(_s(x)) for x in raw]

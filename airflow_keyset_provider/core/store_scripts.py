@@ -14,6 +14,20 @@ from __future__ import annotations
 
 _NOW = "local t = redis.call('TIME'); local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
 
+# A range is intact when its hash exists and the counts it keeps beside what they count agree:
+# ``retries`` = HLEN of its retry hash, ``dead`` = LLEN of its dead list (every script that
+# changes one changes the other in the same step). A piece evicted or deleted on its own (one
+# retry hash, one dead list) breaks the equality and reads as lost, never as "nothing left".
+# A range written before the counts were kept (no ``retries`` field) is checked for existence only.
+_INTACT = """
+local function intact(range, retry, dead)
+  if redis.call('EXISTS', range) == 0 then return false end
+  local c = redis.call('HMGET', range, 'retries', 'dead')
+  if not c[1] then return true end
+  return tonumber(c[1]) == redis.call('HLEN', retry) and tonumber(c[2]) == redis.call('LLEN', dead)
+end
+"""
+
 CREATE_ROUND = (
     """
 -- Create a round and its ranges, or return the round that already answers this request.
@@ -23,7 +37,9 @@ CREATE_ROUND = (
 -- ARGV[4] start  ARGV[5] end  ARGV[6] source fingerprint  ARGV[7] key arity
 -- ARGV[8..] lo, hi per range
 -- Returns {'existing', id} when the idempotency key or the open chained round already has a
--- round (nothing written), else {'created', id}.
+-- round (nothing written), {'taken'} when a round or range hash of this id already exists (the
+-- round counter was lost and handed out a used id: nothing written, the caller re-derives the
+-- counter), else {'created', id}.
 """
     + _NOW
     + """
@@ -39,6 +55,11 @@ if ARGV[3] == '1' then
   end
 end
 local n = #KEYS - 4
+for i = 1, n + 1 do
+  local k = KEYS[1]
+  if i > 1 then k = KEYS[3 + i] end
+  if redis.call('EXISTS', k) == 1 then return {'taken'} end
+end
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'state', 'open', 'chained', ARGV[3],
   'start', ARGV[4], 'end', ARGV[5], 'source', ARGV[6], 'arity', ARGV[7],
   'n_ranges', n, 'round_key', ARGV[2], 'created_ms', now)
@@ -48,7 +69,7 @@ for i = 1, n do
   if lo == hi then state = 'complete' end
   redis.call('HSET', KEYS[4 + i], 'lo', lo, 'hi', hi, 'cursor', lo, 'state', state,
     'owner', '', 'lineage', '', 'epoch', 0, 'lease_until', 0, 'heartbeat_ms', 0,
-    'done', 0, 'skipped', 0, 'dead', 0, 'takeovers', 0, 'chunks', 0)
+    'done', 0, 'skipped', 0, 'dead', 0, 'takeovers', 0, 'chunks', 0, 'retries', 0)
 end
 redis.call('SADD', KEYS[2], ARGV[1])
 if ARGV[3] == '1' then redis.call('SET', KEYS[3], ARGV[1]) end
@@ -60,16 +81,19 @@ return {'created', ARGV[1]}
 CLAIM = (
     """
 -- Take (or keep) ownership of a range.
--- KEYS[1] round hash  KEYS[2] range hash  KEYS[3] retry hash
+-- KEYS[1] round hash  KEYS[2] range hash  KEYS[3] retry hash  KEYS[4] dead list
 -- ARGV[1] owner token (unique per attempt)  ARGV[2] lineage ('' = none; a new attempt of the
 --         same lineage, e.g. the same Airflow task instance, may take over at once: the old
 --         attempt is fenced by the new token)  ARGV[3] lease ms
--- Returns {'lost'} | {'complete', cursor, done, skipped, dead}
+-- Returns {'lost'} (round missing or range not intact) | {'complete', cursor, done, skipped, dead}
 --       | {'held', owner, ms left} | {'ok', cursor, epoch, done, skipped, dead, takeover, retries}
 """
     + _NOW
+    + _INTACT
     + """
-if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return {'lost'} end
+if redis.call('EXISTS', KEYS[1]) == 0 or not intact(KEYS[2], KEYS[3], KEYS[4]) then
+  return {'lost'}
+end
 local r = redis.call('HMGET', KEYS[2], 'state', 'owner', 'lineage', 'lease_until', 'cursor',
   'done', 'skipped', 'dead', 'epoch')
 if r[1] == 'complete' then return {'complete', r[5], r[6], r[7], r[8]} end
@@ -80,8 +104,9 @@ end
 local takeover = 0
 if r[2] ~= '' and r[2] ~= ARGV[1] then takeover = 1 end
 local epoch = tonumber(r[9]) + 1
-redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'lineage', ARGV[2], 'epoch', epoch, 'state', 'running',
-  'lease_until', now + tonumber(ARGV[3]), 'heartbeat_ms', now, 'claimed_ms', now)
+redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'lineage', ARGV[2], 'epoch', epoch,
+  'state', 'running', 'lease_until', now + tonumber(ARGV[3]), 'heartbeat_ms', now,
+  'claimed_ms', now)
 if takeover == 1 then redis.call('HINCRBY', KEYS[2], 'takeovers', 1) end
 return {'ok', r[5], epoch, r[6], r[7], r[8], takeover, redis.call('HLEN', KEYS[3])}
 """
@@ -108,18 +133,21 @@ ADVANCE = (
 -- dead letters in one step, fenced by the owner token and the expected cursor.
 -- KEYS[1] range hash  KEYS[2] retry hash  KEYS[3] dead list  KEYS[4] events channel
 -- ARGV[1] token  ARGV[2] expected cursor  ARGV[3] new cursor (= expected for a retry pass)
--- ARGV[4] done  ARGV[5] skipped  ARGV[6] lease ms  ARGV[7] max item attempts  ARGV[8] dead cap
+-- ARGV[4] done  ARGV[5] skipped  ARGV[6] lease ms  ARGV[7] max item attempts
+-- ARGV[8] dead cap: the most dead letters the range may hold (letters are never trimmed)
 -- ARGV[9] label for the event ('R:I')  ARGV[10] number of resolved retry keys N
 -- ARGV[11..10+2N] key, outcome ('d' done / 's' skipped) for keys leaving the retry set
 -- then F = count, then F pairs of key, error for items that failed in this pass
--- Refusals change nothing: {'lost'} {'not_owner', owner} {'expired'} {'cursor', actual}
---   {'backwards'} {'past_hi', hi}
+-- Refusals change nothing: {'lost'} (range not intact) {'not_owner', owner} {'expired'}
+--   {'cursor', actual} {'backwards'} {'past_hi', hi}
+--   {'dead_cap', dead now, letters this step would add, cap}
 -- Returns {'ok', cursor, done, skipped, dead, retries, state}.
 """
     + _NOW
+    + _INTACT
     + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
-local r = redis.call('HMGET', KEYS[1], 'owner', 'lease_until', 'cursor', 'hi')
+if not intact(KEYS[1], KEYS[2], KEYS[3]) then return {'lost'} end
+local r = redis.call('HMGET', KEYS[1], 'owner', 'lease_until', 'cursor', 'hi', 'dead')
 if r[1] ~= ARGV[1] then return {'not_owner', r[1]} end
 if tonumber(r[2]) <= now then return {'expired'} end
 if r[3] ~= ARGV[2] then return {'cursor', r[3]} end
@@ -128,32 +156,43 @@ if new < r[3] then return {'backwards'} end
 if new > r[4] then return {'past_hi', r[4]} end
 local done, skipped, dead = tonumber(ARGV[4]), tonumber(ARGV[5]), 0
 local n = tonumber(ARGV[10])
-local i = 11
+local f = tonumber(ARGV[11 + 2 * n])
+local max_attempts = tonumber(ARGV[7])
+-- first the failures' attempts (reads only), so a refusal below writes nothing
+local failures = {}
+local dying = 0
+local i = 12 + 2 * n
+for _ = 1, f do
+  local key, err = ARGV[i], ARGV[i + 1]
+  local prev = redis.call('HGET', KEYS[2], key)
+  local attempts = 1
+  if prev then attempts = tonumber(string.match(prev, '^(%d+)|')) + 1 end
+  if attempts >= max_attempts then dying = dying + 1 end
+  table.insert(failures, {key, err, attempts})
+  i = i + 2
+end
+if dying > 0 and tonumber(r[5]) + dying > tonumber(ARGV[8]) then
+  return {'dead_cap', r[5], dying, ARGV[8]}
+end
+i = 11
 for _ = 1, n do
   if redis.call('HDEL', KEYS[2], ARGV[i]) == 1 then
     if ARGV[i + 1] == 'd' then done = done + 1 else skipped = skipped + 1 end
   end
   i = i + 2
 end
-local f = tonumber(ARGV[i])
-i = i + 1
-local max_attempts = tonumber(ARGV[7])
-for _ = 1, f do
-  local key, err = ARGV[i], ARGV[i + 1]
-  local prev = redis.call('HGET', KEYS[2], key)
-  local attempts = 1
-  if prev then attempts = tonumber(string.match(prev, '^(%d+)|')) + 1 end
-  if attempts >= max_attempts then
-    redis.call('HDEL', KEYS[2], key)
-    redis.call('LPUSH', KEYS[3], cjson.encode({key = key, error = err, attempts = attempts, at_ms = now}))
+for _, x in ipairs(failures) do
+  if x[3] >= max_attempts then
+    redis.call('HDEL', KEYS[2], x[1])
+    local letter = {key = x[1], error = x[2], attempts = x[3], at_ms = now}
+    redis.call('LPUSH', KEYS[3], cjson.encode(letter))
     dead = dead + 1
   else
-    redis.call('HSET', KEYS[2], key, attempts .. '|' .. err)
+    redis.call('HSET', KEYS[2], x[1], x[3] .. '|' .. x[2])
   end
-  i = i + 2
 end
-if dead > 0 then redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[8]) - 1) end
-redis.call('HSET', KEYS[1], 'cursor', new, 'lease_until', now + tonumber(ARGV[6]), 'heartbeat_ms', now)
+redis.call('HSET', KEYS[1], 'cursor', new, 'lease_until', now + tonumber(ARGV[6]),
+  'heartbeat_ms', now)
 local c = redis.call('HMGET', KEYS[1], 'done', 'skipped', 'dead')
 done = tonumber(c[1]) + done
 skipped = tonumber(c[2]) + skipped
@@ -161,6 +200,7 @@ dead = tonumber(c[3]) + dead
 redis.call('HSET', KEYS[1], 'done', done, 'skipped', skipped, 'dead', dead)
 redis.call('HINCRBY', KEYS[1], 'chunks', 1)
 local retries = redis.call('HLEN', KEYS[2])
+redis.call('HSET', KEYS[1], 'retries', retries)
 local state = 'running'
 if new == r[4] and retries == 0 then
   state = 'complete'
@@ -177,11 +217,12 @@ REQUEUE_DEAD = (
 -- traverse processes them again; the range is no longer complete until they reach a terminal
 -- state. Refused while a live owner holds the range.
 -- KEYS[1] range hash  KEYS[2] dead list  KEYS[3] retry hash   ARGV[1] max letters to move
--- Returns {'lost'} | {'held', owner} | {'ok', moved}
+-- Returns {'lost'} (range not intact) | {'held', owner} | {'ok', moved}
 """
     + _NOW
+    + _INTACT
     + """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
+if not intact(KEYS[1], KEYS[3], KEYS[2]) then return {'lost'} end
 local r = redis.call('HMGET', KEYS[1], 'owner', 'lease_until', 'state')
 if r[1] ~= '' and tonumber(r[2]) > now then return {'held', r[1]} end
 local moved = 0
@@ -194,43 +235,67 @@ for _ = 1, tonumber(ARGV[1]) do
 end
 if moved > 0 then
   redis.call('HINCRBY', KEYS[1], 'dead', -moved)
+  redis.call('HSET', KEYS[1], 'retries', redis.call('HLEN', KEYS[3]))
   if r[3] == 'complete' then redis.call('HSET', KEYS[1], 'state', 'pending') end
 end
 return {'ok', moved}
 """
 )
 
-RESTORE_ROUND = """
--- Rebuild a round that Redis lost from its durable mirror, only if it is really gone.
+RESTORE_ROUND = (
+    """
+-- Rebuild what Redis lost of a round from its durable mirror, never overwriting intact state:
+-- the whole round when its hash is gone, else only the ranges that are not intact (a range hash,
+-- retry hash or dead list evicted or deleted on its own); an intact range is left as it is.
 -- KEYS[1] round hash  KEYS[2] open set  KEYS[3] chained id  KEYS[4] by_key hash  KEYS[5] seq
 -- then per range: range hash, retry hash, dead list
 -- ARGV[1] round info (JSON)  ARGV[2..] one JSON document per range (all values strings)
--- Owners are cleared (every old token is fenced out); a range that was running is pending.
--- Returns 1 if restored, 0 if the round exists (nothing written).
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local info = cjson.decode(ARGV[1])
-for k, v in pairs(info) do redis.call('HSET', KEYS[1], k, v) end
-if info.state ~= 'closed' then
-  redis.call('SADD', KEYS[2], info.id)
-  if info.chained == '1' then redis.call('SET', KEYS[3], info.id) end
-end
-if info.round_key and info.round_key ~= '' then redis.call('HSET', KEYS[4], info.round_key, info.id) end
-local num = tonumber(string.sub(info.id, 2))
-if num and num > tonumber(redis.call('GET', KEYS[5]) or '0') then redis.call('SET', KEYS[5], num) end
-for i = 1, #ARGV - 1 do
-  local d = cjson.decode(ARGV[i + 1])
-  local rk, tk, dk = KEYS[3 + 3 * i], KEYS[4 + 3 * i], KEYS[5 + 3 * i]
-  local state = d.state
-  if state == 'running' then state = 'pending' end
-  redis.call('HSET', rk, 'lo', d.lo, 'hi', d.hi, 'cursor', d.cursor, 'state', state, 'owner', '',
-    'lineage', '', 'epoch', d.epoch, 'lease_until', 0, 'heartbeat_ms', 0, 'done', d.done,
-    'skipped', d.skipped, 'dead', d.dead, 'takeovers', d.takeovers, 'chunks', d.chunks,
-    'restored', 1)
-  for key, v in pairs(d.retry) do redis.call('HSET', tk, key, v) end
-  for _, letter in ipairs(d.dead_letters) do redis.call('RPUSH', dk, letter) end
-end
-return 1
+-- Owners of rewritten ranges are cleared (every old token is fenced out); running -> pending.
+-- Returns {round rewritten 0/1, ranges rewritten}; {0, 0} means nothing was written.
 """
+    + _INTACT
+    + """
+local whole = redis.call('EXISTS', KEYS[1]) == 0
+local info = cjson.decode(ARGV[1])
+if whole then
+  for k, v in pairs(info) do redis.call('HSET', KEYS[1], k, v) end
+  if info.state ~= 'closed' then
+    redis.call('SADD', KEYS[2], info.id)
+    if info.chained == '1' then redis.call('SET', KEYS[3], info.id) end
+  end
+  if info.round_key and info.round_key ~= '' then
+    redis.call('HSET', KEYS[4], info.round_key, info.id)
+  end
+  local num = tonumber(string.sub(info.id, 2))
+  if num and num > tonumber(redis.call('GET', KEYS[5]) or '0') then
+    redis.call('SET', KEYS[5], num)
+  end
+end
+local rewritten = 0
+for i = 1, #ARGV - 1 do
+  local rk, tk, dk = KEYS[3 + 3 * i], KEYS[4 + 3 * i], KEYS[5 + 3 * i]
+  if whole or not intact(rk, tk, dk) then
+    local d = cjson.decode(ARGV[i + 1])
+    local state = d.state
+    if state == 'running' then state = 'pending' end
+    redis.call('DEL', rk, tk, dk)
+    local retries = 0
+    for key, v in pairs(d.retry) do
+      redis.call('HSET', tk, key, v)
+      retries = retries + 1
+    end
+    for _, letter in ipairs(d.dead_letters) do redis.call('RPUSH', dk, letter) end
+    redis.call('HSET', rk, 'lo', d.lo, 'hi', d.hi, 'cursor', d.cursor, 'state', state, 'owner', '',
+      'lineage', '', 'epoch', d.epoch, 'lease_until', 0, 'heartbeat_ms', 0, 'done', d.done,
+      'skipped', d.skipped, 'dead', d.dead, 'takeovers', d.takeovers, 'chunks', d.chunks,
+      'retries', retries, 'restored', 1)
+    rewritten = rewritten + 1
+  end
+end
+if whole then return {1, rewritten} end
+return {0, rewritten}
+"""
+)
 
 RELEASE = """
 -- Give the range up so the next worker need not wait for the lease to expire.
@@ -250,13 +315,15 @@ CLOSE_ROUND = (
 -- only over the contiguous completed prefix: a round that starts above the watermark is parked
 -- in the "ahead" hash and absorbed once the rounds below it have closed.
 -- KEYS[1] round hash  KEYS[2] watermark  KEYS[3] open set  KEYS[4] chained id  KEYS[5] ahead hash
--- KEYS[6..] range hashes in range order.
--- Returns {'lost'} (round or a range hash missing) | {'unrecoverable', reason}
---       | {'gap', range id} (first range whose lo is not the previous hi; n_ranges: end not reached)
+-- KEYS[6..] per range, in range order: range hash, retry hash, dead list.
+-- Returns {'lost'} (round missing or a range not intact) | {'unrecoverable', reason}
+--       | {'gap', range id} (first range whose lo is not the previous hi; n_ranges: end not
+--         reached)
 --       | {'incomplete', range ids...} | {'closed', done, skipped, dead, watermark}
 --       (idempotent once closed: the stored totals and the current watermark, '' if none)
 """
     + _NOW
+    + _INTACT
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
 local rnd = redis.call('HMGET', KEYS[1], 'state', 'start', 'end', 'id', 'chained')
@@ -265,21 +332,26 @@ if rnd[1] == 'closed' then
   local t = redis.call('HMGET', KEYS[1], 'done', 'skipped', 'dead')
   return {'closed', t[1], t[2], t[3], wm or ''}
 end
-if rnd[1] == 'unrecoverable' then return {'unrecoverable', redis.call('HGET', KEYS[1], 'reason') or ''} end
+if rnd[1] == 'unrecoverable' then
+  return {'unrecoverable', redis.call('HGET', KEYS[1], 'reason') or ''}
+end
 local expect = rnd[2]
 local done, skipped, dead = 0, 0, 0
 local lagging = {}
-for i = 6, #KEYS do
-  if redis.call('EXISTS', KEYS[i]) == 0 then return {'lost'} end
-  local r = redis.call('HMGET', KEYS[i], 'lo', 'hi', 'cursor', 'state', 'done', 'skipped', 'dead')
-  if r[1] ~= expect then return {'gap', tostring(i - 6)} end
+local n = (#KEYS - 5) / 3
+for j = 0, n - 1 do
+  local rk = KEYS[6 + 3 * j]
+  if not intact(rk, KEYS[7 + 3 * j], KEYS[8 + 3 * j]) then return {'lost'} end
+  local r = redis.call('HMGET', rk, 'lo', 'hi', 'cursor', 'state', 'done', 'skipped', 'dead')
+  if r[1] ~= expect then return {'gap', tostring(j)} end
   expect = r[2]
-  if r[4] ~= 'complete' or r[3] ~= r[2] then table.insert(lagging, tostring(i - 6)) end
+  if r[4] ~= 'complete' or r[3] ~= r[2] then table.insert(lagging, tostring(j)) end
   done, skipped, dead = done + tonumber(r[5]), skipped + tonumber(r[6]), dead + tonumber(r[7])
 end
-if expect ~= rnd[3] then return {'gap', tostring(#KEYS - 5)} end
+if expect ~= rnd[3] then return {'gap', tostring(n)} end
 if #lagging > 0 then return {'incomplete', unpack(lagging)} end
-redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_ms', now, 'done', done, 'skipped', skipped, 'dead', dead)
+redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_ms', now, 'done', done,
+  'skipped', skipped, 'dead', dead)
 redis.call('SREM', KEYS[3], rnd[4])
 if redis.call('GET', KEYS[4]) == rnd[4] then redis.call('DEL', KEYS[4]) end
 local function reaches(start) return (wm == false and start == '') or (wm and start <= wm) end
@@ -331,6 +403,36 @@ for i = 2, #KEYS do
 end
 redis.call('HSET', KEYS[1], 'done', done, 'skipped', skipped, 'dead', dead)
 return {done, skipped, dead}
+"""
+
+RAISE_COUNTER = """
+-- Move the round counter up to at least a value (after it was lost); never down.
+-- KEYS[1] seq  ARGV[1] value.  Returns the counter.
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local want = tonumber(ARGV[1])
+if want > cur then
+  redis.call('SET', KEYS[1], want)
+  return want
+end
+return cur
+"""
+
+SNAPSHOT_RANGES = """
+-- One atomic read of ranges for the mirror and the status readers: each range hash, its retry
+-- hash (entries, or only its size) and its dead list (letters, or only its length).
+-- KEYS per range: range hash, retry hash, dead list   ARGV[1] '1' = entries, '0' = sizes only
+-- Returns per range {hash as a flat list, retry (flat list or size), dead (list or length)}.
+local out = {}
+for j = 1, #KEYS, 3 do
+  if ARGV[1] == '1' then
+    table.insert(out, {redis.call('HGETALL', KEYS[j]), redis.call('HGETALL', KEYS[j + 1]),
+      redis.call('LRANGE', KEYS[j + 2], 0, -1)})
+  else
+    table.insert(out, {redis.call('HGETALL', KEYS[j]), redis.call('HLEN', KEYS[j + 1]),
+      redis.call('LLEN', KEYS[j + 2])})
+  end
+end
+return out
 """
 
 DELETE_ROUND = """

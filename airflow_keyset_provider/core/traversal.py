@@ -42,7 +42,7 @@ from .range_run import run_range
 from .run_state import RangeResult
 from .source import SqlSource
 from .status import RangeStatus, RoundState
-from .store import CursorStore
+from .store import CursorStore, connect_redis
 
 log = logging.getLogger("airflow_keyset_provider")
 
@@ -74,18 +74,14 @@ class KeysetTraversal:
         metrics: Metrics | None = None,
         retention_sql: str | None = None,
         where_params: dict[str, Any] | None = None,
+        allow_unverified_eviction_policy: bool = False,
     ) -> None:
         if redis_client is None:
             if not redis_url:
                 raise ConfigurationError(
                     "give redis_url (e.g. 'redis://127.0.0.1:6379/0') or redis_client"
                 )
-            try:
-                redis_client = redis.Redis.from_url(
-                    redis_url, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30
-                )
-            except ValueError as exc:
-                raise ConfigurationError(f"redis_url is not valid: {exc}") from exc
+            redis_client = connect_redis(redis_url)
         self.source = SqlSource(
             source_url,
             table,
@@ -97,7 +93,12 @@ class KeysetTraversal:
             commit_wait_timeout=commit_wait_timeout,
             retention_sql=retention_sql,
         )
-        self.store = CursorStore(redis_client, stream, prefix=key_prefix)
+        self.store = CursorStore(
+            redis_client,
+            stream,
+            prefix=key_prefix,
+            allow_unverified_eviction_policy=allow_unverified_eviction_policy,
+        )
         self.mirror = CheckpointMirror(checkpoint_url) if checkpoint_url is not None else None
         self.checkpoint_seconds = checkpoint_seconds
         self.metrics: Metrics = metrics or NullMetrics()
@@ -140,6 +141,7 @@ class KeysetTraversal:
         """
         _check_max_ranges(max_ranges)
         self.store.ping()
+        self.store.check_eviction_policy()
         self.source.validate()
         self.control.recover_stream()
         chained = start_key is None
@@ -339,7 +341,7 @@ class KeysetTraversal:
         At-least-once and fenced like any traversal: the letters go back to the range's retry set
         (refused with ``LeaseHeldError`` while a live owner holds the range), then a normal
         ``traverse`` claims the range and processes them; items that fail again are dead-lettered
-        again. The cursor is not moved. Only letters still in the capped list can be replayed.
+        again. The cursor is not moved. Every letter is kept, so every one can be replayed.
         """
         info = self.store.round_info(round_id)
         ids = range(int(info["n_ranges"])) if range_id is None else [range_id]

@@ -79,9 +79,11 @@ class KeysetHook(BaseHook):
 
     :param source_conn_id: a ``postgres`` or ``sqlite`` connection (the traversed table's database).
         Not needed for round-level operations (``control``).
-    :param redis_conn_id: a ``redis`` connection (the cursor store).
-    :param checkpoint_conn_id: optional ``postgres``/``sqlite`` connection of the durable checkpoint
-        mirror (see ``core.mirror``): with it, a round that Redis loses is restored with bounded replay.
+    :param redis_conn_id: a ``redis`` connection (the cursor store); its extra
+        ``{"cluster": true}`` selects Redis Cluster.
+    :param checkpoint_conn_id: optional ``postgres``/``sqlite`` connection of the durable
+        checkpoint mirror (see ``core.mirror``): with it, a round that Redis loses is restored with
+        bounded replay.
     """
 
     hook_name = "Keyset traversal"
@@ -116,11 +118,16 @@ class KeysetHook(BaseHook):
         return make_engine(self.source_url())  # type: ignore[arg-type]
 
     def redis_client(self) -> redis.Redis:
-        """The Redis client of ``redis_conn_id`` (via ``RedisHook``), with socket timeouts."""
+        """The Redis client of ``redis_conn_id`` (via ``RedisHook``), with socket timeouts.
+
+        A connection whose extra sets ``{"cluster": true}`` gives a ``redis.cluster.RedisCluster``
+        (``RedisHook`` builds it; every stream's keys share one hash slot, so the engine's scripts
+        run unchanged; its node connections keep redis-py's cluster socket timeouts)."""
         _conn_type(self.redis_conn_id, "Redis (cursor store)", STORE_CONN_TYPES)
         from airflow.providers.redis.hooks.redis import RedisHook
 
         client = RedisHook(redis_conn_id=self.redis_conn_id).get_conn()
+        # a RedisCluster has no single pool: its node clients come with redis-py's own timeouts
         pool_kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
         if isinstance(pool_kwargs, dict):
             for name, value in _REDIS_SOCKET_DEFAULTS.items():
@@ -145,7 +152,19 @@ class KeysetHook(BaseHook):
         key_prefix: str = "ks",
         **kwargs: Any,
     ) -> KeysetTraversal:
-        """A ``KeysetTraversal`` over ``table`` of the source connection, cursors in Redis."""
+        """A ``KeysetTraversal`` over ``table`` of the source connection, cursors in Redis.
+
+        The Redis connection's extra ``{"allow_unverified_eviction_policy": true}`` lets a plan
+        go ahead on a server whose ``maxmemory-policy`` cannot be read (CONFIG and INFO refused);
+        an ``allkeys-*`` policy is refused either way."""
+        if "allow_unverified_eviction_policy" not in kwargs:
+            extra = self.get_connection(self.redis_conn_id).extra_dejson
+            allow = extra.get("allow_unverified_eviction_policy", False)
+            kwargs["allow_unverified_eviction_policy"] = allow is True or str(allow).lower() in {
+                "true",
+                "1",
+                "yes",
+            }
         return KeysetTraversal(
             self.source_url(),
             table=table,

@@ -235,6 +235,7 @@ class BarrierSensor(BaseSensorOperator):
                 key_prefix=prefix,
                 poll_interval=self.poke_interval,
                 deadline=time.time() + self.timeout,
+                checkpoint_conn_id=self._checkpoint_conn_id(context),
             ),
             method_name="execute_complete",
             # a backstop only: the trigger fires its own timeout event, with the lagging ranges

@@ -30,7 +30,6 @@ from airflow_keyset_provider.core.errors import (
     RoundNotFoundError,
     RoundStateLostError,
 )
-from airflow_keyset_provider.core.store import CursorStore
 
 # How often the pub/sub channel is checked (non-blocking) between two polls of the round.
 _HINT_CHECK_SECONDS = 0.5
@@ -56,6 +55,8 @@ class KeysetRoundTrigger(BaseTrigger):
     :param poll_interval: seconds between two reads of the round's state.
     :param deadline: UNIX time after which the trigger fires ``timeout`` with the lagging ranges
         (``lagging``: one description per range: cursor, owner, last heartbeat); None waits forever.
+    :param checkpoint_conn_id: the checkpoint mirror's connection: a round Redis lost (wholly or
+        in part) is restored from it before the check, as the sensor's poke and close do.
     """
 
     def __init__(
@@ -66,8 +67,10 @@ class KeysetRoundTrigger(BaseTrigger):
         key_prefix: str = DEFAULT_KEY_PREFIX,
         poll_interval: float = 30.0,
         deadline: float | None = None,
+        checkpoint_conn_id: str | None = None,
     ) -> None:
         super().__init__()
+        self.checkpoint_conn_id = checkpoint_conn_id
         self.round_id = round_id
         self.stream = stream
         self.redis_conn_id = redis_conn_id
@@ -85,14 +88,16 @@ class KeysetRoundTrigger(BaseTrigger):
                 "key_prefix": self.key_prefix,
                 "poll_interval": self.poll_interval,
                 "deadline": self.deadline,
+                "checkpoint_conn_id": self.checkpoint_conn_id,
             },
         )
 
     def _connect(self) -> tuple[StreamControl, Any]:
         from airflow_keyset_provider.hooks.keyset import KeysetHook
 
-        client = KeysetHook(redis_conn_id=self.redis_conn_id).redis_client()
-        ctl = StreamControl(CursorStore(client, self.stream, prefix=self.key_prefix))
+        ctl = KeysetHook(
+            redis_conn_id=self.redis_conn_id, checkpoint_conn_id=self.checkpoint_conn_id
+        ).control(self.stream, self.key_prefix)
         pubsub = None
         try:
             pubsub = ctl.store.subscribe_events()
