@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,40 +118,46 @@ class MachineKill:
     """What ``kill_machine`` did: the worker's process group, the processes outside it, timing."""
 
     worker: str
-    group: list[int]  # pids in the worker's process group (celery main + pool children)
-    outside_group: dict[int, int] = field(default_factory=dict)  # pid -> pgid of descendants elsewhere
-    survived_group_kill: list[int] = field(default_factory=list)  # alive after SIGKILL of the group
+    group: list[int] = field(default_factory=list)  # pids in the worker's process group
+    names: dict[int, str] = field(default_factory=dict)  # pid -> process title, for the report
+    outside_group: dict[int, int] = field(default_factory=dict)  # descendant pid -> its own pgid
+    survived_group_kill: list[int] = field(default_factory=list)  # alive after the group SIGKILL
     killed_at: float = 0.0  # time.time() of the group SIGKILL
+    observed: Any = None  # what ``between`` returned
 
 
-def kill_machine(proc: subprocess.Popen[bytes], worker: str, task_pid: int) -> MachineKill:
+def kill_machine(proc: subprocess.Popen[bytes], worker: str, task_pid: int,
+                 between: Callable[[list[int]], Any] | None = None) -> MachineKill:
     """SIGKILL worker ``proc``'s whole process group, then every descendant that survived it.
 
     A machine failure takes every process of the worker with it. SIGKILL of the worker's process
     group alone does not: Airflow 3.3's supervisor puts each task process in a process group of
     its own (``setpgid``), so it keeps running, orphaned, after its supervisor is gone. The report
-    says which processes were outside the group and which survived the group kill. ``task_pid``
-    (the task process running the processor) must be one of the worker's descendants.
+    says which processes were outside the group and which survived the group kill; ``between``
+    (called with the survivors' pids after the group kill, before they are killed) may observe
+    what they do meanwhile. ``task_pid`` (the task process) must be one of the worker's descendants.
     """
     root = psutil.Process(proc.pid)
     pgid = os.getpgid(proc.pid)
     tree = [root, *root.children(recursive=True)]
     assert task_pid in {p.pid for p in tree}, f"task process {task_pid} is not a descendant of worker {worker}"
-    report = MachineKill(worker, group=[], killed_at=time.time())
+    report = MachineKill(worker)
     for p in tree:
         with contextlib.suppress(psutil.Error, ProcessLookupError):
             p_pgid = os.getpgid(p.pid)
+            report.names[p.pid] = " ".join(p.cmdline())[:60] or p.name()
             if p_pgid == pgid:
                 report.group.append(p.pid)
             else:
                 report.outside_group[p.pid] = p_pgid
     os.killpg(pgid, signal.SIGKILL)
     report.killed_at = time.time()
-    group_procs = [p for p in tree if p.pid in report.group]
-    psutil.wait_procs(group_procs, timeout=10)
+    psutil.wait_procs([p for p in tree if p.pid in report.group], timeout=10)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
     report.survived_group_kill = [p.pid for p in tree if p.pid not in report.group and _alive(p)]
+    if between is not None:
+        report.observed = between(report.survived_group_kill)
     for p in tree:  # the machine is gone: so is everything it ran
         with contextlib.suppress(psutil.Error):
             if _alive(p):

@@ -9,10 +9,12 @@ the operator as ``"module:function"``) counts every delivery of every key and sl
 
 Scenario: both traverse tasks run at the same time, one on each worker (the task instances'
 ``hostname`` in the REST API says which). Once the range that has progressed least has committed
-``KILL_AFTER_CHUNKS`` chunks (its cursor in Redis), its worker's machine "fails": SIGKILL of the
-worker's process group, then of the task process, which Airflow 3.3 runs in a process group of its
-own and which therefore survives the group kill (the test checks that, then kills it too, as a
-machine failure would). Nobody reports the death; the scheduler finds the try without heartbeat
+``KILL_AFTER_CHUNKS`` chunks (its cursor in Redis), its worker's machine "fails" in two steps:
+SIGKILL of the worker's process group (Celery's main process and its pool process, which ran the
+task's supervisor), then of the task process. Airflow 3.3 runs the task process in a process group
+of its own, so the group kill alone leaves it running, orphaned: the test checks that it survives
+and goes on committing chunks (it waits, at most ``ORPHAN_WATCH_S``, for one more), then kills it
+as the machine failure would. Nobody reports the death; the scheduler finds the try without heartbeat
 after ``[scheduler] task_instance_heartbeat_timeout`` and schedules try 2 (``retries`` in
 ``.partial()``), which only the surviving worker can run. Try 2 takes the range over by owner
 lineage and resumes from the committed cursor.
@@ -26,6 +28,7 @@ at the committed cursor + 1; the barrier closed the round with done + skipped + 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import subprocess
 import time
 import urllib.error
@@ -51,6 +54,7 @@ KILL_AFTER_CHUNKS = 5
 RETRIES = 2
 RUN_TIMEOUT_S = 180.0  # from the trigger to a finished run
 POLL_S = 0.1
+ORPHAN_WATCH_S = 5.0  # how long the orphaned task process may run before the "machine" is gone
 SOURCE_CONN, REDIS_CONN = "keyset_celery_db", "keyset_celery_redis"
 
 AirflowDeployment = cs.ss.AirflowDeployment
@@ -134,6 +138,19 @@ def _pick_victim(dep: AirflowDeployment, run_id: str, status: list[dict[str, Any
     return r, worker
 
 
+def _orphan_commits(ctl: StreamControl, round_id: str, range_id: int, alive: list[int]) -> int:
+    """Chunks the range's orphaned task process commits after its worker's group was killed:
+    waits (at most ORPHAN_WATCH_S) for one more committed chunk. -> chunks committed meanwhile."""
+    def chunks() -> int:
+        return int(next(s for s in ctl.range_status(round_id) if int(s["range_id"]) == range_id)["chunks"])
+
+    before = chunks()
+    end = time.monotonic() + ORPHAN_WATCH_S
+    while alive and time.monotonic() < end and chunks() == before:
+        time.sleep(0.05)
+    return chunks() - before
+
+
 def _run_and_kill(dep: AirflowDeployment, workers: Mapping[str, subprocess.Popen[bytes]], engine: sa.Engine,
                   ctl: StreamControl, run_id: str) -> tuple[str, Victim | None, float]:
     """Poll the run (REST) and the ranges (Redis) until the run ends; kill one worker machine
@@ -173,7 +190,8 @@ def _run_and_kill(dep: AirflowDeployment, workers: Mapping[str, subprocess.Popen
         pid = _task_pid(engine, r)
         ti = dep.get(_ti_path(run_id, "traverse", r))
         assert ti["pid"] == pid, f"range {r}: REST shows pid {ti['pid']}, the processor ran in {pid}"
-        kill = cs.kill_machine(workers[worker], worker, pid)
+        watch = functools.partial(_orphan_commits, ctl, round_id, r)
+        kill = cs.kill_machine(workers[worker], worker, pid, between=watch)
         time.sleep(0.5)  # an advance the victim wrote to its socket just before dying lands first
         after = next(s for s in ctl.range_status(round_id) if int(s["range_id"]) == r)
         victim = Victim(r, worker, pid, kill, int(after["cursor"]), int(after["done"]))
@@ -271,6 +289,9 @@ def test_round_survives_losing_one_of_two_celery_workers(
     status = {int(s["range_id"]): s for s in ctl.range_status(round_id)}
     fx = _effects(pg_engine, ranges)
     broker_keys = sorted(k.decode() for k in redis_client.scan_iter(match=f"{key_prefix}:celery:*", count=1000))
+    # The dead worker's message was never acknowledged (acks_late): the broker keeps it, to deliver
+    # it again after visibility_timeout.
+    unacked = redis_client.hlen(f"{key_prefix}:celery:unacked")
 
     v = victim.range_id
     detect_s = _since(timeouts.get((v, 1)), victim.kill.killed_at)
@@ -281,15 +302,18 @@ def test_round_survives_losing_one_of_two_celery_workers(
         f"{startup_s:.0f} s); {ROWS} keys, {len(ranges)} ranges, chunk {CHUNK}, heartbeat timeout "
         f"{cs.ss.HEARTBEAT_TIMEOUT_S} s",
         f"  hostnames (range, try) -> host: {dict(sorted(hosts.items()))}",
+        f"  worker {victim.worker}'s processes: {victim.kill.names}",
         f"  killed worker {victim.worker} mid range {v}: group {victim.kill.group} SIGKILLed; outside the group "
         f"(pid -> pgid) {victim.kill.outside_group}; still alive after the group kill {victim.kill.survived_group_kill}"
-        f" (then SIGKILLed); committed cursor {victim.cursor} (done {victim.done})",
+        f", which committed {victim.kill.observed} more chunk(s) before it was SIGKILLed too; committed cursor "
+        f"{victim.cursor} (done {victim.done})",
         f"  heartbeat timeout found {detect_s:.1f} s after the kill; try 2 started {retry_start_s:.1f} s after it on "
         f"{hosts.get((v, 2))}, resumed at key {fx['resumed_at'].get(v)}; takeovers {status[v]['takeovers']}",
         f"  keys processed twice per range {replayed} (chunk {CHUNK}); max deliveries of one key "
         f"{fx['max_processed']}; keys lost {fx['lost']}; outside their range {fx['outside_range']}",
         f"  barrier totals done {totals['done']} skipped {totals['skipped']} dead {totals['dead']}; broker keys "
-        f"under {key_prefix}:celery: {len(broker_keys)}",
+        f"{[k.removeprefix(key_prefix + ':celery:') for k in broker_keys]} under {key_prefix}:celery:, "
+        f"unacked messages left {unacked}",
     ])
     print("\n".join(cs.FIGURES))
 
@@ -300,6 +324,8 @@ def test_round_survives_losing_one_of_two_celery_workers(
     assert fx["workers"][(v, 2)] == cs.worker_host(survivor), fx["workers"]
     # The task process is not in the worker's process group: only a whole-machine kill stops it.
     assert victim.pid in victim.kill.outside_group and victim.pid not in victim.kill.group, victim.kill
+    assert victim.kill.survived_group_kill == [victim.pid], victim.kill
+    assert victim.kill.observed >= 1, f"the orphaned task process committed nothing after the group kill: {victim.kill}"
     # Airflow found the dead worker by heartbeat and retried the range once; the other ran once.
     assert (v, 1) in timeouts, f"the scheduler never timed out the dead worker's try\n{diagnostics()}"
     for r, by_try in tries.items():
