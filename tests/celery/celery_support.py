@@ -19,9 +19,11 @@ On top of that:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -171,6 +173,44 @@ def _alive(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def unacked_messages(client: Any, broker_prefix: str) -> list[str]:
+    """The broker's unacknowledged messages, each as ``task_id[map_index] try N`` of the Airflow
+    task instance its workload names (Celery protocol 2 on kombu's Redis transport)."""
+    out = []
+    for raw in client.hvals(f"{broker_prefix}unacked"):
+        message = json.loads(raw)[0]
+        body = json.loads(base64.b64decode(message["body"]))
+        ti = json.loads(body[0][0])["ti"]
+        out.append(f"{ti['task_id']}[{ti['map_index']}] try {ti['try_number']}")
+    return sorted(out)
+
+
+_EXECUTING = re.compile(r"\[([0-9a-f-]{36})\] Executing workload in Celery: .*?task_id='([^']+)'.*?"
+                        r"try_number=(\d+).*?map_index=(-?\d+)")
+_IGNORED = re.compile(r"\[([0-9a-f-]{36})\] Task already running elsewhere, ignoring redelivered message")
+
+
+@dataclass
+class Delivery:
+    """One Celery delivery of an Airflow workload to a worker, from the worker's log."""
+
+    worker: str
+    celery_id: str
+    task: str  # ``task_id[map_index] try N``
+    ignored: bool  # the worker logged "Task already running elsewhere, ignoring redelivered message"
+
+
+def deliveries(dep: ss.AirflowDeployment, workers: list[str]) -> list[Delivery]:
+    """Every workload each worker started executing, in log order, and whether it ignored it."""
+    out = []
+    for name in workers:
+        text = (dep.home / f"worker-{name}.out").read_text(errors="replace")
+        ignored = set(_IGNORED.findall(text))
+        for celery_id, task_id, try_number, map_index in _EXECUTING.findall(text):
+            out.append(Delivery(name, celery_id, f"{task_id}[{map_index}] try {try_number}", celery_id in ignored))
+    return out
 
 
 def diagnostics(dep: ss.AirflowDeployment, dag_id: str, chars: int = 4000) -> str:

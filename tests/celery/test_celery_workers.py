@@ -1,4 +1,8 @@
-"""Scale-out: a round on two Celery workers survives the loss of one worker, key for key.
+"""Scale-out on Celery: a worker lost mid-range, and a message redelivered past visibility_timeout.
+
+``test_round_survives_losing_one_of_two_celery_workers`` (below) kills a worker machine;
+``test_traverse_running_past_visibility_timeout_is_redelivered_and_ignored`` (at the end) lets
+Redis deliver a running try's message a second time. Both run a fresh deployment.
 
 A real CeleryExecutor deployment (``conftest.py``/``celery_support.py``: API server, scheduler, DAG
 processor, triggerer, two ``airflow celery worker`` processes ``w1``/``w2`` with concurrency 1,
@@ -70,10 +74,10 @@ class Victim:
     done: int
 
 
-def _create_tables(engine: sa.Engine) -> None:
+def _create_tables(engine: sa.Engine, rows: int) -> None:
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE celery_events (seq bigint PRIMARY KEY, payload text NOT NULL)")
-        conn.exec_driver_sql(f"INSERT INTO celery_events SELECT g, 'event ' || g FROM generate_series(1, {ROWS}) g")
+        conn.exec_driver_sql(f"INSERT INTO celery_events SELECT g, 'event ' || g FROM generate_series(1, {rows}) g")
         conn.exec_driver_sql("CREATE TABLE celery_effects (seq bigint PRIMARY KEY, range_id int NOT NULL, "
                              "processed int NOT NULL, tries int[] NOT NULL)")
         conn.exec_driver_sql("CREATE TABLE celery_chunks (range_id int NOT NULL, try_number int NOT NULL, "
@@ -242,30 +246,36 @@ def _heartbeat_timeouts(dep: AirflowDeployment, run_id: str) -> dict[tuple[int, 
     return {(int(e["map_index"]), int(e["try_number"])): e["when"] for e in logs if e["event"] == "heartbeat timeout"}
 
 
-# --------------------------------------------------------------------------- the test
+# --------------------------------------------------------------------------- the tests
 
 
-def test_round_survives_losing_one_of_two_celery_workers(
-    celery_deployment: Callable[[Mapping[str, str], str], tuple[AirflowDeployment, dict]],
-    pg_url: str, pg_schema: str, pg_engine: sa.Engine, redis_url: str, redis_client: redis.Redis, key_prefix: str,
-) -> None:
-    _create_tables(pg_engine)
-    stream = f"celery-{uuid.uuid4().hex[:8]}"
-    t0 = time.monotonic()
-    dep, workers = celery_deployment({
+def _dag_env(pg_url: str, pg_schema: str, redis_url: str, key_prefix: str, stream: str,
+             max_ranges: int) -> dict[str, str]:
+    """Connections and DAG settings for every process of the deployment."""
+    return {
         f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": cs.postgres_conn(pg_url, pg_schema),
         f"AIRFLOW_CONN_{REDIS_CONN.upper()}": cs.redis_conn(redis_url),
         "KEYSET_CELERY_SOURCE_CONN": SOURCE_CONN,
         "KEYSET_CELERY_REDIS_CONN": REDIS_CONN,
         "KEYSET_CELERY_KEY_PREFIX": key_prefix,
         "KEYSET_CELERY_STREAM": stream,
-        "KEYSET_CELERY_MAX_RANGES": str(MAX_RANGES),
+        "KEYSET_CELERY_MAX_RANGES": str(max_ranges),
         "KEYSET_CELERY_CHUNK_SIZE": str(CHUNK),
         "KEYSET_CELERY_SLEEP_S": str(SLEEP_S),
         "KEYSET_CELERY_RETRIES": str(RETRIES),
         "KEYSET_CELERY_RETRY_DELAY_S": "3",
         "KEYSET_CELERY_BARRIER_TIMEOUT_S": str(int(RUN_TIMEOUT_S)),
-    }, DAG_ID)
+    }
+
+
+def test_round_survives_losing_one_of_two_celery_workers(
+    celery_deployment: Callable[[Mapping[str, str], str], tuple[AirflowDeployment, dict]],
+    pg_url: str, pg_schema: str, pg_engine: sa.Engine, redis_url: str, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    _create_tables(pg_engine, ROWS)
+    stream = f"celery-{uuid.uuid4().hex[:8]}"
+    t0 = time.monotonic()
+    dep, workers = celery_deployment(_dag_env(pg_url, pg_schema, redis_url, key_prefix, stream, MAX_RANGES), DAG_ID)
     startup_s = time.monotonic() - t0
     ctl = StreamControl(CursorStore(redis_client, stream, prefix=key_prefix))
     run_id = f"celery_{uuid.uuid4().hex[:8]}"
@@ -291,7 +301,7 @@ def test_round_survives_losing_one_of_two_celery_workers(
     broker_keys = sorted(k.decode() for k in redis_client.scan_iter(match=f"{key_prefix}:celery:*", count=1000))
     # The dead worker's message was never acknowledged (acks_late): the broker keeps it, to deliver
     # it again after visibility_timeout.
-    unacked = redis_client.hlen(f"{key_prefix}:celery:unacked")
+    unacked = cs.unacked_messages(redis_client, f"{key_prefix}:celery:")
 
     v = victim.range_id
     detect_s = _since(timeouts.get((v, 1)), victim.kill.killed_at)
@@ -314,6 +324,7 @@ def test_round_survives_losing_one_of_two_celery_workers(
         f"  barrier totals done {totals['done']} skipped {totals['skipped']} dead {totals['dead']}; broker keys "
         f"{[k.removeprefix(key_prefix + ':celery:') for k in broker_keys]} under {key_prefix}:celery:, "
         f"unacked messages left {unacked}",
+        f"  deliveries (worker, task, ignored): {[(d.worker, d.task, d.ignored) for d in cs.deliveries(dep, list(workers))]}",
     ])
     print("\n".join(cs.FIGURES))
 
@@ -352,3 +363,89 @@ def test_round_survives_losing_one_of_two_celery_workers(
         assert (s["state"], s["done"]) == ("complete", fx["rows_in_range"][r]), (r, s)
     # The broker lived under the test's own prefix.
     assert broker_keys, f"no broker key under {key_prefix}:celery: (global_keyprefix not applied?)"
+    # The dead try's message was never acknowledged: the broker holds it for redelivery.
+    assert f"traverse[{v}] try 1" in unacked, unacked
+
+
+REDELIVERY_ROWS = 2400  # one range of 120 chunks: runs about twice VISIBILITY_TIMEOUT_S
+VISIBILITY_TIMEOUT_S = 10
+
+
+def test_traverse_running_past_visibility_timeout_is_redelivered_and_ignored(
+    celery_deployment: Callable[[Mapping[str, str], str], tuple[AirflowDeployment, dict]],
+    pg_url: str, pg_schema: str, pg_engine: sa.Engine, redis_url: str, redis_client: redis.Redis, key_prefix: str,
+) -> None:
+    """A traverse try that runs longer than the broker's ``visibility_timeout`` is delivered again.
+
+    Scenario: ``[celery_broker_transport_options] visibility_timeout`` is ``VISIBILITY_TIMEOUT_S``
+    (kombu checks for overdue messages every second: ``unacked_restore_interval`` 1,
+    ``unacked_restore_throttle`` 1); the round has one range that runs about twice as long. While
+    one worker runs it, Redis hands its message to the other, idle worker. Checked: the duplicate
+    reaches that worker (same Celery task id), Airflow refuses to start the running task instance
+    again and the worker ignores the message (its log says so); the original try goes on
+    undisturbed and succeeds on try 1; every key is processed exactly once, by one process; the
+    round closes exactly. (Under load the plan task may be delivered twice as well: whichever
+    delivery starts it first runs it, the other is ignored; that is reported, not asserted.)
+    """
+    _create_tables(pg_engine, REDELIVERY_ROWS)
+    stream = f"celery-{uuid.uuid4().hex[:8]}"
+    env = _dag_env(pg_url, pg_schema, redis_url, key_prefix, stream, 1)
+    env.update({
+        "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT_S),
+        "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__UNACKED_RESTORE_INTERVAL": "1",
+        "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__UNACKED_RESTORE_THROTTLE": "1",
+    })
+    dep, workers = celery_deployment(env, DAG_ID)
+    ctl = StreamControl(CursorStore(redis_client, stream, prefix=key_prefix))
+    run_id = f"celery_{uuid.uuid4().hex[:8]}"
+    dep.request("POST", f"/dags/{DAG_ID}/dagRuns", {"dag_run_id": run_id, "logical_date": None})
+    started = time.monotonic()
+    state = "queued"
+    while state not in ("success", "failed"):
+        if time.monotonic() - started > RUN_TIMEOUT_S or dep.dead_components():
+            pytest.fail(f"DAG run {run_id}: {state} after {time.monotonic() - started:.0f} s, dead components "
+                        f"{dep.dead_components()}\n{cs.diagnostics(dep, DAG_ID)}")
+        time.sleep(1)
+        state = dep.get(f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
+    seconds = time.monotonic() - started
+
+    diagnostics = lambda: cs.diagnostics(dep, DAG_ID)  # noqa: E731
+    assert state == "success", f"DAG run {run_id} ended {state}\n{diagnostics()}"
+    round_id = _xcom(dep, run_id, "plan", "round_id")
+    ranges = _xcom(dep, run_id, "plan", "return_value")
+    totals = _xcom(dep, run_id, "barrier", "return_value")
+    tries = _tries(dep, run_id, 0)
+    ti = tries[max(tries)]
+    runner = next(name for name in workers if cs.worker_host(name) == ti["hostname"])
+    seen = cs.deliveries(dep, list(workers))
+    traverse = [d for d in seen if d.task == "traverse[0] try 1"]
+    refused = sum(1 for line in (dep.home / "api-server.out").read_text(errors="replace").splitlines()
+                  if "Cannot start Task Instance in invalid state" in line and "previous_state=running" in line)
+    fx = _effects(pg_engine, ranges)
+    with pg_engine.connect() as conn:
+        pids = conn.execute(sa.text("SELECT DISTINCT pid FROM celery_chunks")).scalars().all()
+    cs.FIGURES.extend([
+        f"run {run_id}: {state} in {seconds:.0f} s; 1 range of {REDELIVERY_ROWS} keys, chunk {CHUNK}, "
+        f"visibility_timeout {VISIBILITY_TIMEOUT_S} s; traverse ran {float(ti.get('duration') or 0):.0f} s on "
+        f"{ti['hostname']} (try {ti['try_number']}, {len(pids)} task process)",
+        f"  starts refused by the Execution API (409, running) {refused}; deliveries (worker, task, ignored) "
+        f"{[(d.worker, d.task, d.ignored) for d in seen]}; keys processed twice {sum(fx['replayed_keys'].values())};"
+        f" keys lost {fx['lost']}; barrier totals done {totals['done']} skipped {totals['skipped']} dead "
+        f"{totals['dead']}",
+    ])
+    print("\n".join(cs.FIGURES[-2:]))
+
+    assert len(ranges) == 1, ranges
+    assert float(ti["duration"]) > VISIBILITY_TIMEOUT_S, f"the range ran only {ti['duration']} s; make it longer"
+    # The duplicate reached the idle worker and was ignored there; the try was not disturbed.
+    assert [d.worker for d in traverse if not d.ignored] == [runner], traverse
+    assert any(d.ignored and d.worker != runner for d in traverse), (
+        f"the traverse message was not delivered again to the idle worker: {traverse}\n{diagnostics()}")
+    assert len({d.celery_id for d in traverse}) == 1, traverse
+    assert refused >= 1, f"the Execution API never refused a second start\n{diagnostics()}"
+    assert (list(tries), ti["state"]) == ([1], "success"), {t: x["state"] for t, x in tries.items()}
+    assert len(pids) == 1, f"the range ran in {len(pids)} task processes: {pids}"
+    # Exactly once: no key lost, none twice, the round closed with exact counters.
+    assert (fx["lost"], fx["unknown"], fx["outside_range"], fx["max_processed"]) == (0, 0, 0, 1), fx
+    assert ctl.round(round_id).state == "closed"
+    assert (totals["done"], totals["skipped"], totals["dead"]) == (REDELIVERY_ROWS, 0, 0), totals
