@@ -9,7 +9,7 @@ On top of that:
   option ``global_keyprefix`` = ``<key_prefix>:celery:`` (every broker key and pub/sub channel of
   the test lives under the test's own prefix, which the ``key_prefix`` fixture deletes); the result
   backend is ``db+postgresql+psycopg2://`` on the throwaway metadata database.
-- ``start_worker`` starts ``airflow celery worker -H <name>@keyset-celery -c 1`` in a session (and
+- ``start_workers`` starts ``airflow celery worker -H <name>@keyset-celery -c 1`` in a session (and
   process group) of its own, with ``[core] hostname_callable`` = ``worker_host.hostname`` so the
   task instances it runs show its own ``hostname`` (``<name>.keyset-celery``), as on separate
   machines. Logs are not served (``-s``): the whole deployment shares one ``AIRFLOW_HOME``.
@@ -90,29 +90,37 @@ def redis_conn(redis_url: str) -> str:
 # --------------------------------------------------------------------------- workers
 
 
-def start_worker(dep: ss.AirflowDeployment, name: str) -> subprocess.Popen[bytes]:
-    """Start Celery worker ``name`` (concurrency 1) and wait until it consumes the queue."""
-    env = dict(dep.env)
-    env.update({
-        "AIRFLOW__CORE__HOSTNAME_CALLABLE": "worker_host.hostname",
-        "KEYSET_CELERY_WORKER_HOST": worker_host(name),
-        "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(HERE)) if p),
-    })
-    out_path = dep.home / f"worker-{name}.out"
-    cmd = [*ss.AIRFLOW_CMD, "celery", "worker", "-H", f"{name}@keyset-celery", "-c", "1", "-s",
-           "--pid", str(dep.home / f"worker-{name}.pid"), "--without-gossip", "--without-mingle"]
-    with out_path.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=dep.home)
-    dep.procs[f"worker-{name}"] = proc  # stopped (and its session swept) with the deployment
+def start_workers(dep: ss.AirflowDeployment, names: list[str]) -> dict[str, subprocess.Popen[bytes]]:
+    """Start one Celery worker (concurrency 1) per name, all at once, and wait until each is
+    ready to consume the queue (its log says ``<name>@keyset-celery ready.``)."""
+    procs = {}
+    for name in names:
+        env = dict(dep.env)
+        env.update({
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "worker_host.hostname",
+            "KEYSET_CELERY_WORKER_HOST": worker_host(name),
+            "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(HERE)) if p),
+        })
+        cmd = [*ss.AIRFLOW_CMD, "celery", "worker", "-H", f"{name}@keyset-celery", "-c", "1", "-s",
+               "--pid", str(dep.home / f"worker-{name}.pid"), "--without-gossip", "--without-mingle"]
+        with (dep.home / f"worker-{name}.out").open("wb") as out:
+            procs[name] = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, start_new_session=True, cwd=dep.home)
+        dep.procs[f"worker-{name}"] = procs[name]  # stopped (and its session swept) with the deployment
+    waiting = set(names)
     end = time.monotonic() + WORKER_READY_TIMEOUT_S
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            pytest.fail(f"celery worker {name} exited {proc.returncode}\n{ss._tail(out_path, 4000)}")
-        if f"{name}@keyset-celery ready." in out_path.read_text(errors="replace"):
-            return proc
+    while waiting and time.monotonic() < end:
+        for name in sorted(waiting):
+            out_path = dep.home / f"worker-{name}.out"
+            if procs[name].poll() is not None:
+                pytest.fail(f"celery worker {name} exited {procs[name].returncode}\n{ss._tail(out_path, 4000)}")
+            if f"{name}@keyset-celery ready." in out_path.read_text(errors="replace"):
+                waiting.discard(name)
         time.sleep(0.5)
-    pytest.fail(f"celery worker {name} not ready after {WORKER_READY_TIMEOUT_S} s\n{ss._tail(out_path, 4000)}")
+    if waiting:
+        pytest.fail(f"celery workers {sorted(waiting)} not ready after {WORKER_READY_TIMEOUT_S} s\n"
+                    + "\n".join(ss._tail(dep.home / f"worker-{n}.out", 4000) for n in sorted(waiting)))
+    return procs
 
 
 @dataclass

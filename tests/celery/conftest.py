@@ -62,7 +62,7 @@ def celery_deployment(
         db_url = make_url(pg_url).set(database=db_name).render_as_string(hide_password=False)
         env = {**cs.celery_env(redis_url, f"{key_prefix}:celery:", db_url), **extra_env}
         dep = cs.ss.start_deployment(tmp_path / "airflow-home", db_url, env, dag_id, deployments)
-        workers = {name: cs.start_worker(dep, name) for name in WORKERS}
+        workers = cs.start_workers(dep, list(WORKERS))
         return dep, workers
 
     try:
