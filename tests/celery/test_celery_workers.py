@@ -14,8 +14,8 @@ the operator as ``"module:function"``) counts every delivery of every key and sl
 Scenario: both traverse tasks run at the same time, one on each worker (the task instances'
 ``hostname`` in the REST API says which). Once the range that has progressed least has committed
 ``KILL_AFTER_CHUNKS`` chunks (its cursor in Redis), its worker's machine "fails" in two steps:
-SIGKILL of the worker's process group (Celery's main process and its pool process, which ran the
-task's supervisor), then of the task process. Airflow 3.3 runs the task process in a process group
+SIGKILL of the worker's process group (Celery's main process, its pool process and the task's
+supervisor), then of the task process. Airflow 3.3 runs the task process in a process group
 of its own, so the group kill alone leaves it running, orphaned: the test checks that it survives
 and goes on committing chunks (it waits, at most ``ORPHAN_WATCH_S``, for one more), then kills it
 as the machine failure would. Nobody reports the death; the scheduler finds the try without heartbeat
@@ -26,7 +26,8 @@ lineage and resumes from the committed cursor.
 Guarantees checked (figures in the terminal summary): the traverse tries ran on both workers and
 the retry on the survivor; every key of ``(start, end]`` was processed at least once, none outside
 its range; keys processed twice are at most one chunk, only in the killed range, and try 2 began
-at the committed cursor + 1; the barrier closed the round with done + skipped + dead = ``ROWS``.
+at the committed cursor + 1; the barrier closed the round with done + skipped + dead = ``ROWS``;
+the broker kept only keys under the test's prefix, among them the dead try's unacknowledged message.
 """
 
 from __future__ import annotations
