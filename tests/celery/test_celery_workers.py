@@ -27,7 +27,7 @@ Guarantees checked (figures in the terminal summary): the traverse tries ran on 
 the retry on the survivor; every key of ``(start, end]`` was processed at least once, none outside
 its range; keys processed twice are at most one chunk, only in the killed range, and try 2 began
 at the committed cursor + 1; the barrier closed the round with done + skipped + dead = ``ROWS``;
-the broker kept only keys under the test's prefix, among them the dead try's unacknowledged message.
+the broker's keys lay under the test's prefix, among them the dead try's unacknowledged message.
 """
 
 from __future__ import annotations
