@@ -54,12 +54,17 @@ from airflow_keyset_provider.core.keys import (
     to_json,
 )
 from airflow_keyset_provider.core.options import TraverseOptions
-from airflow_keyset_provider.core.planner import MAX_MAP_LENGTH
+from airflow_keyset_provider.core.planner import MAX_RANGES
 from airflow_keyset_provider.hooks.keyset import KeysetHook
+
+AIRFLOW_DEFAULT_MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
 
 
 def _max_map_length() -> int:
-    return min(conf.getint("core", "max_map_length", fallback=MAX_MAP_LENGTH), MAX_MAP_LENGTH)
+    """Airflow's configured ``[core] max_map_length`` (read when called, so a raised setting
+    raises the limit), capped by the engine's ``MAX_RANGES``."""
+    configured = conf.getint("core", "max_map_length", fallback=AIRFLOW_DEFAULT_MAX_MAP_LENGTH)
+    return min(configured, MAX_RANGES)
 
 
 def _check_max_ranges(max_ranges: Any) -> None:
@@ -71,7 +76,9 @@ def _check_max_ranges(max_ranges: Any) -> None:
     ):
         raise ConfigurationError(
             f"max_ranges must be an integer from 1 to {limit} (Airflow's [core] max_map_length "
-            f"caps how many mapped tasks one task may expand to), got {max_ranges!r}"
+            f"caps how many mapped tasks one task may expand to; raise it, e.g. "
+            f"AIRFLOW__CORE__MAX_MAP_LENGTH, for more ranges, up to the engine's {MAX_RANGES}), "
+            f"got {max_ranges!r}"
         )
 
 
@@ -123,7 +130,9 @@ class PlanRangesOperator(BaseOperator):
     :param start_key: lower bound, exclusive; None: the stream's watermark (templated).
     :param end_key: upper bound, inclusive; None: ``max(key)`` once every smaller key has committed
         (templated).
-    :param max_ranges: at most this many ranges (and mapped tasks), 1 to ``[core] max_map_length``.
+    :param max_ranges: at most this many ranges (and mapped tasks), 1 to Airflow's configured
+        ``[core] max_map_length`` (1024 by default; raising it raises this limit, up to the
+        engine's 100,000). Fewer keys than ranges give fewer ranges.
     :param key_prefix: prefix of every Redis key of the traversal.
     :param commit_wait_timeout: PostgreSQL: seconds to wait for transactions open when ``max(key)``
         was read (``CommitOrderTimeoutError`` after).
