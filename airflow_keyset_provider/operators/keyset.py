@@ -56,6 +56,7 @@ from airflow_keyset_provider.core.keys import (
 from airflow_keyset_provider.core.options import TraverseOptions
 from airflow_keyset_provider.core.planner import MAX_RANGES
 from airflow_keyset_provider.hooks.keyset import KeysetHook
+from airflow_keyset_provider.links import KeysetRoundLink
 
 AIRFLOW_DEFAULT_MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
 
@@ -151,6 +152,7 @@ class PlanRangesOperator(BaseOperator):
         "stream",
     )
     ui_color = "#d8e6f3"
+    operator_extra_links = (KeysetRoundLink(),)
 
     def __init__(
         self,
@@ -269,6 +271,13 @@ class PlanRangesOperator(BaseOperator):
             for spec in rnd.ranges
         ]
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the traversed table as the input dataset (``airflow_keyset_provider.
+        lineage``); None when the OpenLineage provider is not installed."""
+        from airflow_keyset_provider.lineage import table_lineage
+
+        return table_lineage(self.source_conn_id, self.table)
+
 
 class TraverseRangeOperator(BaseOperator):
     """Process every key of one range of a planned round, resuming from its Redis cursor.
@@ -315,6 +324,7 @@ class TraverseRangeOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("round_id", "range_id", "stream", "table", "where")
     ui_color = "#e3f0d8"
+    operator_extra_links = (KeysetRoundLink(),)
 
     def __init__(
         self,
@@ -449,6 +459,13 @@ class TraverseRangeOperator(BaseOperator):
                 "its cursor is committed and the next try resumes from there"
             )
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the traversed table as the input dataset (``airflow_keyset_provider.
+        lineage``); None when the OpenLineage provider is not installed."""
+        from airflow_keyset_provider.lineage import table_lineage
+
+        return table_lineage(self.source_conn_id, self.table)
 
     def on_kill(self) -> None:
         t = self._traversal
