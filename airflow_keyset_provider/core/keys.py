@@ -23,7 +23,8 @@ as "backwards"): such keys still decode (to the normalised value), and every new
 sorts above every old one, so a stream's old watermark is a valid start for the next round.
 Rounds planned before the upgrade whose range bounds hold a decimal must be closed (their
 DAG runs finished) before upgrading: comparing a new cursor with an old ``hi`` of equal prefix
-refuses the advance loudly as ``past_hi``; it never skips a key.
+refuses the advance (``CursorConflictError``: "passes hi") and the range stops with its cursor in
+place; it never marks a key done that was not delivered (``tests/core/test_keys.py``).
 
 The empty string is ``MIN_KEY``: below every key, it stands for "no lower bound".
 

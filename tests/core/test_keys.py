@@ -355,6 +355,110 @@ def test_equal_numerics_of_another_scale_traverse_in_database_order(
         t.close()
 
 
+def old_format_key(values: tuple[Any, ...]) -> str:
+    """A key as versions before the fix encoded it: decimal codes 0x30-0x32, scale appended."""
+    from airflow_keyset_provider.core import keys
+
+    out = bytearray()
+    for v in values:
+        if isinstance(v, Decimal):
+            part = bytearray()
+            keys._encode_decimal(v, part)
+            part[0] -= 7
+            exponent = v.as_tuple().exponent
+            assert isinstance(exponent, int)
+            keys._encode_int(exponent, part)
+            out += part
+        else:
+            keys._encode_component(v, out)
+    return out.hex()
+
+
+def test_a_watermark_stored_in_the_old_format_starts_the_next_round(
+    pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """Upgrade path: the stream's watermark was written by an older version (scale appended).
+    The next chained round starts from it: the old key decodes, every new key sorts above it,
+    and the round delivers exactly the rows above the watermark, each once."""
+    with pg_engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE kn (n numeric, id int, PRIMARY KEY (n, id))"))
+        c.execute(sa.text("INSERT INTO kn VALUES (1.5, 1), (1.50, 2), (2, 1)"))
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="kn",
+        key=["n", "id"],
+        redis_url=redis_url,
+        stream="upgrade",
+        key_prefix=key_prefix,
+    )
+    try:
+        first = t.plan(max_ranges=1, end_key=(Decimal("1.50"), 2))
+        t.traverse(first.round_id, 0, lambda ch: None, chunk_size=1, max_chunk_attempts=1)
+        t.close_round(first.round_id)
+        assert t.store.watermark() == encode_key((Decimal("1.5"), 2))
+        old = old_format_key((Decimal("1.50"), 2))
+        assert old == "32150131350013fd1502" and decode_key(old) == (Decimal("1.5"), 2)
+        t.store.client.set(t.store.watermark_key, old)  # as the old version left it
+
+        with pg_engine.begin() as c:
+            c.execute(sa.text("INSERT INTO kn VALUES (1.5, 3), (3, 0), (1.5, 0)"))
+        nxt = t.plan(max_ranges=2)
+        assert nxt.ranges[0].lo == (Decimal("1.5"), 2)
+        seen: list[tuple[Any, ...]] = []
+        for r in nxt.ranges:
+            res = t.traverse(
+                nxt.round_id,
+                r.range_id,
+                lambda ch: seen.extend(ch.keys),
+                chunk_size=1,
+                max_chunk_attempts=1,
+            )
+            assert res.complete, res
+        assert [tuple(k) for k in seen] == [
+            (Decimal("1.5"), 3),
+            (Decimal("2"), 1),
+            (Decimal("3"), 0),
+        ]
+        assert t.close_round(nxt.round_id).done == 3
+    finally:
+        t.close()
+
+
+def test_a_round_planned_in_the_old_format_is_refused_not_skipped(
+    pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """Why rounds planned before the upgrade must be closed first: a range whose ``hi`` was
+    stored in the old format compares above-or-below new cursors by type code, so the fence
+    refuses the advance (``past_hi``) and the range stops with its cursor in place: nothing is
+    marked done that was not delivered."""
+    from airflow_keyset_provider.core.errors import CursorConflictError
+
+    with pg_engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE kn (n numeric, id int, PRIMARY KEY (n, id))"))
+        c.execute(sa.text("INSERT INTO kn VALUES (1.5, 1), (1.50, 2), (2, 1)"))
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="kn",
+        key=["n", "id"],
+        redis_url=redis_url,
+        stream="inflight",
+        key_prefix=key_prefix,
+    )
+    try:
+        rnd = t.plan(max_ranges=1, end_key=(Decimal("2"), 1))
+        old_hi = old_format_key((Decimal("2"), 1))
+        t.store.client.hset(t.store.range_key(rnd.round_id, 0), "hi", old_hi)  # as stored before
+        seen: list[Any] = []
+        with pytest.raises(CursorConflictError, match="passes hi"):
+            t.traverse(
+                rnd.round_id, 0, lambda ch: seen.extend(ch.keys), chunk_size=1, max_chunk_attempts=1
+            )
+        [status] = t.range_status(rnd.round_id)
+        assert status["state"] != "complete" and status["done"] == 0
+    finally:
+        t.close()
+
+
 # --------------------------------------------------------------------------- decode and labels
 
 UTC_NOON = dt.datetime(2024, 1, 1, 12, tzinfo=dt.UTC)
