@@ -55,6 +55,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_keyset_provider.hooks.keyset"],
             }
         ],
+        "extra-links": ["airflow_keyset_provider.links.KeysetRoundLink"],
         "plugins": [
             {
                 "name": "keyset",

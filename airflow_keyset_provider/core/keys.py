@@ -4,10 +4,27 @@ A key is a tuple of column values (a one-column key is a 1-tuple here; the publi
 ``encode_key`` turns it into a lowercase hex string such that, for keys of the same column types,
 
     encode_key(a) < encode_key(b)   <=>   a < b          (plain string comparison)
-    decode_key(encode_key(a)) == a  and has the same type and, for decimals, the same scale
+    decode_key(encode_key(a)) == a  and has the same type
 
 so Redis Lua scripts can refuse a cursor that moves backwards or past ``hi`` with a string
 comparison, and keys travel through XCom and Redis without float or timezone accidents.
+
+Decimals are encoded by value only, so equal values of another scale (``1.5``, ``1.50``) encode
+equal, as PostgreSQL compares them: in a composite key ``(n numeric, id int)`` the rows
+``(1.5, 1)`` and ``(1.50, 2)`` are ordered by ``id``, never by the scale of ``n``. A decimal
+therefore decodes to its *normalised* value: trailing zeros after the point dropped, never an
+exponent above zero (``Decimal("1.50")`` -> ``Decimal("1.5")``, ``Decimal("1E+2")`` ->
+``Decimal("100")``, what PostgreSQL's ``trim_scale`` gives), which PostgreSQL compares equal to
+the stored value. Only the scale is lost, never the value or the order.
+
+Compatibility with keys stored by versions before 0x37-0x39 (they used codes 0x30-0x32 and
+appended the scale, which ordered ``1.50`` before ``1.5`` and so could refuse a legitimate advance
+as "backwards"): such keys still decode (to the normalised value), and every new decimal code
+sorts above every old one, so a stream's old watermark is a valid start for the next round.
+Rounds planned before the upgrade whose range bounds hold a decimal must be closed (their
+DAG runs finished) before upgrading: comparing a new cursor with an old ``hi`` of equal prefix
+refuses the advance (``CursorConflictError``: "passes hi") and the range stops with its cursor in
+place; it never marks a key done that was not delivered (``tests/core/test_keys.py``).
 
 The empty string is ``MIN_KEY``: below every key, it stands for "no lower bound".
 
@@ -21,8 +38,8 @@ type       code    body
 str        0x02    UTF-8, 0x00 escaped as 0x00 0xFF, terminated by 0x00
 int        0x0b-   sign and length in the code (0x14 is zero), big-endian magnitude,
            0x1d    negatives one's-complemented; > 8 bytes carry an explicit length byte
-Decimal    0x30-   sign code, order-preserving exponent, digit bytes, terminator,
-           0x32    then the original exponent (scale) as an int component
+Decimal    0x37-   sign code (negative, zero, positive), order-preserving exponent of the
+           0x39    normalised value, significant digits, terminator; no scale
 datetime   0x33    aware: microseconds since the Unix epoch in UTC, as an int component
 datetime   0x34    naive (``timestamp without time zone``): microseconds since the epoch
 date       0x35    proleptic ordinal, as an int component
@@ -48,7 +65,10 @@ from .errors import ConfigurationError
 MIN_KEY = ""
 
 _STR, _INT_ZERO, _INT_BIG_NEG, _INT_BIG_POS = 0x02, 0x14, 0x0B, 0x1D
-_DEC_NEG, _DEC_ZERO, _DEC_POS = 0x30, 0x31, 0x32
+_DEC_NEG, _DEC_ZERO, _DEC_POS = 0x37, 0x38, 0x39
+# codes of the old, scale-carrying decimal encoding: decoded, never written
+_OLD_DEC_NEG, _OLD_DEC_ZERO, _OLD_DEC_POS = 0x30, 0x31, 0x32
+_OLD_DEC = {_OLD_DEC_NEG: _DEC_NEG, _OLD_DEC_ZERO: _DEC_ZERO, _OLD_DEC_POS: _DEC_POS}
 _TS_AWARE, _TS_NAIVE, _DATE, _UUID = 0x33, 0x34, 0x35, 0x36
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -106,51 +126,60 @@ def _decode_int(b: bytes, i: int) -> tuple[int, int]:
 
 
 def _encode_decimal(d: Decimal, out: bytearray) -> None:
+    """The value only: equal decimals of any scale give the same bytes (see the module doc)."""
     if not d.is_finite():
         raise KeyEncodingError(f"decimal key component must be finite, got {d}")
     sign, digits, exponent = d.as_tuple()
     assert isinstance(exponent, int)
     if not any(digits):
         out.append(_DEC_ZERO)
+        return
+    # value = 0.d1d2...dn * 10**point with d1 != 0 and trailing zeros dropped
+    first = next(i for i, x in enumerate(digits) if x)
+    sig = list(digits[first:])
+    while sig[-1] == 0:
+        sig.pop()
+    point = len(digits) - first + exponent
+    ascii_digits = bytes(0x30 + x for x in sig)
+    exp_part = bytearray()
+    if sign:  # larger magnitude sorts lower: complement exponent and digits, end high
+        _encode_int(-point, exp_part)
+        out.append(_DEC_NEG)
+        out += exp_part
+        out += bytes(0xFF - x for x in ascii_digits) + b"\xff"
     else:
-        # value = 0.d1d2...dn * 10**point with d1 != 0 and trailing zeros dropped
-        first = next(i for i, x in enumerate(digits) if x)
-        sig = list(digits[first:])
-        while sig[-1] == 0:
-            sig.pop()
-        point = len(digits) - first + exponent
-        ascii_digits = bytes(0x30 + x for x in sig)
-        exp_part = bytearray()
-        if sign:  # larger magnitude sorts lower: complement exponent and digits, end high
-            _encode_int(-point, exp_part)
-            out.append(_DEC_NEG)
-            out += exp_part
-            out += bytes(0xFF - x for x in ascii_digits) + b"\xff"
-        else:
-            _encode_int(point, exp_part)
-            out.append(_DEC_POS)
-            out += exp_part
-            out += ascii_digits + b"\x00"
-    _encode_int(exponent, out)  # the scale, only to round-trip 1.50 as 1.50
+        _encode_int(point, exp_part)
+        out.append(_DEC_POS)
+        out += exp_part
+        out += ascii_digits + b"\x00"
 
 
 def _decode_decimal(b: bytes, i: int) -> tuple[Decimal, int]:
+    """The normalised value (no trailing fractional zeros, exponent <= 0); old-format keys
+    (codes 0x30-0x32) also carry a scale after the value, which is read and dropped."""
     code = b[i]
+    old = code in _OLD_DEC
+    code = _OLD_DEC.get(code, code)
     i += 1
     if code == _DEC_ZERO:
-        exponent, i = _decode_int(b, i)
-        return Decimal((0, (0,), exponent)), i
+        if old:
+            _, i = _decode_int(b, i)
+        return Decimal(0), i
     point, i = _decode_int(b, i)
     end = b.index(0xFF if code == _DEC_NEG else 0x00, i)
     raw = b[i:end]
+    i = end + 1
     negative = code == _DEC_NEG
     if negative:
         point, raw = -point, bytes(0xFF - x for x in raw)
+    if old:
+        _, i = _decode_int(b, i)
     sig = tuple(x - 0x30 for x in raw)
-    exponent, i = _decode_int(b, end + 1)
-    # the original coefficient is the significant digits followed by the dropped trailing zeros
-    trailing = point - len(sig) - exponent
-    return Decimal((int(negative), sig + (0,) * trailing, exponent)), i
+    # 0.d1..dn * 10**point: integral values get their zeros back (exponent 0, never E+n)
+    exponent = point - len(sig)
+    if exponent > 0:
+        sig, exponent = sig + (0,) * exponent, 0
+    return Decimal((int(negative), sig, exponent)), i
 
 
 def _encode_component(v: Any, out: bytearray) -> None:
@@ -199,7 +228,7 @@ def _decode_component(b: bytes, i: int) -> tuple[Any, int]:
                 return out.decode("utf-8"), j + 1
     if _INT_BIG_NEG <= code <= _INT_BIG_POS:
         return _decode_int(b, i)
-    if code in (_DEC_NEG, _DEC_ZERO, _DEC_POS):
+    if code in (_DEC_NEG, _DEC_ZERO, _DEC_POS) or code in _OLD_DEC:
         return _decode_decimal(b, i)
     if code == _TS_AWARE:
         us, i = _decode_int(b, i + 1)

@@ -12,7 +12,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
+# The engine's own ceiling on ranges per round: every range is a Redis hash written when the round
+# is planned (one Lua call) and read by every barrier check and status view, so the round's control
+# state grows with this number. Airflow adds its own cap, ``[core] max_map_length`` (1024 by
+# default): the operators read it from Airflow's configuration, the engine does not know it.
+MAX_RANGES = 100_000
 
 
 def split(start: str, end: str, cuts: Iterable[str], max_ranges: int) -> list[tuple[str, str]]:

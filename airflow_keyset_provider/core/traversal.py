@@ -37,7 +37,7 @@ from .keys import MIN_KEY, KeyEncodingError, coerce_bound, decode_user_key, disp
 from .metrics import Metrics, NullMetrics
 from .mirror import CheckpointMirror
 from .options import TraverseOptions
-from .planner import MAX_MAP_LENGTH, split
+from .planner import MAX_RANGES, split
 from .range_run import run_range
 from .run_state import RangeResult
 from .source import SqlSource
@@ -367,10 +367,10 @@ class KeysetTraversal:
 
 def _check_max_ranges(max_ranges: Any) -> None:
     is_int = isinstance(max_ranges, int) and not isinstance(max_ranges, bool)
-    if not is_int or not 1 <= max_ranges <= MAX_MAP_LENGTH:
+    if not is_int or not 1 <= max_ranges <= MAX_RANGES:
         raise ConfigurationError(
-            f"max_ranges must be an integer from 1 to {MAX_MAP_LENGTH} (Airflow's "
-            f"max_map_length), got {max_ranges!r}"
+            f"max_ranges must be an integer from 1 to {MAX_RANGES} (the engine's limit on "
+            f"ranges per round), got {max_ranges!r}"
         )
 
 

@@ -54,12 +54,18 @@ from airflow_keyset_provider.core.keys import (
     to_json,
 )
 from airflow_keyset_provider.core.options import TraverseOptions
-from airflow_keyset_provider.core.planner import MAX_MAP_LENGTH
+from airflow_keyset_provider.core.planner import MAX_RANGES
 from airflow_keyset_provider.hooks.keyset import KeysetHook
+from airflow_keyset_provider.links import KeysetRoundLink
+
+AIRFLOW_DEFAULT_MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
 
 
 def _max_map_length() -> int:
-    return min(conf.getint("core", "max_map_length", fallback=MAX_MAP_LENGTH), MAX_MAP_LENGTH)
+    """Airflow's configured ``[core] max_map_length`` (read when called, so a raised setting
+    raises the limit), capped by the engine's ``MAX_RANGES``."""
+    configured = conf.getint("core", "max_map_length", fallback=AIRFLOW_DEFAULT_MAX_MAP_LENGTH)
+    return min(configured, MAX_RANGES)
 
 
 def _check_max_ranges(max_ranges: Any) -> None:
@@ -71,7 +77,9 @@ def _check_max_ranges(max_ranges: Any) -> None:
     ):
         raise ConfigurationError(
             f"max_ranges must be an integer from 1 to {limit} (Airflow's [core] max_map_length "
-            f"caps how many mapped tasks one task may expand to), got {max_ranges!r}"
+            f"caps how many mapped tasks one task may expand to; raise it, e.g. "
+            f"AIRFLOW__CORE__MAX_MAP_LENGTH, for more ranges, up to the engine's {MAX_RANGES}), "
+            f"got {max_ranges!r}"
         )
 
 
@@ -123,7 +131,9 @@ class PlanRangesOperator(BaseOperator):
     :param start_key: lower bound, exclusive; None: the stream's watermark (templated).
     :param end_key: upper bound, inclusive; None: ``max(key)`` once every smaller key has committed
         (templated).
-    :param max_ranges: at most this many ranges (and mapped tasks), 1 to ``[core] max_map_length``.
+    :param max_ranges: at most this many ranges (and mapped tasks), 1 to Airflow's configured
+        ``[core] max_map_length`` (1024 by default; raising it raises this limit, up to the
+        engine's 100,000). Fewer keys than ranges give fewer ranges.
     :param key_prefix: prefix of every Redis key of the traversal.
     :param commit_wait_timeout: PostgreSQL: seconds to wait for transactions open when ``max(key)``
         was read (``CommitOrderTimeoutError`` after).
@@ -142,6 +152,7 @@ class PlanRangesOperator(BaseOperator):
         "stream",
     )
     ui_color = "#d8e6f3"
+    operator_extra_links = (KeysetRoundLink(),)
 
     def __init__(
         self,
@@ -260,6 +271,13 @@ class PlanRangesOperator(BaseOperator):
             for spec in rnd.ranges
         ]
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the traversed table as the input dataset (``airflow_keyset_provider.
+        lineage``); None when the OpenLineage provider is not installed."""
+        from airflow_keyset_provider.lineage import table_lineage
+
+        return table_lineage(self.source_conn_id, self.table)
+
 
 class TraverseRangeOperator(BaseOperator):
     """Process every key of one range of a planned round, resuming from its Redis cursor.
@@ -306,6 +324,7 @@ class TraverseRangeOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("round_id", "range_id", "stream", "table", "where")
     ui_color = "#e3f0d8"
+    operator_extra_links = (KeysetRoundLink(),)
 
     def __init__(
         self,
@@ -440,6 +459,13 @@ class TraverseRangeOperator(BaseOperator):
                 "its cursor is committed and the next try resumes from there"
             )
         return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the traversed table as the input dataset (``airflow_keyset_provider.
+        lineage``); None when the OpenLineage provider is not installed."""
+        from airflow_keyset_provider.lineage import table_lineage
+
+        return table_lineage(self.source_conn_id, self.table)
 
     def on_kill(self) -> None:
         t = self._traversal

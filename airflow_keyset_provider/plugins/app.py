@@ -12,6 +12,11 @@ Routes (relative to the mount point)::
     GET /api/streams/{stream}?closed=3           watermark, retention floor, open + recent rounds
     GET /api/streams/{stream}/rounds/{round_id}?dead=3
                                                  one round: ranges, progress, lag, dead letters
+    GET /api/runs/{dag_id}/{run_id}              the rounds that DAG run's plan tasks planned
+    GET /run/{dag_id}/{run_id}                   that run's round on the page: a redirect to
+                                                 ``?stream=..&round=..`` (one round), a list
+                                                 (several), 404 (none); the DAG run's
+                                                 "Keyset round" tab embeds it
 
 Guarantees:
 
@@ -34,6 +39,7 @@ import html
 import threading
 from importlib import resources
 from typing import Annotated, Any
+from urllib.parse import quote, urlencode
 
 import redis
 from airflow.api_fastapi.app import get_auth_manager
@@ -41,7 +47,7 @@ from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.configuration import conf
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core.errors import ConfigurationError, StoreUnavailableError
@@ -192,4 +198,50 @@ def create_app() -> FastAPI:
     ) -> dict[str, Any]:
         return _read(view.round_view, stream, round_id, dead)
 
+    @app.get("/api/runs/{dag_id}/{run_id}")
+    def run_rounds(dag_id: str, run_id: str, _user: AuthorizedUser) -> dict[str, Any]:
+        _, prefix = settings()
+        rounds = _read(view.rounds_of_run, dag_id, run_id)
+        return {"dag_id": dag_id, "run_id": run_id, "key_prefix": prefix, "rounds": rounds}
+
+    @app.get("/run/{dag_id}/{run_id}", include_in_schema=False)
+    def run_page(request: Request, dag_id: str, run_id: str, _user: AuthorizedUser) -> Response:
+        return _run_page(request, dag_id, run_id)
+
     return app
+
+
+def _page_url(request: Request, stream: str, round_id: str) -> str:
+    """The page (under the mount point) filtered to one round."""
+    base = request.scope.get("root_path", "").rstrip("/") + "/"
+    return f"{base}?{urlencode({'stream': stream, 'round': round_id}, quote_via=quote)}"
+
+
+def _run_page(request: Request, dag_id: str, run_id: str) -> Response:
+    """One round: redirect to it on the page; several (one per plan task): a list of links;
+    none: 404 naming the run and the key prefix that was searched."""
+    _, prefix = settings()
+    rounds = _read(view.rounds_of_run, dag_id, run_id)
+    if len(rounds) == 1:
+        r = rounds[0]
+        return RedirectResponse(_page_url(request, r["stream"], r["round_id"]), status_code=307)
+    esc = html.escape
+    if not rounds:
+        body = (
+            f"<p>No keyset round was planned by run <code>{esc(run_id)}</code> of DAG "
+            f"<code>{esc(dag_id)}</code> under the key prefix <code>{esc(prefix)}</code> "
+            "(<code>[keyset] key_prefix</code>).</p>"
+        )
+        return HTMLResponse(_small_page(body), status_code=status.HTTP_404_NOT_FOUND)
+    items = "".join(
+        f'<li><a href="{esc(_page_url(request, r["stream"], r["round_id"]), quote=True)}">'
+        f"{esc(r['task_id'])}: stream {esc(r['stream'])}, round {esc(r['round_id'])}</a></li>"
+        for r in rounds
+    )
+    return HTMLResponse(
+        _small_page(f"<p>Rounds planned by run <code>{esc(run_id)}</code>:</p><ul>{items}</ul>")
+    )
+
+
+def _small_page(body: str) -> str:
+    return f"<!doctype html><meta charset=utf-8><title>Keyset traversals</title>{body}"

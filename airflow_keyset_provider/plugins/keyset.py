@@ -3,7 +3,9 @@
 - ``fastapi_apps``: the page and its read-only JSON API, mounted by the API server at
   ``URL_PREFIX`` (``/keyset``) and protected by Airflow's own authentication (see ``app.py``).
 - ``external_views``: a navigation entry under *Browse* that embeds ``keyset/`` (relative to the
-  UI's base URL, so it works behind a path prefix) at the UI route ``/plugin/keyset``.
+  UI's base URL, so it works behind a path prefix) at the UI route ``/plugin/keyset``; and a
+  "Keyset round" tab on every DAG run (destination ``dag_run``) that embeds
+  ``keyset/run/{DAG_ID}/{RUN_ID}``: the round that run's plan task planned (see ``app.py``).
 
 Every Airflow process that loads plugins imports this module (schedulers and task runners too),
 so it stays cheap: the FastAPI app is built on its first request, inside the API server only.
@@ -19,6 +21,7 @@ from airflow.sdk.plugins_manager import AirflowPlugin
 
 URL_PREFIX = "/keyset"
 UI_ROUTE = "keyset"
+RUN_UI_ROUTE = "keyset-run"
 
 
 class LazyApp:
@@ -58,6 +61,13 @@ class KeysetPlugin(AirflowPlugin):
             "url_route": UI_ROUTE,
             "destination": "nav",
             "category": "browse",
+            "icon": "keyset/icon.svg",
+        },
+        {
+            "name": "Keyset round",
+            "href": "keyset/run/{DAG_ID}/{RUN_ID}",
+            "url_route": RUN_UI_ROUTE,
+            "destination": "dag_run",
             "icon": "keyset/icon.svg",
         },
     ]

@@ -33,6 +33,7 @@ from ..core.errors import ConfigurationError, RoundNotFoundError, RoundStateLost
 from ..core.keys import display_key
 from ..core.status import RangeState, RoundState, RoundStatus, format_duration, iso_ms
 from ..core.store import CursorStore
+from ..core.store_reads import stream_names
 
 #: Heartbeats renew a lease every third of its length (see ``core.traversal._Heartbeat``).
 HEARTBEATS_PER_LEASE = 3
@@ -207,3 +208,40 @@ def _dead_letters(
             }
         )
     return out
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis glob pattern (``MATCH``)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def rounds_of_run(client: Any, prefix: str, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+    """The rounds the plan tasks of one DAG run planned (or were given: a chained round that was
+    still open), found by their round key ``<dag_id>/<run_id>/<task_id>[/<map_index>]`` (what
+    ``PlanRangesOperator`` passes as ``round_key``) in every stream under ``prefix``; the stream
+    named after the DAG (the default) first. Each: ``stream``, ``round_id``, ``task_id``,
+    ``map_index`` (None when the plan task is not mapped). Reads ``by_key`` hashes with HSCAN."""
+    head = f"{dag_id}/{run_id}/"
+    names = stream_names(client, prefix)
+    names.sort(key=lambda n: n != dag_id)
+    found: list[dict[str, Any]] = []
+    for name in names:
+        try:
+            store = CursorStore(client, name, prefix=prefix)
+        except ConfigurationError:
+            continue  # not one of ours
+        for raw_key, raw_id in client.hscan_iter(
+            store.by_key_key, match=_glob_escape(head) + "*", count=500
+        ):
+            key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
+            round_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+            task_id, _, map_index = key[len(head) :].partition("/")
+            found.append(
+                {
+                    "stream": name,
+                    "round_id": round_id,
+                    "task_id": task_id,
+                    "map_index": int(map_index) if map_index.isdigit() else None,
+                }
+            )
+    return found

@@ -41,6 +41,7 @@ from airflow_keyset_provider.core.control import StreamControl
 from airflow_keyset_provider.core.keys import to_json
 from airflow_keyset_provider.core.status import RoundState
 from airflow_keyset_provider.hooks.keyset import AirflowStatsMetrics, KeysetHook
+from airflow_keyset_provider.links import KeysetRoundLink
 from airflow_keyset_provider.triggers.keyset import BarrierEvent, KeysetRoundTrigger
 
 _MAX_LISTED = 20  # lagging ranges listed in one message
@@ -70,6 +71,7 @@ class BarrierSensor(BaseSensorOperator):
     """
 
     template_fields: Sequence[str] = ("round_id", "stream", "plan_task_id", "key_prefix")
+    operator_extra_links = (KeysetRoundLink(),)
     ui_color = "#f3e3d8"
 
     def __init__(

@@ -41,7 +41,7 @@ _HOME = Path(tempfile.mkdtemp(prefix="keyset-airflow-home-"))
 atexit.register(shutil.rmtree, _HOME, True)
 DAGS_DIR = _HOME / "dags"
 DAGS_DIR.mkdir()
-for source in [*sorted((REPO / "dags").glob("*.py")), HERE / "keyset_test_dags.py"]:
+for source in [*sorted((REPO / "dags").glob("*.py")), *sorted(HERE.glob("keyset_*dags.py"))]:
     (DAGS_DIR / source.name).symlink_to(source)
 
 AIRFLOW_ENV = {

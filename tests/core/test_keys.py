@@ -1,8 +1,9 @@
 """Key encoding (``core/keys.py``): the order the Lua fence compares is the key order.
 
 - ``encode(a) < encode(b)`` iff ``a < b`` (plain string comparison, what the Lua fence uses), and
-  ``decode(encode(a))`` is ``a`` exactly: same types, decimals with their scale, aware timestamps
-  as the same instant, UUIDs, unicode with NUL, tuples of mixed types (hypothesis).
+  ``decode(encode(a))`` is ``a`` exactly: same types, decimals as the same value (normalised:
+  the scale is not kept, so ``1.5`` and ``1.50`` encode equal, as PostgreSQL compares them), aware
+  timestamps as the same instant, UUIDs, unicode with NUL, tuples of mixed types (hypothesis).
 - The database agrees: a real traversal returns the keys of every supported column type in the
   encoding's order, each exactly once.
 - One decode, one label and one bound reader serve the engine, the operators and the CLI.
@@ -70,11 +71,21 @@ def fixed_scale_decimals(places: int) -> st.SearchStrategy[Decimal]:
     )
 
 
-# a column type: (name, value strategy); decimals have one scale per column, like numeric(p, s)
+def any_scale_decimals() -> st.SearchStrategy[Decimal]:
+    """An unconstrained ``numeric`` column: each value keeps its own scale, often an equal value
+    at another scale (``1.5``, ``1.50``)."""
+    return st.integers(0, 4).flatmap(fixed_scale_decimals) | st.sampled_from(
+        [Decimal("1.5"), Decimal("1.50"), Decimal("1.500"), Decimal("2"), Decimal("2.0")]
+    )
+
+
+# a column type: (name, value strategy); decimals of one scale per column, like numeric(p, s),
+# or of mixed scales, like an unconstrained numeric
 COLUMN_TYPES = st.one_of(
     st.just(("int", big_int)),
     st.just(("text", text)),
     st.integers(0, 6).map(lambda p: (f"decimal({p})", fixed_scale_decimals(p))),
+    st.just(("numeric", any_scale_decimals())),
     st.just(("timestamptz", aware)),
     st.just(("timestamp", st.datetimes())),
     st.just(("date", st.dates())),
@@ -107,11 +118,19 @@ def two_keys_of_one_schema(draw: st.DrawFn) -> tuple[tuple, tuple]:
     return a, b
 
 
+def normalised(d: Decimal) -> bool:
+    """No trailing zero after the point and no positive exponent: what a key decodes to."""
+    _, digits, exponent = d.as_tuple()
+    assert isinstance(exponent, int)
+    return exponent <= 0 and (exponent == 0 or digits[-1] != 0)
+
+
 def same_value(x: Any, y: Any) -> bool:
+    """``y`` (decoded) is ``x``: same type and value; a decimal in its normalised form."""
     if type(x) is not type(y):
         return False
     if isinstance(x, Decimal):
-        return x == y and (x.as_tuple().exponent == y.as_tuple().exponent)
+        return x == y and normalised(y)
     if isinstance(x, dt.datetime) and x.tzinfo is not None:
         # the same instant; not ``x == y``, which PEP 495 makes False across zones for a local
         # time in a DST gap or fold
@@ -136,20 +155,53 @@ def test_key_encoding_preserves_order_and_round_trips(pair: tuple[tuple, tuple])
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
-    st.decimals(allow_nan=False, allow_infinity=False),
-    st.decimals(allow_nan=False, allow_infinity=False),
+    st.decimals(allow_nan=False, allow_infinity=False) | any_scale_decimals(),
+    st.decimals(allow_nan=False, allow_infinity=False) | any_scale_decimals(),
 )
-def test_decimals_of_any_scale_keep_value_order_and_scale(a: Decimal, b: Decimal) -> None:
-    """Across scales: distinct values keep their order; equal values with another scale (1.5 and
-    1.50, which a unique numeric column cannot hold both of) encode differently; the scale
-    round-trips (only the sign of a negative zero is dropped: numeric has no -0)."""
+def test_decimals_of_any_scale_encode_by_value(a: Decimal, b: Decimal) -> None:
+    """Across scales the encoding orders by value alone: ``1.5`` and ``1.50`` encode equal (as
+    PostgreSQL compares them), distinct values keep their order; a decimal decodes to its
+    normalised value (``1.50`` -> ``1.5``, ``1E+2`` -> ``100``; a negative zero to ``0``)."""
     ea, eb = encode_key((a,)), encode_key((b,))
-    if a != b:
-        assert cmp(ea, eb) == cmp(a, b), (a, b)
-    else:
-        assert (ea == eb) == (a.as_tuple().exponent == b.as_tuple().exponent)
+    assert cmp(ea, eb) == cmp(a, b), (a, b, ea, eb)
     back = decode_key(ea)[0]
-    assert back == a and back.as_tuple().exponent == a.as_tuple().exponent
+    assert back == a and normalised(back), (a, back)
+    assert encode_key((back,)) == ea
+
+
+@pytest.mark.parametrize(
+    ("value", "decoded"),
+    [
+        ("1.50", "1.5"),
+        ("1.5", "1.5"),
+        ("100", "100"),
+        ("1E+2", "100"),
+        ("100.00", "100"),
+        ("-0.0100", "-0.01"),
+        ("0.000", "0"),
+        ("-0", "0"),
+    ],
+)
+def test_a_decimal_decodes_to_its_normalised_value(value: str, decoded: str) -> None:
+    back = decode_key(encode_key((Decimal(value), 7)))
+    assert str(back[0]) == decoded and back[1] == 7
+
+
+@pytest.mark.parametrize(
+    ("old_hex", "value"),
+    [
+        # encode_key((Decimal("1.50"), 7)) before the fix: code 0x32, point, digits, scale -2
+        ("3215013135" + "00" + "13fd" + "1507", (Decimal("1.5"), 7)),
+        ("31" + "14" + "1507", (Decimal(0), 7)),  # Decimal("0") with scale 0
+        ("3013fececaff" + "13fe" + "1507", (Decimal("-1.5"), 7)),  # Decimal("-1.5"), scale -1
+    ],
+)
+def test_keys_of_the_old_decimal_format_still_decode(old_hex: str, value: tuple) -> None:
+    """Watermarks and bounds stored by a version that appended the scale (codes 0x30-0x32)
+    decode to the normalised value, and sort below every key of the new format, so the next
+    round may start from an old watermark."""
+    assert decode_key(old_hex) == value
+    assert old_hex < encode_key((Decimal("-1e30"), 0)) < encode_key(value)
 
 
 DB_TYPES = {
@@ -168,6 +220,7 @@ DB_TYPES = {
             max_value=Decimal("1e12"),
         ),
     ),
+    "numeric_mixed_scale": ("numeric", any_scale_decimals()),
     "timestamptz": (
         "timestamptz",
         st.datetimes(
@@ -226,12 +279,182 @@ def test_database_order_is_the_encoding_order(
             )
         assert [encode_key((v,)) for v in seen] == sorted(encode_key((v,)) for v in vals)
         assert all(
-            same_value(x, y) or (isinstance(x, dt.datetime) and x == y)
+            # the database returns each value with its stored scale
+            (isinstance(x, (dt.datetime, Decimal)) and type(x) is type(y) and x == y)
+            or same_value(x, y)
             for x, y in zip(seen, sorted(vals, key=lambda v: encode_key((v,))), strict=True)
         )
 
     try:
         check()
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [(Decimal("1.5"), 1), (Decimal("1.50"), 2)],
+        [(Decimal("1.50"), 1), (Decimal("1.5"), 2)],
+        [
+            (Decimal("1.5"), 1),
+            (Decimal("1.50"), 2),
+            (Decimal("1.500"), 3),
+            (Decimal("1.50"), 4),
+            (Decimal("1.5"), 5),
+            (Decimal("2"), 1),
+            (Decimal("2.0"), 2),
+            (Decimal("0.00"), 1),
+            (Decimal("0"), 2),
+        ],
+    ],
+    ids=["1.5,1.50", "1.50,1.5", "many"],
+)
+def test_equal_numerics_of_another_scale_traverse_in_database_order(
+    rows: list[tuple[Decimal, int]],
+    pg_engine: sa.Engine,
+    pg_schema_url: str,
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    """Issue #10 item 8. Key ``(n numeric, id int)`` with rows ``(1.5, 1)`` and ``(1.50, 2)``:
+    PostgreSQL orders them by ``id`` (``1.5 = 1.50``). The old encoding ordered by the scale of
+    ``n`` first (``1.50`` below ``1.5``), so after the cursor reached ``(1.5, 1)`` the advance to
+    ``(1.50, 2)`` was refused as "backwards" and the range never completed. Now the round
+    traverses to completion, one chunk per row (every cursor a real key), each row once."""
+    with pg_engine.begin() as c:
+        c.execute(
+            sa.text("CREATE TABLE kn (n numeric NOT NULL, id int NOT NULL, PRIMARY KEY (n, id))")
+        )
+        c.execute(sa.text("INSERT INTO kn VALUES (:n, :id)"), [{"n": n, "id": i} for n, i in rows])
+        in_db_order = [tuple(r) for r in c.execute(sa.text("SELECT n, id FROM kn ORDER BY n, id"))]
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="kn",
+        key=["n", "id"],
+        redis_url=redis_url,
+        stream="numeric-scale",
+        key_prefix=key_prefix,
+    )
+    try:
+        rnd = t.plan(max_ranges=1, end_key=in_db_order[-1])
+        seen: list[tuple[Any, ...]] = []
+        for r in rnd.ranges:
+            result = t.traverse(
+                rnd.round_id,
+                r.range_id,
+                lambda ch: seen.extend(ch.keys),
+                chunk_size=1,
+                max_chunk_attempts=1,
+                lease_seconds=5,
+            )
+            assert result.complete, result
+        assert [tuple(k) for k in seen] == in_db_order
+        assert t.close_round(rnd.round_id) is not None
+    finally:
+        t.close()
+
+
+def old_format_key(values: tuple[Any, ...]) -> str:
+    """A key as versions before the fix encoded it: decimal codes 0x30-0x32, scale appended."""
+    from airflow_keyset_provider.core import keys
+
+    out = bytearray()
+    for v in values:
+        if isinstance(v, Decimal):
+            part = bytearray()
+            keys._encode_decimal(v, part)
+            part[0] -= 7
+            exponent = v.as_tuple().exponent
+            assert isinstance(exponent, int)
+            keys._encode_int(exponent, part)
+            out += part
+        else:
+            keys._encode_component(v, out)
+    return out.hex()
+
+
+def test_a_watermark_stored_in_the_old_format_starts_the_next_round(
+    pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """Upgrade path: the stream's watermark was written by an older version (scale appended).
+    The next chained round starts from it: the old key decodes, every new key sorts above it,
+    and the round delivers exactly the rows above the watermark, each once."""
+    with pg_engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE kn (n numeric, id int, PRIMARY KEY (n, id))"))
+        c.execute(sa.text("INSERT INTO kn VALUES (1.5, 1), (1.50, 2), (2, 1)"))
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="kn",
+        key=["n", "id"],
+        redis_url=redis_url,
+        stream="upgrade",
+        key_prefix=key_prefix,
+    )
+    try:
+        first = t.plan(max_ranges=1, end_key=(Decimal("1.50"), 2))
+        t.traverse(first.round_id, 0, lambda ch: None, chunk_size=1, max_chunk_attempts=1)
+        t.close_round(first.round_id)
+        assert t.store.watermark() == encode_key((Decimal("1.5"), 2))
+        old = old_format_key((Decimal("1.50"), 2))
+        assert old == "32150131350013fd1502" and decode_key(old) == (Decimal("1.5"), 2)
+        t.store.client.set(t.store.watermark_key, old)  # as the old version left it
+
+        with pg_engine.begin() as c:
+            c.execute(sa.text("INSERT INTO kn VALUES (1.5, 3), (3, 0), (1.5, 0)"))
+        nxt = t.plan(max_ranges=2)
+        assert nxt.ranges[0].lo == (Decimal("1.5"), 2)
+        seen: list[tuple[Any, ...]] = []
+        for r in nxt.ranges:
+            res = t.traverse(
+                nxt.round_id,
+                r.range_id,
+                lambda ch: seen.extend(ch.keys),
+                chunk_size=1,
+                max_chunk_attempts=1,
+            )
+            assert res.complete, res
+        assert [tuple(k) for k in seen] == [
+            (Decimal("1.5"), 3),
+            (Decimal("2"), 1),
+            (Decimal("3"), 0),
+        ]
+        assert t.close_round(nxt.round_id).done == 3
+    finally:
+        t.close()
+
+
+def test_a_round_planned_in_the_old_format_is_refused_not_skipped(
+    pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """Why rounds planned before the upgrade must be closed first: a range whose ``hi`` was
+    stored in the old format compares above-or-below new cursors by type code, so the fence
+    refuses the advance (``past_hi``) and the range stops with its cursor in place: nothing is
+    marked done that was not delivered."""
+    from airflow_keyset_provider.core.errors import CursorConflictError
+
+    with pg_engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE kn (n numeric, id int, PRIMARY KEY (n, id))"))
+        c.execute(sa.text("INSERT INTO kn VALUES (1.5, 1), (1.50, 2), (2, 1)"))
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="kn",
+        key=["n", "id"],
+        redis_url=redis_url,
+        stream="inflight",
+        key_prefix=key_prefix,
+    )
+    try:
+        rnd = t.plan(max_ranges=1, end_key=(Decimal("2"), 1))
+        old_hi = old_format_key((Decimal("2"), 1))
+        t.store.client.hset(t.store.range_key(rnd.round_id, 0), "hi", old_hi)  # as stored before
+        seen: list[Any] = []
+        with pytest.raises(CursorConflictError, match="passes hi"):
+            t.traverse(
+                rnd.round_id, 0, lambda ch: seen.extend(ch.keys), chunk_size=1, max_chunk_attempts=1
+            )
+        [status] = t.range_status(rnd.round_id)
+        assert status["state"] != "complete" and status["done"] == 0
     finally:
         t.close()
 
@@ -247,7 +470,7 @@ UTC_NOON = dt.datetime(2024, 1, 1, 12, tzinfo=dt.UTC)
         (None, 1, "-inf"),
         (42, 1, "42"),
         ("abc", 1, "abc"),
-        (Decimal("1.50"), 1, "1.50"),
+        (Decimal("1.5"), 1, "1.5"),  # a decimal decodes normalised: 1.50 -> 1.5
         (UTC_NOON, 1, "2024-01-01T12:00:00+00:00"),
         (dt.date(2024, 1, 2), 1, "2024-01-02"),
         (uuid.UUID(int=1), 1, "00000000-0000-0000-0000-000000000001"),
