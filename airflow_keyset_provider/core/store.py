@@ -87,7 +87,7 @@ from .errors import (
     StoreUnavailableError,
 )
 from .status import RangeState, RoundState
-from .store_reads import StoreReads, _s
+from .store_reads import StoreReads, _s, glob_literal
 from .store_scripts import (
     ADVANCE,
     CLAIM,
@@ -323,7 +323,7 @@ class CursorStore(StoreReads):
         every primary of a cluster); 0 if none."""
         head = f"{self.base}:round:r"
         top = 0
-        for k in self.client.scan_iter(match=_glob_escape(head) + "*", count=1000):
+        for k in self.client.scan_iter(match=glob_literal(head) + "*", count=1000):
             rest = _s(k)[len(head) :]
             number = rest.split(":", 1)[0]
             if number.isdigit():
@@ -617,11 +617,6 @@ def _advance_refused(
             f"{where}: advance from {expected!r} to {new!r} moves backwards; refused"
         )
     return CursorConflictError(f"{where}: advance to {new!r} passes hi {_s(res[1])!r}; refused")
-
-
-def _glob_escape(text: str) -> str:
-    """``text`` as a literal in a Redis glob pattern."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def _policy_keeps_keys(policy: str) -> bool:

@@ -35,6 +35,11 @@ def _pairs(flat: list[Any]) -> dict[str, str]:
     return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
+def glob_literal(text: str) -> str:
+    """``text`` as a literal in a Redis glob pattern (``MATCH``)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
 def stream_names(client: redis.Redis, prefix: str) -> list[str]:
     """Every stream with a watermark, an open set or a round counter under ``prefix``, found with
     SCAN (never KEYS), sorted."""
@@ -222,6 +227,15 @@ class StoreReads:
         if not raw:
             raise RoundStateLostError(f"{self._where(round_id, range_id)} has no state in Redis")
         return {_s(k): _s(v) for k, v in raw.items()}
+
+    def rounds_by_key_prefix(self, head: str) -> list[tuple[str, str]]:
+        """``(idempotency key, round id)`` of every round whose idempotency key starts with
+        ``head`` (e.g. ``"<dag_id>/<run_id>/"``), read with HSCAN (glob characters escaped)."""
+        match = glob_literal(head) + "*"
+        return [
+            (_s(k), _s(v))
+            for k, v in self.client.hscan_iter(self.by_key_key, match=match, count=500)
+        ]
 
     def open_rounds(self) -> list[str]:
         return sorted(

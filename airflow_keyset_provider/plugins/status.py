@@ -210,11 +210,6 @@ def _dead_letters(
     return out
 
 
-def _glob_escape(text: str) -> str:
-    """``text`` as a literal in a Redis glob pattern (``MATCH``)."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
 def rounds_of_run(client: Any, prefix: str, dag_id: str, run_id: str) -> list[dict[str, Any]]:
     """The rounds the plan tasks of one DAG run planned (or were given: a chained round that was
     still open), found by their round key ``<dag_id>/<run_id>/<task_id>[/<map_index>]`` (what
@@ -230,11 +225,7 @@ def rounds_of_run(client: Any, prefix: str, dag_id: str, run_id: str) -> list[di
             store = CursorStore(client, name, prefix=prefix)
         except ConfigurationError:
             continue  # not one of ours
-        for raw_key, raw_id in client.hscan_iter(
-            store.by_key_key, match=_glob_escape(head) + "*", count=500
-        ):
-            key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key)
-            round_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+        for key, round_id in store.rounds_by_key_prefix(head):
             task_id, _, map_index = key[len(head) :].partition("/")
             found.append(
                 {
