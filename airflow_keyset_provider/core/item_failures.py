@@ -10,8 +10,9 @@ The rule (docs/contract.md, "Item failures and dependency failures"):
   dependency, the chunk is isolated:
 
   1. Canary: one key this range already processed successfully (the last one this try saw
-     succeed; else the committed cursor key, unless it waits in the retry set) is processed alone
-     again (at-least-once allows it). If it fails, the dependency is down: an outage.
+     succeed; else the highest of the range's first ``chunk_size`` committed keys that neither
+     waits for retry nor is dead) is processed alone again (at-least-once allows it). If it
+     fails, the dependency is down: an outage.
   2. If the canary succeeded and the processor named the failed items, they are item failures as
      named. If it raised, or there was no canary, the chunk is bisected: each half is processed
      on its own, a half that fails as a whole is halved again, down to single items. A part that
@@ -39,7 +40,7 @@ from .chunk import Chunk, ChunkResult
 from .errors import KeysetError, ProcessorContractError, RetryableError
 from .keys import as_tuple, display_key, encode_key
 from .run_state import Heartbeat
-from .source import materialize
+from .source import materialize, release
 
 if TYPE_CHECKING:
     from .range_run import RangeRun
@@ -220,6 +221,8 @@ class ItemFailures:
         return ok
 
     def _canary_key(self) -> str | None:
+        """The last key this try saw succeed; else (a resumed try) the highest key this range
+        committed among its first ``chunk_size`` that neither waits for retry nor is dead."""
         if self.last_good is not None:
             return self.last_good
         run = self.run
@@ -228,9 +231,17 @@ class ItemFailures:
         cursor = run.state.cursor
         if cursor == self._lo:
             return None  # nothing committed yet: every key below is another range's
-        # a committed key is done or skipped unless it waits in the retry set
-        retry_key = run.store.retry_key(run.round_id, run.range_id)
-        return None if run.store.client.hexists(retry_key, cursor) else cursor
+        rows = run.source.fetch(self._lo, cursor, run.o.chunk_size)
+        keys = [encode_key(tuple(r[: run.arity])) for r in materialize(rows)]
+        release(rows)
+        if not keys:
+            return None
+        waiting = run.store.client.hmget(run.store.retry_key(run.round_id, run.range_id), keys)
+        dead = {
+            d["key"] for d in run.store.dead_letters(run.round_id, run.range_id, run.o.dead_cap)
+        }
+        good = [k for k, w in zip(keys, waiting, strict=True) if w is None and k not in dead]
+        return good[-1] if good else None
 
     def _log_isolated(self, rows: Sequence[tuple], failed: dict[str, str], how: str) -> None:
         log.warning(

@@ -12,6 +12,7 @@ or any raises ``RetryableError``, it is an outage: the cursor stays and nothing 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from airflow_keyset_provider.core import (
 )
 from airflow_keyset_provider.core.keys import encode_key
 
+TROUBLE = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
 BAD = set(range(21, 61))
 FAST = {"backoff_base": 0.01, "backoff_max": 0.02, "item_retry_delay": 0.01, "prefetch": False}
 
@@ -38,7 +40,7 @@ class NamesBadItems:
     """Processor that names every bad key in ``ChunkResult.failed`` (a validation failure)."""
 
     def __init__(self, bad: set[int]) -> None:
-        self.bad, self.calls = bad, 0
+        self.bad, self.calls, self.calls_at_41 = bad, 0, 0
 
     def __call__(self, chunk: Chunk) -> ChunkResult:
         self.calls += 1
@@ -128,9 +130,11 @@ def test_a_single_poison_row_in_a_bulk_insert_is_isolated(
     t.close()
 
 
-def _assert_outage(t: Any, rnd: Any, proc: Any, cursor: int) -> None:
-    with pytest.raises(DependencyFailedError):
+def _assert_outage(t: Any, rnd: Any, proc: Any, cursor: int, *quoted: str) -> None:
+    with pytest.raises(DependencyFailedError) as err:
         t.traverse(rnd.round_id, 0, proc, chunk_size=20, max_item_attempts=2, **FAST)
+    for phrase in quoted:  # the message troubleshooting.md quotes
+        assert phrase in str(err.value) and phrase in TROUBLE.read_text(), phrase
     st = t.range_status(rnd.round_id)[0]
     assert t.store.range(rnd.round_id, 0)["cursor"] == encode_key((cursor,))
     assert (st.dead, st.retries) == (0, 0), st
@@ -179,6 +183,44 @@ def test_a_dependency_that_fails_every_item_dead_letters_nothing(
 
     t = traversal(pg_schema_url, redis_url, key_prefix, columns=["seq", "payload"])
     rnd = t.plan(max_ranges=1, start_key=0, end_key=100)
-    _assert_outage(t, rnd, proc, 40)
+    _assert_outage(
+        t,
+        rnd,
+        proc,
+        40,
+        " items failed as a whole (first: ",
+        "), and the canary, a key that succeeded before, failed too); the cursor stays at ",
+    )
     assert bulk.calls <= 2 + 5 * 2
+    t.close()
+
+
+class Crash(BaseException):
+    """Kills the traverse call like a worker crash (no handler in the engine catches it)."""
+
+
+def test_a_try_resumed_inside_the_cluster_finds_a_canary(
+    pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """The first try dies when it reaches chunk (40, 60], inside the bad cluster 21-60, so the new
+    try starts with no key it saw succeed and a committed cursor (40) that waits in the retry set.
+    Its canary is a committed key of the range that neither waits for retry nor is dead (20), so
+    the cluster is still told apart from an outage: the range completes with exactly 21-60 dead."""
+    _make_sink(pg_engine, BAD)
+    named = NamesBadItems(BAD)
+
+    def dies_once(chunk: Chunk) -> ChunkResult:
+        if chunk.keys[0] == 41 and len(chunk) == 20 and not named.calls_at_41:
+            named.calls_at_41 = 1
+            raise Crash
+        return named(chunk)
+
+    t = traversal(pg_schema_url, redis_url, key_prefix, columns=["seq", "payload"])
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=100)
+    with pytest.raises(Crash):
+        t.traverse(rnd.round_id, 0, dies_once, chunk_size=20, max_item_attempts=2, **FAST)
+    assert t.store.range(rnd.round_id, 0)["cursor"] == encode_key((40,))
+    res = t.traverse(rnd.round_id, 0, dies_once, chunk_size=20, max_item_attempts=2, **FAST)
+    assert res.complete and (res.done, res.dead) == (60, 40)
+    assert _dead_keys(t, rnd.round_id) == BAD
     t.close()

@@ -11,12 +11,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 from core_support import Recorder, make_events, traversal
 
 from airflow_keyset_provider.core import Chunk, LeaseLostError
+
+TROUBLE = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
 
 
 def test_a_hung_processor_loses_its_range_to_another_try(
@@ -73,8 +76,16 @@ def test_a_hung_processor_loses_its_range_to_another_try(
     err = outcome["a"]
     assert isinstance(err, LeaseLostError), err
     msg = str(err)
-    assert "keys 41 .. 60 (20 keys)" in msg and "chunk_timeout=10 s" in msg, msg
-    assert "the processor ran " in msg
+    assert "the chunk of keys 41 .. 60 (20 keys), past chunk_timeout=10 s" in msg, msg
+    for phrase in (  # the message troubleshooting.md quotes
+        "the processor ran ",
+        ", past chunk_timeout=",
+        " s. Heartbeats stopped at chunk_timeout so the lease could lapse and another try take the "
+        "range over; this try is fenced and nothing of the chunk was committed. If chunks "
+        "legitimately take this long, raise chunk_timeout (or lower chunk_size); otherwise find "
+        "where the processor hangs (a lock wait, a call without a timeout).",
+    ):
+        assert phrase in msg and phrase in TROUBLE.read_text(), phrase
     delivered = seen + b.seen
     assert set(delivered) == set(range(1, 101))  # no key lost
     assert {k for k, n in delivered.items() if n > 1} <= set(range(41, 61))  # replay <= 1 chunk
