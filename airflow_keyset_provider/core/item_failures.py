@@ -176,6 +176,7 @@ class ItemFailures:
         budget = 2 * math.ceil(math.log2(len(rows))) + 1
         stack = _halves(rows)[::-1]
         while stack:
+            self.run._check_lease(self.run.heart, "lease lost while isolating a chunk")
             if self.run.t._stop.is_set():
                 raise IsolationStopped
             part = stack.pop()
