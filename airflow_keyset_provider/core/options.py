@@ -42,6 +42,16 @@ class TraverseOptions:
     """Seconds to wait while another live owner holds the range before ``LeaseHeldError``
     (non-negative; None: three leases)."""
 
+    chunk_timeout: float | None = None
+    """Seconds one processor call may run before this try gives the range up (positive; None: ten
+    leases, 600 s with the default lease; ``math.inf`` turns the bound off). The lease follows
+    progress, not the process: past this bound the heartbeat stops, the lease lapses
+    ``lease_seconds`` later and another try takes the range over; this try is fenced and, if the
+    call ever returns, fails with ``LeaseLostError`` naming the chunk. On by default because a hung
+    processor (a lock wait, a socket without timeout) otherwise holds its range for ever; ten
+    leases is far above a healthy chunk (seconds), so only a real hang trips it, and a false trip
+    costs one replayed chunk, never a lost key."""
+
     backoff_base: float = 0.5
     """Seconds before retrying a failed chunk; doubles with each consecutive failure, jittered to
     50-100 % (non-negative)."""
@@ -105,6 +115,8 @@ class TraverseOptions:
         for name in ("claim_timeout", "group_commit_seconds"):
             if getattr(self, name) is not None:
                 _check_number(name, getattr(self, name), allow_zero=True)
+        if self.chunk_timeout is not None:
+            _check_number("chunk_timeout", self.chunk_timeout)
         if not isinstance(self.owner_lineage, str):
             raise ConfigurationError(f"owner_lineage must be a string, got {self.owner_lineage!r}")
         if not isinstance(self.prefetch, bool):
@@ -118,6 +130,11 @@ class TraverseOptions:
     def claim_timeout_seconds(self) -> float:
         """``claim_timeout``, or three leases when it is None."""
         return self.claim_timeout if self.claim_timeout is not None else 3 * self.lease_seconds
+
+    @property
+    def chunk_timeout_seconds(self) -> float:
+        """``chunk_timeout``, or ten leases when it is None."""
+        return self.chunk_timeout if self.chunk_timeout is not None else 10 * self.lease_seconds
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> TraverseOptions:

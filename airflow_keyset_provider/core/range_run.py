@@ -8,11 +8,17 @@ it is due. Everything here keeps the engine's contract:
 - The cursor moves only by ``CursorStore.advance`` (fenced by the owner token, together with the
   counters); ``read`` (how far this worker has processed) runs ahead of the committed cursor by
   at most one group, which is what a crash replays.
-- A dependency failure (a failed read, ``RetryableError``, any unexpected exception, or more
-  failed items than ``outage_failure_ratio`` allows) commits what was processed, backs off and
-  reads the same chunk again; after ``max_chunk_attempts`` it raises with the cursor unchanged.
-- An item failure is recorded with the chunk; the cursor moves on, and the retry passes at the
-  end give the item ``max_item_attempts`` in all before it is dead-lettered.
+- A dependency failure (a failed read, ``RetryableError``, or a chunk that failed as a whole and
+  whose isolation found no sign of a working dependency, see ``item_failures``) commits what was
+  processed, backs off and reads the same chunk again; after ``max_chunk_attempts`` it raises with
+  the cursor unchanged.
+- An item failure (named by the processor, or an item that fails alone in isolation) is recorded
+  with the chunk; the cursor moves on, and the retry passes at the end (``item_failures``) give
+  the item ``max_item_attempts`` in all before it is dead-lettered.
+- The lease follows progress: a processor call running past ``chunk_timeout`` stops the
+  heartbeat (``call_processor``), so another try can take the range over; this one is fenced.
+- Every wait (backoff, retry passes) ends at once on ``request_stop``; the run commits what it
+  processed and returns ``stopped``.
 """
 
 from __future__ import annotations
@@ -25,20 +31,19 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from .chunk import Chunk, ChunkResult, Processor
+from .chunk import Chunk, Processor
 from .errors import (
     CursorConflictError,
     DependencyFailedError,
     KeysetError,
-    LeaseHeldError,
     LeaseLostError,
-    ProcessorContractError,
-    RetentionError,
     RetryableError,
     RoundStateLostError,
 )
-from .keys import as_tuple, display_key, encode_key
+from .item_failures import IsolationStopped, ItemFailures
+from .keys import display_key, encode_key
 from .options import TraverseOptions
+from .range_claim import check_retention, claim_range, log_claim
 from .run_state import Group, Heartbeat, ProgressLog, RangeResult, RangeState, Verdict
 from .source import release
 from .store import Claim
@@ -55,7 +60,7 @@ def run_range(
     """Claim the range (waiting while a live owner holds it), refuse it if the source's retention
     passed its cursor, run it with a heartbeat, release the lease. Returns its counters."""
     token = f"{o.owner_lineage or 'worker'}#{uuid.uuid4().hex[:12]}"
-    claim = _claim(t, round_id, range_id, token, o)
+    claim = claim_range(t, round_id, range_id, token, o)
     started = time.monotonic()
     if claim.complete:
         log.info(
@@ -69,11 +74,11 @@ def run_range(
         return RangeResult(
             round_id, range_id, claim.done, claim.skipped, claim.dead, True, claim.cursor
         )
-    _check_retention(t, round_id, range_id, token, claim.cursor)
+    check_retention(t, round_id, range_id, token, claim.cursor)
     rng = t.store.range(round_id, range_id)
-    _log_claim(t, round_id, range_id, claim, rng)
+    log_claim(t, round_id, range_id, claim, rng)
     run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o)
-    heart = Heartbeat(t.store, round_id, range_id, token, o.lease_ms)
+    heart = Heartbeat(t.store, round_id, range_id, token, o.lease_ms, o.chunk_timeout_seconds)
     heart.start()
     try:
         state = run.run(heart)
@@ -103,90 +108,10 @@ def run_range(
     )
 
 
-def _claim(
-    t: KeysetTraversal, round_id: str, range_id: int, token: str, o: TraverseOptions
-) -> Claim:
-    """Claim the range; while a live owner holds it, wait (on the traversal's stop event) until
-    its lease runs out, up to ``claim_timeout``."""
-    timeout, lease_ms = o.claim_timeout_seconds, o.lease_ms
-    deadline = time.monotonic() + timeout
-    while True:
-        res = t.store.claim(round_id, range_id, token, o.owner_lineage, lease_ms)
-        if isinstance(res, Claim):
-            return res
-        owner, ms_left = res.owner, res.ms_left
-        if time.monotonic() + ms_left / 1000 > deadline + lease_ms / 1000:
-            raise LeaseHeldError(
-                f"round {round_id} range {range_id} is held by live owner {owner} (lease "
-                f"renewed by heartbeats); gave up after {timeout:.0f} s. If that worker is "
-                "gone, its lease expires by itself; otherwise let it finish."
-            )
-        if time.monotonic() > deadline:
-            raise LeaseHeldError(
-                f"round {round_id} range {range_id} is still held by {owner} after {timeout:.0f} s"
-            )
-        log.info(
-            "round %s range %d is held by %s for %.1f s more; waiting",
-            round_id,
-            range_id,
-            owner,
-            ms_left / 1000,
-        )
-        if t._stop.wait(min(ms_left / 1000 + 0.05, max(deadline - time.monotonic(), 0.05))):
-            raise LeaseHeldError(
-                f"stop requested while waiting for round {round_id} range {range_id}"
-            )
-
-
-def _check_retention(
-    t: KeysetTraversal, round_id: str, range_id: int, token: str, cursor: str
-) -> None:
-    """If the source may already have deleted keys this range has not read, the round is lost
-    for good: mark it unrecoverable (it can never close) and stop."""
-    boundary = t.source.retention_boundary()
-    if boundary is None or boundary <= cursor:
-        return
-    reason = (
-        f"the source's retention boundary {display_key(boundary, t.arity)} passed range "
-        f"{range_id}'s cursor {display_key(cursor, t.arity)}: keys in between may have "
-        "been deleted unread"
-    )
-    if not t.store.mark_unrecoverable(round_id, reason):
-        log.warning("round %s: already closed or gone; not marked unrecoverable", round_id)
-    t.store.release(round_id, range_id, token)
-    log.error("round %s: %s; the round is marked unrecoverable", round_id, reason)
-    raise RetentionError(
-        f"round {round_id}: {reason}. It is marked unrecoverable and will never be reported "
-        "complete. Keep rows above the stream's retention floor (airflow-keyset status) until "
-        "rounds finish, then reset this round and plan again."
-    )
-
-
-def _log_claim(
-    t: KeysetTraversal, round_id: str, range_id: int, claim: Claim, rng: dict[str, Any]
-) -> None:
-    if claim.takeover:
-        t.metrics.incr("lease.takeover", tags=t.tags)
-        log.warning(
-            "round %s range %d: took over from a previous owner at cursor %s (that owner is "
-            "fenced; up to one chunk will be replayed)",
-            round_id,
-            range_id,
-            display_key(claim.cursor, t.arity),
-        )
-    else:
-        log.info(
-            "round %s range %d: claimed (%s, %s], resuming at cursor %s",
-            round_id,
-            range_id,
-            display_key(rng["lo"], t.arity),
-            display_key(rng["hi"], t.arity),
-            display_key(claim.cursor, t.arity),
-        )
-
-
 class RangeRun:
     """One claimed range, from its cursor to ``hi``, then the item-retry passes."""
+
+    heart: Heartbeat  # set by ``run``
 
     def __init__(
         self,
@@ -215,6 +140,7 @@ class RangeRun:
         self.attempt = 0  # consecutive failures of the chunk in hand
         self.pool: ThreadPoolExecutor | None = None
         self.pending: Future[Sequence[tuple]] | None = None  # the prefetched next chunk
+        self.items = ItemFailures(self)  # failure isolation and item retry passes
         hi_label = display_key(hi, self.arity)
         self.progress = ProgressLog(
             round_id, range_id, hi_label, self.arity, options.log_every_seconds, self._estimate()
@@ -230,6 +156,7 @@ class RangeRun:
     # -- the loop --------------------------------------------------------------------------------
     def run(self, heart: Heartbeat) -> RangeState:
         """Traverse to ``hi``, then retry failed items; return the committed state."""
+        self.heart = heart
         if self.o.prefetch:
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="keyset-prefetch")
         try:
@@ -253,7 +180,8 @@ class RangeRun:
                     self._flush()
                 self._tick(len(rows))
             self._flush()
-            self._drain_retries(heart)
+            if self.items.drain(heart):
+                return self._stop_here()
         finally:
             if self.pool is not None:
                 self.pool.shutdown(wait=True, cancel_futures=True)
@@ -294,51 +222,69 @@ class RangeRun:
             return None
 
     def _process(self, rows: Sequence[tuple]) -> Verdict | None:
-        """Hand the rows to the processor; None after a dependency failure (backed off)."""
+        """Hand the rows to the processor (isolating a chunk that fails as a whole, see
+        ``item_failures``); None after a dependency failure (backed off) or a stop request."""
         self.rows_read += len(rows)
         last = encode_key(tuple(rows[-1][: self.arity]))
         if self.pool is not None and last < self.hi:
             self.pending = self.pool.submit(self.source.fetch, last, self.hi, self.o.chunk_size)
-        chunk = Chunk(
-            self.round_id,
-            self.range_id,
-            self.source.column_names,
-            rows,
-            self.key_of,
-            self.attempt + 1,
-        )
         try:
-            started = time.perf_counter()
-            result = self.processor(chunk)
-            elapsed_ms = (time.perf_counter() - started) * 1000
-            self.t.metrics.timing("chunk.process", elapsed_ms, tags=self.t.tags)
-            failed, skipped = self._interpret(chunk, result)
-            self._check_chunk_outage(failed, len(rows))
+            failed, skipped = self.items.process(rows, self.attempt + 1)
+        except IsolationStopped:
+            release(rows)
+            self._drop_prefetched()
+            return None  # the loop sees the stop request and commits what it has
         except Exception as exc:
-            # RetryableError, or anything unexpected, is a dependency failure: the cursor
-            # stays and the chunk is read again. The engine's own errors are not.
+            # RetryableError, or anything unexpected (a failed read while isolating), is a
+            # dependency failure: the cursor stays and the chunk is read again. The engine's own
+            # errors are not.
             if isinstance(exc, KeysetError) and not isinstance(exc, RetryableError):
                 raise
             release(rows)
             self._drop_prefetched()
             self._flush()
             self.attempt += 1
-            if isinstance(exc, RetryableError):
-                self._backoff(self.attempt, "the processor's dependency", exc)
-            else:
-                self._backoff(self.attempt, "the processor", exc)
+            what = (
+                "the processor's dependency" if isinstance(exc, RetryableError) else "the processor"
+            )
+            self._backoff(self.attempt, what, exc)
             return None
         self.attempt = 0
         return Verdict(last, failed, skipped)
 
-    def _check_chunk_outage(self, failed: dict[str, str], n_rows: int) -> None:
-        ratio = self.o.outage_failure_ratio
-        if len(failed) >= 2 and len(failed) > ratio * n_rows:
-            raise RetryableError(
-                f"{len(failed)} of {n_rows} items failed, more than outage_failure_ratio={ratio}; "
-                "treating it as a dependency failure, not as bad items "
-                f"(first: {next(iter(failed.values()))})"
-            )
+    def call_processor(self, chunk: Chunk) -> Any:
+        """Call the processor under the progress-based lease: while it runs longer than
+        ``chunk_timeout`` the heartbeat stops, and a call that returns after that fails the try
+        with ``LeaseLostError`` (another try may own the range by then; this one is fenced)."""
+        started = time.monotonic()
+        self.heart.busy()
+        try:
+            result = self.processor(chunk)
+        except BaseException:
+            self._after_call(chunk, started)
+            raise
+        self._after_call(chunk, started)
+        return result
+
+    def _after_call(self, chunk: Chunk, started: float) -> None:
+        self.heart.idle()
+        elapsed = time.monotonic() - started
+        self.t.metrics.timing("chunk.process", elapsed * 1000, tags=self.t.tags)
+        if not self.heart.overrun.is_set():
+            return
+        first, last = (
+            display_key(encode_key(tuple(v[: self.arity])), self.arity)
+            for v in (chunk.values[0], chunk.values[-1])
+        )
+        raise LeaseLostError(
+            f"round {self.round_id} range {self.range_id}: the processor ran {elapsed:.1f} s on "
+            f"the chunk of keys {first} .. {last} ({len(chunk)} keys), past "
+            f"chunk_timeout={self.o.chunk_timeout_seconds:g} s. Heartbeats stopped at "
+            "chunk_timeout so the lease could lapse and another try take the range over; this "
+            "try is fenced and nothing of the chunk was committed. If chunks legitimately take "
+            "this long, raise chunk_timeout (or lower chunk_size); otherwise find where the "
+            "processor hangs (a lock wait, a call without a timeout)."
+        )
 
     def _add_to_group(self, rows: Sequence[tuple], verdict: Verdict) -> None:
         for enc, reason in verdict.failed.items():
@@ -351,6 +297,7 @@ class RangeRun:
             )
         done = len(rows) - len(verdict.failed) - len(verdict.skipped)
         self.group.add(done, len(verdict.skipped), verdict.failed.items())
+        self.items.note_done(rows, verdict.last, {*verdict.failed, *verdict.skipped})
         release(rows)
         self.read = verdict.last
 
@@ -410,7 +357,7 @@ class RangeRun:
             cursor,
             delay,
         )
-        time.sleep(delay)
+        self.t._stop.wait(delay)  # a stop request ends the wait; the caller then stops
 
     def _commit(
         self,
@@ -483,131 +430,6 @@ class RangeRun:
                 self.range_id,
                 exc,
             )
-
-    def _interpret(self, chunk: Chunk, result: Any) -> tuple[dict[str, str], list[str]]:
-        """-> (failed encoded key -> reason, skipped encoded keys), checked against the chunk."""
-        if result is None:
-            return {}, []
-        if not isinstance(result, ChunkResult):
-            raise ProcessorContractError(
-                f"processor returned {type(result).__name__}; it must return ChunkResult or None. "
-                f"Nothing of round {self.round_id} range {self.range_id} was committed."
-            )
-        if not result.failed and not result.skipped:
-            return {}, []
-        index = {_norm(k): encode_key(as_tuple(k, self.arity)) for k in chunk.keys}
-
-        def encoded(k: Any, field_name: str) -> str:
-            enc = index.get(_norm(k))
-            if enc is None:
-                raise ProcessorContractError(
-                    f"ChunkResult.{field_name} names key {k!r}, which is not in the chunk"
-                )
-            return enc
-
-        failed = {encoded(k, "failed"): str(reason) for k, reason in result.failed.items()}
-        skipped = {encoded(k, "skipped") for k in result.skipped}
-        return failed, sorted(skipped - failed.keys())
-
-    # -- item retry passes ------------------------------------------------------------------------
-    def _drain_retries(self, heart: Heartbeat) -> None:
-        """Items that failed on their own get further attempts once the cursor reached ``hi``;
-        after ``max_item_attempts`` they are dead-lettered. The range completes when none is
-        left."""
-        attempt, passes = 0, 0
-        while self.state.retries > 0 and not self.state.complete:
-            self._check_lease(heart, "lease lost during retries")
-            entries = self.store.retry_entries(self.round_id, self.range_id, self.o.chunk_size)
-            if not entries:
-                break
-            passes += 1
-            first_attempts = min(e[1] for e in entries)
-            time.sleep(min(self.o.backoff_max, self.o.item_retry_delay * 2 ** (first_attempts - 1)))
-            try:
-                rows, failed, skipped = self._retry_pass(entries, passes + 1)
-            except RetryableError as exc:
-                attempt += 1
-                self._backoff(attempt, "the processor's dependency (item retry pass)", exc)
-                continue
-            except KeysetError:
-                raise
-            except Exception as exc:
-                attempt += 1
-                self._backoff(attempt, "an item retry pass", exc)
-                continue
-            attempt = 0
-            resolved = self._resolutions(entries, rows, failed, skipped)
-            self._commit(self.state.cursor, 0, 0, resolved=resolved, failed=sorted(failed.items()))
-            log.info(
-                "round %s range %d: item retry pass %d: %d resolved, %d still failing, "
-                "%d dead so far",
-                self.round_id,
-                self.range_id,
-                passes,
-                len(resolved),
-                len(failed),
-                self.state.dead,
-            )
-
-    def _retry_pass(
-        self, entries: Sequence[tuple[str, int, str]], attempt: int
-    ) -> tuple[Sequence[tuple], dict[str, str], list[str]]:
-        """Read the failed items again and hand them to the processor as one chunk."""
-        rows = self.source.fetch_keys([e[0] for e in entries])
-        if not rows:
-            return rows, {}, []
-        chunk = Chunk(
-            self.round_id, self.range_id, self.source.column_names, rows, self.key_of, attempt
-        )
-        failed, skipped = self._interpret(chunk, self.processor(chunk))
-        self._check_pass_outage(entries, failed)
-        return rows, failed, skipped
-
-    def _resolutions(
-        self,
-        entries: Sequence[tuple[str, int, str]],
-        rows: Sequence[tuple],
-        failed: dict[str, str],
-        skipped: list[str],
-    ) -> list[tuple[str, str]]:
-        """Retried items that reached a terminal state: ``"d"`` done, ``"s"`` skipped. A row that
-        is gone (deleted, no longer matches ``where``) reached a terminal state too: skipped."""
-        present = {encode_key(tuple(r[: self.arity])) for r in rows}
-        skip = set(skipped)
-        return [
-            (enc, "s" if enc in skip or enc not in present else "d")
-            for enc, _, _ in entries
-            if enc not in failed
-        ]
-
-    def _check_pass_outage(
-        self, entries: Sequence[tuple[str, int, str]], failed: dict[str, str]
-    ) -> None:
-        """A retry pass where (nearly) every item failed, and failed for a reason other than the
-        one it failed with before, is a dependency failure: it must not use up the items'
-        attempts. Items that are bad on their own keep failing for their own reasons and are still
-        dead-lettered. Dead letters being replayed are left out: a replay is an explicit retry,
-        its verdicts count."""
-        before = {enc: err for enc, _, err in entries if not err.startswith("replay of: ")}
-        failed = {enc: why for enc, why in failed.items() if enc in before}
-        if len(failed) < 2 or len(failed) <= self.o.outage_failure_ratio * len(before):
-            return
-        changed = sum(1 for enc, why in failed.items() if _stored(why) != before[enc])
-        if changed * 2 > len(failed):
-            raise RetryableError(
-                f"{len(failed)} of {len(before)} items failed again in a retry pass, {changed} of "
-                f"them for a new reason (first: {next(iter(failed.values()))}); treating it as a "
-                "dependency failure"
-            )
-
-
-def _norm(k: Any) -> Any:
-    return tuple(k) if isinstance(k, list) else k
-
-
-def _stored(reason: str) -> str:
-    """An error reason as the store keeps it."""
-    return reason.replace("\n", " ")[:500]
 
 
 __all__ = ["Heartbeat", "RangeResult", "RangeRun", "RangeState", "run_range"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable
@@ -55,20 +56,45 @@ class RangeResult:
 
 
 class Heartbeat(threading.Thread):
-    """Renews the lease every third of it. If the store says the token no longer owns the range,
-    ``lost`` is set and the loop stops before its next side effect."""
+    """Renews the lease every third of it, while the range makes progress.
+
+    If the store says the token no longer owns the range, ``lost`` is set and the loop stops
+    before its next side effect. The lease follows progress, not the process: while a processor
+    call runs (``busy``/``idle``), a call older than ``chunk_timeout`` stops the renewals and sets
+    ``overrun``. Timeline: try A's processor hangs at t0; A beats until t0 + chunk_timeout, then
+    stops; its lease lapses ``lease`` seconds later and try B claims the range (new token, new
+    epoch). If A's call ever returns, A sees ``overrun`` and fails with ``LeaseLostError``; even a
+    late advance of A would be refused by the store (fencing), so B's cursor is safe."""
 
     def __init__(
-        self, store: CursorStore, round_id: str, range_id: int, token: str, lease_ms: int
+        self,
+        store: CursorStore,
+        round_id: str,
+        range_id: int,
+        token: str,
+        lease_ms: int,
+        chunk_timeout: float = math.inf,
     ) -> None:
         super().__init__(name=f"keyset-heartbeat-{round_id}-{range_id}", daemon=True)
         self.store, self.round_id, self.range_id = store, round_id, range_id
-        self.token, self.lease_ms = token, lease_ms
+        self.token, self.lease_ms, self.chunk_timeout = token, lease_ms, chunk_timeout
         self.lost = threading.Event()
+        self.overrun = threading.Event()  # a processor call ran past chunk_timeout: beats stopped
+        self._busy_since: float | None = None
         self._halt = threading.Event()
+
+    def busy(self) -> None:
+        """A processor call starts now."""
+        self._busy_since = time.monotonic()
+
+    def idle(self) -> None:
+        """The processor call returned (or raised)."""
+        self._busy_since = None
 
     def run(self) -> None:
         while not self._halt.wait(self.lease_ms / 3000):
+            if self._stalled():
+                return
             try:
                 if not self.store.heartbeat(
                     self.round_id, self.range_id, self.token, self.lease_ms
@@ -87,6 +113,22 @@ class Heartbeat(threading.Thread):
                 log.warning(
                     "round %s range %d: heartbeat failed: %s", self.round_id, self.range_id, exc
                 )
+
+    def _stalled(self) -> bool:
+        """True (and ``overrun`` set) once the call in progress is older than chunk_timeout."""
+        since = self._busy_since
+        if since is None or time.monotonic() - since <= self.chunk_timeout:
+            return False
+        log.error(
+            "round %s range %d: a processor call has run %.1f s, past chunk_timeout=%g s; "
+            "heartbeats stop so the lease lapses and another try can take the range over",
+            self.round_id,
+            self.range_id,
+            time.monotonic() - since,
+            self.chunk_timeout,
+        )
+        self.overrun.set()
+        return True
 
     def stop(self) -> None:
         self._halt.set()

@@ -235,6 +235,7 @@ class KeysetTraversal:
         *,
         owner_lineage: str = "",
         claim_timeout: float | None = None,
+        chunk_timeout: float | None = None,
         backoff_base: float = 0.5,
         backoff_max: float = 30.0,
         item_retry_delay: float = 0.5,
@@ -253,8 +254,10 @@ class KeysetTraversal:
         instance): a new attempt of the same lineage takes over at once, fencing the old one.
         Returns the range's cumulative counters. Raises ``DependencyFailedError`` after
         ``max_chunk_attempts`` consecutive failures of one chunk (cursor unchanged),
-        ``LeaseLostError`` when another worker took the range, ``RoundStateLostError`` when Redis
-        lost the round.
+        ``LeaseLostError`` when another worker took the range (or a processor call ran past
+        ``chunk_timeout``, so this try gave the range up), ``RoundStateLostError`` when Redis
+        lost the round. ``request_stop`` ends every wait (backoff, retry passes) at once: the call
+        commits what it processed and returns with ``stopped=True``.
 
         The settings are ``TraverseOptions``' fields (documented there), given as keywords or as
         one ``options`` object (then leave the keywords at their defaults). Group commit
@@ -268,6 +271,7 @@ class KeysetTraversal:
             max_item_attempts=max_item_attempts,
             owner_lineage=owner_lineage,
             claim_timeout=claim_timeout,
+            chunk_timeout=chunk_timeout,
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             item_retry_delay=item_retry_delay,

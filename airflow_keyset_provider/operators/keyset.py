@@ -315,6 +315,7 @@ class TraverseRangeOperator(BaseOperator):
     :param max_chunk_attempts: see ``TraverseOptions.max_chunk_attempts``.
     :param max_item_attempts: see ``TraverseOptions.max_item_attempts``.
     :param claim_timeout: see ``TraverseOptions.claim_timeout``.
+    :param chunk_timeout: see ``TraverseOptions.chunk_timeout``.
     :param log_every_seconds: see ``TraverseOptions.log_every_seconds``.
     :param prefetch: see ``TraverseOptions.prefetch``.
     :param group_commit_chunks: see ``TraverseOptions.group_commit_chunks``.
@@ -348,6 +349,7 @@ class TraverseRangeOperator(BaseOperator):
         max_chunk_attempts: int = 5,
         max_item_attempts: int = 3,
         claim_timeout: float | None = None,
+        chunk_timeout: float | None = None,
         log_every_seconds: float = 30.0,
         prefetch: bool = True,
         group_commit_chunks: int = 1,
@@ -379,6 +381,7 @@ class TraverseRangeOperator(BaseOperator):
                 max_chunk_attempts=max_chunk_attempts,
                 max_item_attempts=max_item_attempts,
                 claim_timeout=claim_timeout,
+                chunk_timeout=chunk_timeout,
                 log_every_seconds=log_every_seconds,
                 prefetch=prefetch,
                 group_commit_chunks=group_commit_chunks,

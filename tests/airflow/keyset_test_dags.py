@@ -58,7 +58,8 @@ def crash_once_in_range_0(chunk: Chunk) -> ChunkResult:
     result = redispatch(chunk)
     if chunk.range_id == 0 and DELIVERIES[where] == 3 and where not in CRASHED:
         CRASHED.add(where)
-        raise RuntimeError("simulated worker crash after the chunk's side effects")
+        # an outage (not an unexpected error: that one would be isolated, and its halves succeed)
+        raise RetryableError("simulated worker crash after the chunk's side effects")
     return result
 
 

@@ -747,7 +747,7 @@ def test_troubleshooting_quotes_the_airflow_adapters() -> None:
                "traverse it again.")
     _in_source("hooks/keyset.py", " is not defined. Create it in the Airflow UI (Admin > Connections, type ",
                "; it must be of type ")
-    _in_source("core/range_run.py", " s more; waiting")
+    _in_source("core/range_claim.py", " s more; waiting")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ BAD_VALUES = [
     ("max_item_attempts", -1),
     ("owner_lineage", None),
     ("claim_timeout", -1),
+    ("chunk_timeout", 0),
+    ("chunk_timeout", float("nan")),
     ("backoff_base", -0.1),
     ("backoff_max", float("nan")),
     ("item_retry_delay", "0.5"),
@@ -54,6 +56,8 @@ def test_defaults_and_boundaries_are_accepted() -> None:
     TraverseOptions()
     TraverseOptions(lease_seconds=1, dead_cap=0, backoff_base=0, item_retry_delay=0)
     TraverseOptions(claim_timeout=0, group_commit_seconds=0, outage_failure_ratio=2)
+    assert TraverseOptions(chunk_timeout=float("inf")).chunk_timeout_seconds == float("inf")
+    assert TraverseOptions(lease_seconds=30).chunk_timeout_seconds == 300
 
 
 def test_settings_are_keyword_only() -> None:

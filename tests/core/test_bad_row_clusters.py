@@ -1,0 +1,226 @@
+"""Failure isolation (issue #10, item 7): bad rows are told apart from a failed dependency even when
+they fill a whole chunk, and a real outage still dead-letters nothing.
+
+Rule under test (docs/contract.md, "Item failures and dependency failures"): a chunk that fails as
+a whole (the processor raised something other than ``RetryableError``, or named more than
+``outage_failure_ratio`` of its items as failed) is isolated before the dependency is blamed: a
+canary (a key this range already processed successfully) is processed alone, and the chunk is
+bisected down to the items that fail alone. If some probe succeeds, the dependency is up and only
+the items that fail alone are item failures (retried, then dead-lettered); if every probe fails,
+or any raises ``RetryableError``, it is an outage: the cursor stays and nothing is recorded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from core_support import make_events, traversal
+
+from airflow_keyset_provider.core import (
+    Chunk,
+    ChunkResult,
+    DependencyFailedError,
+    RetryableError,
+)
+from airflow_keyset_provider.core.keys import encode_key
+
+TROUBLE = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
+BAD = set(range(21, 61))
+FAST = {"backoff_base": 0.01, "backoff_max": 0.02, "item_retry_delay": 0.01, "prefetch": False}
+
+
+def _dead_keys(t: Any, round_id: str) -> set[int]:
+    return {d["key"] for d in t.dead_letters(round_id, 0, limit=1000)}
+
+
+class NamesBadItems:
+    """Processor that names every bad key in ``ChunkResult.failed`` (a validation failure)."""
+
+    def __init__(self, bad: set[int]) -> None:
+        self.bad, self.calls, self.calls_at_41 = bad, 0, 0
+
+    def __call__(self, chunk: Chunk) -> ChunkResult:
+        self.calls += 1
+        return ChunkResult(
+            failed={k: f"row {k}: amount is not a number" for k in chunk.keys if k in self.bad}
+        )
+
+
+class BulkInsert:
+    """Processor that copies the chunk into ``sink`` with one multi-row INSERT: one bad row (its
+    payload violates the sink's CHECK constraint) makes the whole statement, and so the whole
+    chunk, raise. It writes nothing when its dependency (the sink) is gone."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine, self.calls = engine, 0
+
+    def __call__(self, chunk: Chunk) -> None:
+        self.calls += 1
+        with self.engine.begin() as c:
+            c.execute(
+                sa.text("INSERT INTO sink VALUES (:s, :p) ON CONFLICT (seq) DO NOTHING"),
+                [{"s": r["seq"], "p": r["payload"]} for r in chunk.rows],
+            )
+
+
+def _make_sink(engine: sa.Engine, bad: set[int]) -> None:
+    make_events(engine, list(range(1, 101)))
+    with engine.begin() as c:
+        c.execute(
+            sa.text("UPDATE events SET payload = 'bad' WHERE seq = ANY(:b)"), {"b": sorted(bad)}
+        )
+        c.execute(
+            sa.text(
+                "CREATE TABLE sink (seq bigint PRIMARY KEY, "
+                "payload text NOT NULL CHECK (payload <> 'bad'))"
+            )
+        )
+
+
+@pytest.mark.parametrize("kind", ["named", "raised"])
+def test_a_cluster_of_bad_rows_filling_chunks_is_dead_lettered(
+    kind: str, pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """Keys 21-60 of 100 are permanently bad, chunk_size=20: chunks (20, 40] and (40, 60] fail as
+    a whole. Before: five tries of (20, 40] ended in DependencyFailedError with the cursor at 20
+    and nothing dead-lettered. Now the canary (key 20, processed before) succeeds, so the failures
+    are the items' own: exactly keys 21-60 are dead-lettered and the other 60 are done, whether the
+    processor names the bad items or raises for the whole batch (a bulk INSERT)."""
+    _make_sink(pg_engine, BAD)
+    proc = NamesBadItems(BAD) if kind == "named" else BulkInsert(pg_engine)
+    t = traversal(pg_schema_url, redis_url, key_prefix, columns=["seq", "payload"])
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=100)
+    res = t.traverse(rnd.round_id, 0, proc, chunk_size=20, max_item_attempts=2, **FAST)
+    assert res.complete
+    assert (res.done, res.skipped, res.dead) == (60, 0, 40)
+    assert _dead_keys(t, rnd.round_id) == BAD
+    if kind == "raised":
+        with pg_engine.connect() as c:
+            sunk = {r[0] for r in c.execute(sa.text("SELECT seq FROM sink"))}
+        assert sunk == set(range(1, 101)) - BAD
+        # bounded: 5 good chunks; each batch of 20 bad items (two chunks, then two retry passes)
+        # costs its own call, one canary and at most 2n - 2 bisection calls
+        assert proc.calls <= 5 + 4 * (1 + 1 + 2 * 20 - 2)
+    totals = t.close_round(rnd.round_id)
+    assert (totals.done, totals.dead) == (60, 40)
+    t.close()
+
+
+def test_a_single_poison_row_in_a_bulk_insert_is_isolated(
+    pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """One row (37) violates the sink's CHECK constraint, so the bulk INSERT of its chunk raises as
+    a whole; another (5) does the same in the range's first chunk, where no key has succeeded yet
+    (no canary: a half that succeeds proves the dependency up). Before: DependencyFailedError at
+    cursor 0. Now only 5 and 37 are dead-lettered; the 98 others reach the sink."""
+    _make_sink(pg_engine, {5, 37})
+    proc = BulkInsert(pg_engine)
+    t = traversal(pg_schema_url, redis_url, key_prefix, columns=["seq", "payload"])
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=100)
+    res = t.traverse(rnd.round_id, 0, proc, chunk_size=20, max_item_attempts=2, **FAST)
+    assert res.complete and (res.done, res.dead) == (98, 2)
+    assert _dead_keys(t, rnd.round_id) == {5, 37}
+    letters = t.dead_letters(rnd.round_id, 0)
+    assert all("check constraint" in d["error"].lower() for d in letters), letters
+    with pg_engine.connect() as c:
+        assert c.execute(sa.text("SELECT count(*) FROM sink")).scalar() == 98
+    t.close()
+
+
+def _assert_outage(t: Any, rnd: Any, proc: Any, cursor: int, *quoted: str) -> None:
+    with pytest.raises(DependencyFailedError) as err:
+        t.traverse(rnd.round_id, 0, proc, chunk_size=20, max_item_attempts=2, **FAST)
+    for phrase in quoted:  # the message troubleshooting.md quotes
+        assert phrase in str(err.value) and phrase in TROUBLE.read_text(), phrase
+    st = t.range_status(rnd.round_id)[0]
+    assert t.store.range(rnd.round_id, 0)["cursor"] == encode_key((cursor,))
+    assert (st.dead, st.retries) == (0, 0), st
+    assert t.dead_letters(rnd.round_id, 0) == []
+
+
+def test_a_retryable_outage_dead_letters_nothing(pg_engine, pg_schema_url, redis_url, key_prefix):
+    """The processor raises RetryableError from its third chunk on (the dependency is down): the
+    cursor stays at 40, nothing is dead-lettered or queued for retry."""
+    make_events(pg_engine, list(range(1, 101)))
+
+    def proc(chunk: Chunk) -> None:
+        if chunk.keys[-1] > 40:
+            raise RetryableError("HTTP 503 from dispatch-api")
+
+    t = traversal(pg_schema_url, redis_url, key_prefix, columns=["seq", "payload"])
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=100)
+    _assert_outage(t, rnd, proc, 40)
+    t.close()
+
+
+@pytest.mark.parametrize("how", ["dropped", "named"])
+def test_a_dependency_that_fails_every_item_dead_letters_nothing(
+    how: str, pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """After two chunks the sink the processor writes to is dropped: every call raises (an
+    UndefinedTable error, not RetryableError), or, with a processor that catches per item, names
+    every item as failed. The canary (key 40) fails too, so it is an outage: DependencyFailedError
+    with the cursor at 40, nothing dead-lettered or queued, and the processor was called a bounded
+    number of times (the chunk and its canary per attempt)."""
+    _make_sink(pg_engine, set())
+    bulk = BulkInsert(pg_engine)
+
+    def proc(chunk: Chunk) -> Any:
+        if chunk.keys[-1] == 40 and len(chunk) == 20:
+            out = bulk(chunk)
+            with pg_engine.begin() as c:
+                c.execute(sa.text("DROP TABLE sink"))
+            return out
+        if how == "dropped":
+            return bulk(chunk)
+        try:
+            return bulk(chunk)
+        except sa.exc.DBAPIError as exc:
+            return ChunkResult(failed={k: str(exc.orig) for k in chunk.keys})
+
+    t = traversal(pg_schema_url, redis_url, key_prefix, columns=["seq", "payload"])
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=100)
+    _assert_outage(
+        t,
+        rnd,
+        proc,
+        40,
+        " items failed as a whole (first: ",
+        "), and the canary, a key that succeeded before, failed too); the cursor stays at ",
+    )
+    assert bulk.calls <= 2 + 5 * 2
+    t.close()
+
+
+class Crash(BaseException):
+    """Kills the traverse call like a worker crash (no handler in the engine catches it)."""
+
+
+def test_a_try_resumed_inside_the_cluster_finds_a_canary(
+    pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """The first try dies when it reaches chunk (40, 60], inside the bad cluster 21-60, so the new
+    try starts with no key it saw succeed and a committed cursor (40) that waits in the retry set.
+    Its canary is a committed key of the range that neither waits for retry nor is dead (20), so
+    the cluster is still told apart from an outage: the range completes with exactly 21-60 dead."""
+    _make_sink(pg_engine, BAD)
+    named = NamesBadItems(BAD)
+
+    def dies_once(chunk: Chunk) -> ChunkResult:
+        if chunk.keys[0] == 41 and len(chunk) == 20 and not named.calls_at_41:
+            named.calls_at_41 = 1
+            raise Crash
+        return named(chunk)
+
+    t = traversal(pg_schema_url, redis_url, key_prefix, columns=["seq", "payload"])
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=100)
+    with pytest.raises(Crash):
+        t.traverse(rnd.round_id, 0, dies_once, chunk_size=20, max_item_attempts=2, **FAST)
+    assert t.store.range(rnd.round_id, 0)["cursor"] == encode_key((40,))
+    res = t.traverse(rnd.round_id, 0, dies_once, chunk_size=20, max_item_attempts=2, **FAST)
+    assert res.complete and (res.done, res.dead) == (60, 40)
+    assert _dead_keys(t, rnd.round_id) == BAD
+    t.close()
