@@ -465,6 +465,7 @@ class RangeRun:
 
     def checkpoint(self, force: bool = False) -> None:
         """Mirror the committed state durably, at most every ``checkpoint_seconds``."""
+        self.t._progress(self.state, force)  # the caller's on_progress, throttled by itself
         mirror = self.t.mirror
         if mirror is None:
             return
