@@ -19,6 +19,9 @@ operator (or the UI) would.
    the outbox has them), leaves the watermark, and triggers the report again with that round.
 3. ``keyset_assets_deferred``: the barrier defers to the real triggerer while the range runs and
    closes the round in ``execute_complete`` on a worker; its report gets the event as well.
+4. Clearing a complete traverse task (``clearTaskInstances``, as the UI's Clear does): try 2 of the
+   same task instance claims the range, finds it complete at its cursor and reads nothing; the
+   task state entry survives and now shows try 2; no new asset event (the barrier was not cleared).
 """
 
 from __future__ import annotations
@@ -174,6 +177,15 @@ def _reports_done(
         runs = _runs(dep, dag_id)
         assert not [r for r in runs if r["state"] == "failed"], f"a run of {dag_id} failed: {runs}"
         return runs if len(runs) >= n and all(r["state"] == "success" for r in runs) else None
+
+    return check
+
+
+def _cleared_try_done(dep: AirflowDeployment, run_id: str, map_index: int) -> Callable[[], bool]:
+    def check() -> bool:
+        ti = dep.get(f"/dags/{PRODUCER}/dagRuns/{run_id}/taskInstances/traverse/{map_index}")
+        assert ti["state"] != "failed", f"the cleared traverse[{map_index}] failed"
+        return ti["try_number"] == 2 and ti["state"] == "success"
 
     return check
 
@@ -364,9 +376,38 @@ def test_downstream_dag_runs_on_each_closed_round_and_the_state_stores_show_it(
     assert _asset_state(dep, asset["id"]) == {"watermark": ROWS, "last_round": round_2}
     assert StreamControl(CursorStore(redis_client, stream, prefix=key_prefix)).watermark() == ROWS
 
+    # 4: a clear is a new try of the same task instance: it resumes from the cursor in Redis (a
+    # complete range returns at once, reading nothing) and its task state entry survives
+    t2 = time.monotonic()
+    dep.request(
+        "POST",
+        f"/dags/{PRODUCER}/clearTaskInstances",
+        {
+            "dry_run": False,
+            "dag_run_id": run_1,
+            "task_ids": [["traverse", 1]],
+            "only_failed": False,
+            "reset_dag_runs": True,
+            "include_downstream": False,
+        },
+    )
+    _wait(dep, f"{PRODUCER} {run_1} after the clear", _cleared_try_done(dep, run_1, 1))
+    clear_s = time.monotonic() - t2
+    result = _xcom(dep, PRODUCER, run_1, "traverse", map_index=1)
+    assert (result["rows_read"], result["done"], result["complete"]) == (0, hi - lo, True), result
+    entry = _task_state(dep, PRODUCER, run_1, "traverse", 1)["keyset_range"]
+    assert (entry["try_number"], entry["cursor"], entry["done"], entry["complete"]) == (
+        2,
+        hi,
+        hi - lo,
+        True,
+    )
+    assert len(_asset_events(dep, PRODUCER)) == 2  # the barrier was not cleared: no new event
+
     FIGURES.append(
         f"assets: deployment ready in {ready_s:.0f} s; chained round ({ROWS} rows, 2 ranges) + "
         f"deferred round -> both reports in {first_s:.0f} s; re-run of range 1 ({hi - lo} keys) "
-        f"-> report in {rerun_s:.0f} s; total {time.monotonic() - started:.0f} s"
+        f"-> report in {rerun_s:.0f} s; clear of a complete range -> try 2 done in "
+        f"{clear_s:.0f} s; total {time.monotonic() - started:.0f} s"
     )
     print(FIGURES[-1])
