@@ -22,6 +22,8 @@ operator (or the UI) would.
 4. Clearing a complete traverse task (``clearTaskInstances``, as the UI's Clear does): try 2 of the
    same task instance claims the range, finds it complete at its cursor and reads nothing; the
    task state entry survives and now shows try 2; no new asset event (the barrier was not cleared).
+5. Clearing the barrier: try 2 closes the closed round again (same totals) and emits the same round
+   again, so the report runs again for ``r1``: consumers see a round at least once.
 """
 
 from __future__ import annotations
@@ -179,6 +181,19 @@ def _reports_done(
         return runs if len(runs) >= n and all(r["state"] == "success" for r in runs) else None
 
     return check
+
+
+def _clear(dep: AirflowDeployment, run_id: str, task_ids: list[Any]) -> None:
+    """What the UI's Clear does (downstream tasks left alone)."""
+    body = {
+        "dry_run": False,
+        "dag_run_id": run_id,
+        "task_ids": task_ids,
+        "only_failed": False,
+        "reset_dag_runs": True,
+        "include_downstream": False,
+    }
+    dep.request("POST", f"/dags/{PRODUCER}/clearTaskInstances", body)
 
 
 def _cleared_try_done(dep: AirflowDeployment, run_id: str, map_index: int) -> Callable[[], bool]:
@@ -379,18 +394,7 @@ def test_downstream_dag_runs_on_each_closed_round_and_the_state_stores_show_it(
     # 4: a clear is a new try of the same task instance: it resumes from the cursor in Redis (a
     # complete range returns at once, reading nothing) and its task state entry survives
     t2 = time.monotonic()
-    dep.request(
-        "POST",
-        f"/dags/{PRODUCER}/clearTaskInstances",
-        {
-            "dry_run": False,
-            "dag_run_id": run_1,
-            "task_ids": [["traverse", 1]],
-            "only_failed": False,
-            "reset_dag_runs": True,
-            "include_downstream": False,
-        },
-    )
+    _clear(dep, run_1, [["traverse", 1]])
     _wait(dep, f"{PRODUCER} {run_1} after the clear", _cleared_try_done(dep, run_1, 1))
     clear_s = time.monotonic() - t2
     result = _xcom(dep, PRODUCER, run_1, "traverse", map_index=1)
@@ -404,10 +408,23 @@ def test_downstream_dag_runs_on_each_closed_round_and_the_state_stores_show_it(
     )
     assert len(_asset_events(dep, PRODUCER)) == 2  # the barrier was not cleared: no new event
 
+    # 5: clearing the barrier closes the (closed) round again with the same totals and emits the
+    # same round again (at least once): the report runs a third time, for r1
+    t3 = time.monotonic()
+    _clear(dep, run_1, ["barrier"])
+    reports = _wait(dep, f"{REPORT} after clearing the barrier", _reports_done(dep, REPORT, 3))
+    reclose_s = time.monotonic() - t3
+    assert _xcom(dep, PRODUCER, run_1, "barrier") == round_1
+    assert [e["extra"]["round_id"] for e in _asset_events(dep, PRODUCER)] == ["r1", "r2", "r1"]
+    third = _xcom(dep, REPORT, reports[-1]["dag_run_id"], "report")
+    assert third == {"rounds": [round_1 | {"outbox_rows": ROWS}], "watermark": ROWS}
+    assert _asset_state(dep, asset["id"]) == {"watermark": ROWS, "last_round": round_1}
+
     FIGURES.append(
         f"assets: deployment ready in {ready_s:.0f} s; chained round ({ROWS} rows, 2 ranges) + "
         f"deferred round -> both reports in {first_s:.0f} s; re-run of range 1 ({hi - lo} keys) "
         f"-> report in {rerun_s:.0f} s; clear of a complete range -> try 2 done in "
-        f"{clear_s:.0f} s; total {time.monotonic() - started:.0f} s"
+        f"{clear_s:.0f} s; clear of the barrier -> report again in {reclose_s:.0f} s; "
+        f"total {time.monotonic() - started:.0f} s"
     )
     print(FIGURES[-1])
