@@ -20,6 +20,7 @@ _EXPORTS = {
     "PlanRangesOperator": "airflow_keyset_provider.operators.keyset",
     "TraverseRangeOperator": "airflow_keyset_provider.operators.keyset",
     "BarrierSensor": "airflow_keyset_provider.sensors.keyset",
+    "stream_asset": "airflow_keyset_provider.sensors.keyset",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

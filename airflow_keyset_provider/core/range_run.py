@@ -44,7 +44,7 @@ from .item_failures import IsolationStopped, ItemFailures
 from .keys import display_key, encode_key
 from .options import TraverseOptions
 from .range_claim import check_retention, claim_range, log_claim
-from .run_state import Group, Heartbeat, ProgressLog, RangeResult, RangeState, Verdict
+from .run_state import CommittedRange, Group, Heartbeat, ProgressLog, RangeResult, Verdict
 from .source import release
 from .store import Claim
 
@@ -126,7 +126,7 @@ class RangeRun:
         self.t, self.store, self.source = t, t.store, t.source
         self.round_id, self.range_id, self.hi = round_id, range_id, hi
         self.processor, self.token, self.o = processor, claim.token, options
-        self.state = RangeState(claim.cursor, claim.done, claim.skipped, claim.dead, claim.retries)
+        self.state = CommittedRange(claim.cursor, claim.done, claim.skipped, claim.dead, claim.retries)
         self.key_of = self.source.key_of()
         self.arity = self.source.arity
         self.rows_read = 0  # rows read by this call, replays included
@@ -154,7 +154,7 @@ class RangeRun:
             return None
 
     # -- the loop --------------------------------------------------------------------------------
-    def run(self, heart: Heartbeat) -> RangeState:
+    def run(self, heart: Heartbeat) -> CommittedRange:
         """Traverse to ``hi``, then retry failed items; return the committed state."""
         self.heart = heart
         if self.o.prefetch:
@@ -194,7 +194,7 @@ class RangeRun:
         if heart.lost.is_set():
             raise LeaseLostError(f"round {self.round_id} range {self.range_id}: {what}")
 
-    def _stop_here(self) -> RangeState:
+    def _stop_here(self) -> CommittedRange:
         """A stop was requested: commit what was processed and return."""
         self._flush()
         log.info(
@@ -319,7 +319,7 @@ class RangeRun:
 
     def _tick(self, n_rows: int) -> None:
         s, g = self.state, self.group
-        with_group = RangeState(s.cursor, s.done + g.done, s.skipped + g.skipped, s.dead, s.retries)
+        with_group = CommittedRange(s.cursor, s.done + g.done, s.skipped + g.skipped, s.dead, s.retries)
         self.progress.tick(n_rows, self.read, with_group)
 
     def _drop_prefetched(self) -> None:
@@ -398,7 +398,7 @@ class RangeRun:
         ):
             if delta:
                 metrics.incr(name, delta, tags=tags)
-        self.state = RangeState(a.cursor, a.done, a.skipped, a.dead, a.retries, a.complete)
+        self.state = CommittedRange(a.cursor, a.done, a.skipped, a.dead, a.retries, a.complete)
         self.chunks += 1
         self.checkpoint(force=a.complete)
         if a.dead > before.dead:
@@ -412,6 +412,7 @@ class RangeRun:
 
     def checkpoint(self, force: bool = False) -> None:
         """Mirror the committed state durably, at most every ``checkpoint_seconds``."""
+        self.t._progress(self.state, force)  # the caller's on_progress, throttled by itself
         mirror = self.t.mirror
         if mirror is None:
             return
@@ -432,4 +433,4 @@ class RangeRun:
             )
 
 
-__all__ = ["Heartbeat", "RangeResult", "RangeRun", "RangeState", "run_range"]
+__all__ = ["CommittedRange", "Heartbeat", "RangeResult", "RangeRun", "run_range"]

@@ -135,7 +135,7 @@ class Heartbeat(threading.Thread):
 
 
 @dataclass
-class RangeState:
+class CommittedRange:
     """The range as last committed (cursor and cumulative counters)."""
 
     cursor: str
@@ -184,7 +184,7 @@ class ProgressLog:
     last: float = field(default_factory=time.monotonic)
     rows: int = 0
 
-    def tick(self, n: int, cursor: str, state: RangeState, force: bool = False) -> None:
+    def tick(self, n: int, cursor: str, state: CommittedRange, force: bool = False) -> None:
         self.rows += n
         now = time.monotonic()
         if not force and now - self.last < self.every_seconds:

@@ -20,9 +20,11 @@ The contract this class keeps (see docs/contract.md):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -39,12 +41,43 @@ from .mirror import CheckpointMirror
 from .options import TraverseOptions
 from .planner import MAX_RANGES, split
 from .range_run import run_range
-from .run_state import RangeResult
+from .run_state import CommittedRange, RangeResult
 from .source import SqlSource
 from .status import RangeStatus, RoundState
 from .store import CursorStore, connect_redis
 
 log = logging.getLogger("airflow_keyset_provider")
+
+#: ``traverse(on_progress=...)``: called with a copy of the range's committed state.
+ProgressCallback = Callable[[CommittedRange], None]
+
+
+class ProgressHook:
+    """Hands the committed state of a range to a plain callable, at most every ``every_seconds``
+    (always on a forced call: the range completed or stopped); a state equal to the last one
+    reported is not reported again.
+
+    The state handed over was committed in Redis before the call (the callable is an observer,
+    never an authority). A failing callable is logged and ignored: reporting progress must not
+    stop a range.
+    """
+
+    def __init__(self, fn: ProgressCallback | None = None, every_seconds: float = 5.0) -> None:
+        self.fn, self.every_seconds = fn, every_seconds
+        self.last = float("-inf")
+        self.last_state: CommittedRange | None = None
+
+    def __call__(self, state: CommittedRange, force: bool = False) -> None:
+        if self.fn is None or state == self.last_state:  # nothing new since the last report
+            return
+        now = time.monotonic()
+        if not force and now - self.last < self.every_seconds:
+            return
+        self.last, self.last_state = now, dataclasses.replace(state)
+        try:
+            self.fn(dataclasses.replace(state))
+        except Exception as exc:
+            log.warning("progress callback failed (ignored; the cursor is in Redis): %s", exc)
 
 
 class KeysetTraversal:
@@ -107,6 +140,7 @@ class KeysetTraversal:
         self.stream = stream
         self.arity = self.source.arity
         self._stop = threading.Event()
+        self._progress = ProgressHook()  # set for the duration of one ``traverse`` call
 
     # ---- keys --------------------------------------------------------------------------------
     def _encode_user_key(self, name: str, key: Any) -> str:
@@ -246,6 +280,8 @@ class KeysetTraversal:
         group_commit_chunks: int = 1,
         group_commit_seconds: float | None = None,
         options: TraverseOptions | None = None,
+        on_progress: ProgressCallback | None = None,
+        progress_every_seconds: float = 5.0,
     ) -> RangeResult:
         """Process every key of one range at least once, resuming from its committed cursor.
 
@@ -290,11 +326,18 @@ class KeysetTraversal:
             raise ConfigurationError(
                 f"processor must be callable (chunk) -> ChunkResult | None, got {processor!r}"
             )
+        if not isinstance(progress_every_seconds, (int, float)) or progress_every_seconds < 0:
+            raise ConfigurationError(
+                "progress_every_seconds must be a non-negative number, "
+                f"got {progress_every_seconds!r}"
+            )
         self.source.ensure_validated()
+        self._progress = ProgressHook(on_progress, progress_every_seconds)
         try:
             return self._traverse_restoring(round_id, range_id, processor, options or given)
         finally:
             self._stop.clear()  # a stop request ends this call, not the traversal object
+            self._progress = ProgressHook()
 
     def _traverse_restoring(
         self, round_id: str, range_id: int, processor: Processor, options: TraverseOptions
@@ -380,6 +423,8 @@ def _check_max_ranges(max_ranges: Any) -> None:
 
 __all__ = [
     "KeysetTraversal",
+    "ProgressCallback",
+    "ProgressHook",
     "RangeResult",
     "RangeSpec",
     "Round",

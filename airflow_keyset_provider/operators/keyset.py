@@ -23,11 +23,16 @@ Guarantees (on top of the engine's, see ``airflow_keyset_provider.core.traversal
   argument) and a lost round fail the task at once, without retries, with the engine's message.
 - The Airflow pool slot is taken before the task runs, so ``pool=`` bounds how many ranges are
   claimed at the same time.
+- Airflow 3.3's task state store of each traverse task instance holds the range's committed
+  cursor and counters under ``keyset_range`` (written at most every ``state_store_seconds`` while
+  the range runs, and once when the try ends), so the UI and the REST API show them. It is a
+  mirror: the cursor is read from Redis, never from there.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,10 +60,15 @@ from airflow_keyset_provider.core.keys import (
 )
 from airflow_keyset_provider.core.options import TraverseOptions
 from airflow_keyset_provider.core.planner import MAX_RANGES
+from airflow_keyset_provider.core.run_state import CommittedRange
+from airflow_keyset_provider.core.status import RangeState
 from airflow_keyset_provider.hooks.keyset import KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
 
 AIRFLOW_DEFAULT_MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
+
+#: The task state store key under which a traverse task instance mirrors its range.
+RANGE_STATE_KEY = "keyset_range"
 
 
 def _max_map_length() -> int:
@@ -321,6 +331,8 @@ class TraverseRangeOperator(BaseOperator):
     :param group_commit_chunks: see ``TraverseOptions.group_commit_chunks``.
     :param group_commit_seconds: see ``TraverseOptions.group_commit_seconds``.
     :param checkpoint_conn_id: from the plan's output: the durable checkpoint mirror.
+    :param state_store_seconds: mirror the committed cursor and counters into the task state
+        store at most this often (and once when the try ends); None: never.
     """
 
     template_fields: Sequence[str] = ("round_id", "range_id", "stream", "table", "where")
@@ -355,6 +367,7 @@ class TraverseRangeOperator(BaseOperator):
         group_commit_chunks: int = 1,
         group_commit_seconds: float | None = None,
         checkpoint_conn_id: str | None = None,
+        state_store_seconds: float | None = 5.0,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("map_index_template") is None:  # unmapping passes None explicitly
@@ -388,6 +401,16 @@ class TraverseRangeOperator(BaseOperator):
                 group_commit_seconds=group_commit_seconds,
             )
         self.checkpoint_conn_id = checkpoint_conn_id
+        if state_store_seconds is not None and (
+            isinstance(state_store_seconds, bool)
+            or not isinstance(state_store_seconds, (int, float))
+            or state_store_seconds < 0
+        ):
+            raise ValueError(
+                f"state_store_seconds must be None or a non-negative number, got "
+                f"{state_store_seconds!r}"
+            )
+        self.state_store_seconds = state_store_seconds
         self._traversal: KeysetTraversal | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -425,11 +448,20 @@ class TraverseRangeOperator(BaseOperator):
                 key_prefix=self.key_prefix,
             )
             self._traversal = t
+            mirror = self._range_state_mirror(context, t, range_id, stream)
             try:
                 options = dataclasses.replace(self.options, owner_lineage=lineage)
-                res = t.traverse(self.round_id, range_id, processor, options=options)
+                res = t.traverse(
+                    self.round_id,
+                    range_id,
+                    processor,
+                    options=options,
+                    on_progress=mirror,
+                    progress_every_seconds=self.state_store_seconds or 0.0,
+                )
             finally:
                 self._traversal = None
+                self._mirror_final_range_state(mirror, t, range_id)
                 t.close()
         result = res.as_dict()
         rate = res.rows_read / res.seconds if res.seconds > 0 else 0.0
@@ -470,6 +502,71 @@ class TraverseRangeOperator(BaseOperator):
 
         return table_lineage(self.source_conn_id, self.table)
 
+    # ---- Airflow's task state store: a mirror of the range for the UI and REST API ----------
+    def _range_state_mirror(
+        self, context: Context, t: KeysetTraversal, range_id: int, stream: str
+    ) -> Callable[[CommittedRange], None] | None:
+        """A callback writing the range's committed state to the task state store (key
+        ``keyset_range``), or None without a task state store or with ``state_store_seconds``
+        None. Redis stays the authority: nothing ever reads the cursor back from here."""
+        store = context.get("task_state_store")  # Airflow >= 3.3
+        if store is None or self.state_store_seconds is None:
+            return None
+        ti = context["ti"]
+        base = {
+            "stream": stream,
+            "round_id": str(self.round_id),
+            "range_id": range_id,
+            "lo": self.lo,
+            "hi": self.hi,
+            "try_number": getattr(ti, "try_number", None),
+            "authority": "redis",
+        }
+
+        def record(state: CommittedRange) -> None:
+            store.set(
+                RANGE_STATE_KEY,
+                {
+                    **base,
+                    "cursor": to_json(t.decode(state.cursor)),
+                    "done": state.done,
+                    "skipped": state.skipped,
+                    "dead": state.dead,
+                    "retries": state.retries,
+                    "complete": state.complete,
+                    "updated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                },
+            )
+
+        return record
+
+    def _mirror_final_range_state(
+        self, mirror: Callable[[CommittedRange], None] | None, t: KeysetTraversal, range_id: int
+    ) -> None:
+        """Once the try ends (complete, stopped or failed): the range as Redis holds it now. Best
+        effort: a failure here must not hide the try's own outcome."""
+        if mirror is None:
+            return
+        try:
+            status = next(r for r in t.range_status(str(self.round_id)) if r.range_id == range_id)
+            mirror(
+                CommittedRange(
+                    status.cursor_encoded,
+                    status.done,
+                    status.skipped,
+                    status.dead,
+                    status.retries,
+                    status.state == RangeState.COMPLETE,
+                )
+            )
+        except Exception as exc:
+            self.log.warning(
+                "round %s range %s: could not mirror the range into the task state store: %s",
+                self.round_id,
+                range_id,
+                exc,
+            )
+
     def on_kill(self) -> None:
         t = self._traversal
         if t is not None:
@@ -482,6 +579,7 @@ class TraverseRangeOperator(BaseOperator):
 __all__ = [
     "DEFAULT_MAP_INDEX_TEMPLATE",
     "RANGE_LABEL_CONTEXT_KEY",
+    "RANGE_STATE_KEY",
     "ROUND_ID_XCOM_KEY",
     "ROUND_XCOM_KEY",
     "PlanRangesOperator",

@@ -15,6 +15,15 @@ barrier. Guarantees:
   clear the barrier, or reset the round to traverse it again). Retrying cannot fix this, so the
   task fails without retries.
 - On timeout it fails with the lagging ranges: range, cursor, state, owner, last heartbeat.
+- Assets: every ``Asset`` declared in ``outlets`` (``stream_asset(stream)`` is the conventional
+  one) gets one event per successful barrier try, whose ``extra`` holds the closed round's
+  ``round_id``, ``start_key``, ``end_key``, ``done``, ``skipped``, ``dead`` (plus ``stream`` and
+  ``watermark``; keys as ``core.keys.to_json`` renders them), and its asset state store gets the
+  stream's ``watermark`` and ``last_round`` (a mirror for the UI and REST API; Redis stays the
+  authority). The event comes from this single task, never from the mapped traverse tasks. A
+  cleared or retried barrier that succeeds again emits another event for the same round: consumers
+  dedupe by ``round_id``. Outlets must be declared when the DAG is parsed (the scheduler only
+  knows those), so nothing is added at run time.
 - Modes: ``poke``, ``reschedule``, and ``deferrable=True`` (default from Airflow's
   ``[operators] default_deferrable``), which hands the wait to ``KeysetRoundTrigger`` in the
   triggerer; the worker closes the round when the trigger fires.
@@ -27,7 +36,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
+from airflow.sdk import Asset, BaseSensorOperator, Context, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from airflow_keyset_provider.common import (
@@ -45,6 +54,30 @@ from airflow_keyset_provider.links import KeysetRoundLink
 from airflow_keyset_provider.triggers.keyset import BarrierEvent, KeysetRoundTrigger
 
 _MAX_LISTED = 20  # lagging ranges listed in one message
+#: The fields of a closed round's asset event ``extra`` (and of the asset state's ``last_round``).
+ROUND_EVENT_FIELDS = (
+    "round_id",
+    "start_key",
+    "end_key",
+    "done",
+    "skipped",
+    "dead",
+    "stream",
+    "watermark",
+)
+STREAM_ASSET_SCHEME = "keyset"
+
+
+def stream_asset(stream: str, **kwargs: Any) -> Asset:
+    """The conventional ``Asset`` of a stream's closed rounds, ``keyset://<stream>``.
+
+    Declare it on the barrier (``BarrierSensor(..., outlets=[stream_asset("orders")])``) and
+    schedule downstream DAGs on the same call (``schedule=[stream_asset("orders")]``): both sides
+    then name the same asset. ``kwargs`` go to ``Asset`` (``group``, ``extra``, ...).
+    """
+    if not isinstance(stream, str) or not stream:
+        raise ValueError(f"stream must be a non-empty string, got {stream!r}")
+    return Asset(f"{STREAM_ASSET_SCHEME}://{stream}", **kwargs)
 
 
 def _lagging_text(lines: list[str]) -> str:
@@ -165,7 +198,9 @@ class BarrierSensor(BaseSensorOperator):
                 _lagging_text([r.describe() for r in check.lagging]),
             )
             return False
-        return PokeReturnValue(is_done=True, xcom_value=self._close(ctl, round_id))
+        return PokeReturnValue(
+            is_done=True, xcom_value=self._close_and_publish(context, ctl, round_id)
+        )
 
     def _close(self, ctl: StreamControl, round_id: str) -> dict[str, Any]:
         with airflow_errors():
@@ -201,6 +236,49 @@ class BarrierSensor(BaseSensorOperator):
         )
         return out
 
+    # ---- assets: one event per closed round, the watermark in the asset state store ----------
+    def _close_and_publish(
+        self, context: Context, ctl: StreamControl, round_id: str
+    ) -> dict[str, Any]:
+        out = self._close(ctl, round_id)
+        self._publish_round(context, out)
+        return out
+
+    def _stream_assets(self) -> list[Asset]:
+        return [o for o in self.outlets if isinstance(o, Asset)]
+
+    def _publish_round(self, context: Context, out: dict[str, Any]) -> None:
+        """Put the closed round on each ``Asset`` outlet: the event's ``extra`` (Airflow emits the
+        event when this try succeeds) and the asset state store's ``watermark``/``last_round``."""
+        assets = self._stream_assets()
+        if not assets:
+            return
+        extra = {k: out.get(k) for k in ROUND_EVENT_FIELDS}
+        expected = stream_asset(out["stream"]).name
+        states = context.get("asset_state_store")
+        for asset in assets:
+            if asset.name.startswith(f"{STREAM_ASSET_SCHEME}://") and asset.name != expected:
+                self.log.warning(
+                    "outlet %s names another stream than the round's (%s); its event still carries "
+                    "stream %s in extra",
+                    asset.name,
+                    expected,
+                    out["stream"],
+                )
+            context["outlet_events"][asset].extra = extra
+            if states is not None:
+                state = states[asset]
+                if out.get("watermark") is not None:
+                    state.set("watermark", out["watermark"])
+                state.set("last_round", extra)
+        self.log.info(
+            "round %s: asset event (round_id, bounds, counters) on %s; watermark %s mirrored to "
+            "their asset state store",
+            out["round_id"],
+            ", ".join(a.name for a in assets),
+            key_label(out.get("watermark")),
+        )
+
     def _lagging_now(self, context: Context) -> str:
         try:
             round_id, ctl = self._control(context)
@@ -221,7 +299,7 @@ class BarrierSensor(BaseSensorOperator):
         with airflow_errors():
             check = ctl.check_round(round_id)
         if check.complete:
-            return self._close(ctl, round_id)
+            return self._close_and_publish(context, ctl, round_id)
         _, stream, prefix = self._target(context)
         self.log.info(
             "round %s: %d range(s) not complete; deferring (timeout %.0f s)",
@@ -250,7 +328,7 @@ class BarrierSensor(BaseSensorOperator):
         round_id = event.get("round_id")
         if status == BarrierEvent.COMPLETE:
             _, ctl = self._control(context)
-            return self._close(ctl, str(round_id))
+            return self._close_and_publish(context, ctl, str(round_id))
         if status == BarrierEvent.TIMEOUT:
             raise AirflowSensorTimeout(
                 f"round {round_id} is not complete after {self.timeout:.0f} s. Lagging ranges: "
@@ -261,4 +339,4 @@ class BarrierSensor(BaseSensorOperator):
         raise AirflowException(f"unexpected event from KeysetRoundTrigger: {event!r}")
 
 
-__all__ = ["BarrierSensor"]
+__all__ = ["ROUND_EVENT_FIELDS", "BarrierSensor", "stream_asset"]

@@ -28,6 +28,7 @@ from airflow_keyset_provider import (
     ChunkResult,
     PlanRangesOperator,
     TraverseRangeOperator,
+    stream_asset,
 )
 from airflow_keyset_provider.core import RetryableError
 
@@ -161,3 +162,17 @@ with DAG("kt_state_loss", schedule=None, start_date=START, catchup=False) as kt_
     barrier = BarrierSensor(task_id="barrier", plan_task_id="plan", redis_conn_id=REDIS_CONN_ID, poke_interval=0.5,
                             timeout=60)
     plan >> traverse >> barrier
+
+# The deferrable path with an asset outlet: the barrier waits in its trigger while the round is
+# traversed elsewhere, then closes it in execute_complete and must still put it on the asset.
+with DAG("kt_defer_asset", schedule=None, start_date=START, catchup=False) as kt_defer_asset:
+    _plan(stream="kt_defer_asset") >> BarrierSensor(
+        task_id="barrier",
+        plan_task_id="plan",
+        redis_conn_id=REDIS_CONN_ID,
+        deferrable=True,
+        poke_interval=2,
+        timeout=60,
+        outlets=[stream_asset("kt_defer_asset")],
+        on_failure_callback=record_failure,
+    )

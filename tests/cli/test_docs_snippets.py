@@ -157,6 +157,8 @@ RUN_BY_TESTS = {
 RUN_ELSEWHERE = {
     "dags/nightly_event_redispatch.py": "tests/airflow/test_example_dags.py",
     "dags/order_timeout_cancel.py": "tests/airflow/test_example_dags.py",
+    "dags/downstream_on_round.py": "tests/airflow/test_downstream_example.py and "
+    "tests/scheduler/test_downstream_assets.py",
 }
 
 
