@@ -71,3 +71,20 @@ class KeysetPlugin(AirflowPlugin):
             "icon": "keyset/icon.svg",
         },
     ]
+
+
+def __getattr__(name: str) -> Any:
+    """``EntryPointPlugin``: what the ``airflow.plugins`` entry point loads.
+
+    Airflow loads a provider's ``plugins`` (``get_provider_info``) only when providers are
+    discovered eagerly (``[core] lazy_discover_providers = False``); by default it does not, and
+    the entry point is what puts the page in the UI. Were the entry point to return the plugin in
+    eager mode too, Airflow would load it twice and record "Plugin 'keyset' already registered" as
+    a plugin import error. So the entry point answers ``None`` (skipped silently, not a plugin)
+    when the provider path will load it.
+    """
+    if name == "EntryPointPlugin":
+        from airflow import settings
+
+        return KeysetPlugin if settings.LAZY_LOAD_PROVIDERS else None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

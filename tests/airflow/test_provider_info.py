@@ -94,3 +94,29 @@ def test_airflow_cli_shows_the_config_section_and_the_provider() -> None:
     assert provider["package-name"] == PROVIDER
     assert provider["plugins"] == get_provider_info()["plugins"]
     assert set(provider["config"]["keyset"]["options"]) == set(options)
+
+
+def _plugin_import_errors(env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """Plugin names and plugin import errors as Airflow's own plugins manager sees them."""
+    code = (
+        "import json; from airflow import plugins_manager as pm; "
+        "plugins, errors = pm._get_plugins(); "
+        "print(json.dumps([[p.name for p in plugins], errors]))"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__CORE__LAZY")}
+    proc = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True,
+                          text=True, timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    names, errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    return names, errors
+
+
+def test_plugin_loads_once_with_lazy_and_with_eager_provider_discovery() -> None:
+    """Scenario: the plugin is both an ``airflow.plugins`` entry point (what loads it by default,
+    with lazy provider discovery) and listed in ``get_provider_info`` (what ``airflow providers
+    get`` shows, and what eager discovery loads). Loaded both ways, Airflow recorded "Plugin
+    'keyset' already registered, skipping" as a plugin import error; now each mode loads it once."""
+    for lazy in ("True", "False"):
+        names, errors = _plugin_import_errors({"AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": lazy})
+        assert names.count("keyset") == 1, (lazy, names)
+        assert not [e for e in errors.values() if "keyset" in e], (lazy, errors)
