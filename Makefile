@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	# setuptools leaves a second copy of the package metadata in the checkout; with the checkout on
+	# sys.path (python -m pytest) Airflow would see the provider and its plugin twice
+	rm -rf airflow_keyset_provider.egg-info
 	touch $(STAMP)
 
 demo: $(STAMP)
