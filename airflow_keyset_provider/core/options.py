@@ -78,6 +78,17 @@ class TraverseOptions:
     """Also commit once the group is this old (non-negative; None: off). With
     ``group_commit_chunks`` left at 1, groups are cut by time only."""
 
+    control_poll_seconds: float = 1.0
+    """How often the stream's control state (pause, ``max_rows_per_second``) is read, by a light
+    poller thread, never per chunk (positive). A pause is noticed within this plus the chunk in
+    hand."""
+
+    yield_after_seconds: float | None = None
+    """When the stream's throughput budget would make this call wait longer than this before a
+    chunk, commit, release the lease and return with ``RangeResult.yielded == "throttled"`` (and
+    ``retry_after``) instead of sleeping (non-negative; None: wait in place).
+    ``TraverseRangeOperator`` sets it so a throttled task defers and frees its worker slot."""
+
     def __post_init__(self) -> None:
         for name in (
             "chunk_size",
@@ -88,6 +99,7 @@ class TraverseOptions:
             _check_integer(name, getattr(self, name))
         _check_integer("dead_cap", self.dead_cap, allow_zero=True)
         _check_number("lease_seconds", self.lease_seconds)
+        _check_number("control_poll_seconds", self.control_poll_seconds)
         if self.lease_seconds < 1:
             raise ConfigurationError(
                 "lease_seconds must be at least 1 (heartbeats renew it every third), "
@@ -101,7 +113,7 @@ class TraverseOptions:
             "log_every_seconds",
         ):
             _check_number(name, getattr(self, name), allow_zero=True)
-        for name in ("claim_timeout", "group_commit_seconds"):
+        for name in ("claim_timeout", "group_commit_seconds", "yield_after_seconds"):
             if getattr(self, name) is not None:
                 _check_number(name, getattr(self, name), allow_zero=True)
         if not isinstance(self.owner_lineage, str):

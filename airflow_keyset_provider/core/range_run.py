@@ -42,6 +42,7 @@ from .options import TraverseOptions
 from .run_state import Group, Heartbeat, ProgressLog, RangeResult, RangeState, Verdict
 from .source import release
 from .store import Claim
+from .stream_control import Pace, Pacer
 
 if TYPE_CHECKING:
     from .traversal import KeysetTraversal
@@ -72,12 +73,21 @@ def run_range(
     _check_retention(t, round_id, range_id, token, claim.cursor)
     rng = t.store.range(round_id, range_id)
     _log_claim(t, round_id, range_id, claim, rng)
-    run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o)
+    pacer = Pacer(
+        t.store,
+        poll_seconds=o.control_poll_seconds,
+        yield_after=o.yield_after_seconds,
+        chunk_rows=o.chunk_size,
+        stop=t._stop,
+    )
+    run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o, pacer)
     heart = Heartbeat(t.store, round_id, range_id, token, o.lease_ms)
     heart.start()
+    pacer.start()
     try:
         state = run.run(heart)
     finally:
+        pacer.stop()
         heart.stop()
         try:
             t.store.release(round_id, range_id, token)
@@ -100,6 +110,9 @@ def run_range(
         state.stopped,
         claim.takeover,
         time.monotonic() - started,
+        run.yielded == Pace.PAUSED,
+        run.yielded,
+        pacer.retry_after if run.yielded == Pace.THROTTLED else 0.0,
     )
 
 
@@ -197,8 +210,12 @@ class RangeRun:
         claim: Claim,
         hi: str,
         options: TraverseOptions,
+        pacer: Pacer | None = None,
     ) -> None:
         self.t, self.store, self.source = t, t.store, t.source
+        self.pacer = pacer
+        self.yielded = ""  # set when the pacer ended the run early ("paused", "throttled")
+        self.charged = 0  # rows_read already charged to the stream's budget
         self.round_id, self.range_id, self.hi = round_id, range_id, hi
         self.processor, self.token, self.o = processor, claim.token, options
         self.state = RangeState(claim.cursor, claim.done, claim.skipped, claim.dead, claim.retries)
@@ -235,7 +252,7 @@ class RangeRun:
         try:
             while self.read != self.hi:
                 self._check_lease(heart, "lease lost; stopping")
-                if self.t._stop.is_set():
+                if self.t._stop.is_set() or not self._pace():
                     return self._stop_here()
                 rows = self._next_rows()
                 if rows is None:
@@ -266,16 +283,29 @@ class RangeRun:
         if heart.lost.is_set():
             raise LeaseLostError(f"round {self.round_id} range {self.range_id}: {what}")
 
+    def _pace(self) -> bool:
+        """Before each chunk read: the stream's pause and throughput budget (``Pacer``; a local
+        flag, plus one bucket call only while a rate is set). False: stop here."""
+        if self.pacer is None:
+            return True
+        rows, self.charged = self.rows_read - self.charged, self.rows_read
+        outcome = self.pacer.gate(rows)
+        if outcome in (Pace.PAUSED, Pace.THROTTLED):
+            self.yielded = outcome
+        return outcome == Pace.GO
+
     def _stop_here(self) -> RangeState:
-        """A stop was requested: commit what was processed and return."""
+        """A stop was requested (or the stream is paused): commit what was processed, return."""
         self._flush()
+        why = {Pace.PAUSED: "stream paused", Pace.THROTTLED: "throttled; yielding"}
         log.info(
-            "round %s range %d: stop requested; committed through %s",
+            "round %s range %d: %s; committed through %s",
             self.round_id,
             self.range_id,
+            why.get(self.yielded, "stop requested"),
             display_key(self.state.cursor, self.arity),
         )
-        self.state.stopped = True
+        self.state.stopped = not self.yielded
         self.checkpoint(force=True)
         return self.state
 

@@ -39,6 +39,9 @@ class RangeResult:
     stopped: bool = False  # a stop was requested and honoured
     takeover: bool = False
     seconds: float = 0.0
+    paused: bool = False  # the stream is paused: committed, released, returned (resume continues)
+    yielded: str = ""  # why the call returned early on the pacer's word: "paused" or "throttled"
+    retry_after: float = 0.0  # with "throttled": seconds until the stream's budget allows a chunk
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -51,6 +54,8 @@ class RangeResult:
             "rows_read": self.rows_read,
             "chunks": self.chunks,
             "seconds": round(self.seconds, 3),
+            "paused": self.paused,
+            "yielded": self.yielded or None,
         }
 
 

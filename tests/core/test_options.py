@@ -36,6 +36,8 @@ BAD_VALUES = [
     ("dead_cap", 2.0),
     ("group_commit_chunks", 0),
     ("group_commit_seconds", -1.0),
+    ("control_poll_seconds", 0),
+    ("yield_after_seconds", -1),
 ]
 
 
