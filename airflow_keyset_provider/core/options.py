@@ -89,6 +89,15 @@ class TraverseOptions:
     ``retry_after``) instead of sleeping (non-negative; None: wait in place).
     ``TraverseRangeOperator`` sets it so a throttled task defers and frees its worker slot."""
 
+    health_checks: tuple[Any, ...] = ()
+    """Checks of the source database evaluated before each chunk and shared by every task of
+    the stream (``core/health.py``: ``ReplicationLag``, ``ActiveBackends``, ``SqlThreshold``,
+    ``CallableCheck``, or any object with ``name`` and ``probe(engine)``). While the verdict is
+    unhealthy no chunk is started. Costs one Redis round trip per chunk; empty: off."""
+
+    health_poll_seconds: float = 5.0
+    """How old the shared health verdict may get before one task probes again (positive)."""
+
     def __post_init__(self) -> None:
         for name in (
             "chunk_size",
@@ -100,6 +109,16 @@ class TraverseOptions:
         _check_integer("dead_cap", self.dead_cap, allow_zero=True)
         _check_number("lease_seconds", self.lease_seconds)
         _check_number("control_poll_seconds", self.control_poll_seconds)
+        _check_number("health_poll_seconds", self.health_poll_seconds)
+        checks = self.health_checks
+        if not isinstance(checks, (list, tuple)) or not all(
+            callable(getattr(c, "probe", None)) for c in checks
+        ):
+            raise ConfigurationError(
+                "health_checks must be a list of checks with a probe(engine) method (e.g. "
+                f"ReplicationLag(30), SqlThreshold(sql, max_value)), got {checks!r}"
+            )
+        object.__setattr__(self, "health_checks", tuple(checks))
         if self.lease_seconds < 1:
             raise ConfigurationError(
                 "lease_seconds must be at least 1 (heartbeats renew it every third), "

@@ -37,6 +37,7 @@ from .errors import (
     RetryableError,
     RoundStateLostError,
 )
+from .health import HealthGate
 from .keys import as_tuple, display_key, encode_key
 from .options import TraverseOptions
 from .run_state import Group, Heartbeat, ProgressLog, RangeResult, RangeState, Verdict
@@ -79,6 +80,11 @@ def run_range(
         yield_after=o.yield_after_seconds,
         chunk_rows=o.chunk_size,
         stop=t._stop,
+        health=(
+            HealthGate(t.store, o.health_checks, t.source.engine, o.health_poll_seconds)
+            if o.health_checks
+            else None
+        ),
     )
     run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o, pacer)
     heart = Heartbeat(t.store, round_id, range_id, token, o.lease_ms)
@@ -112,7 +118,7 @@ def run_range(
         time.monotonic() - started,
         run.yielded == Pace.PAUSED,
         run.yielded,
-        pacer.retry_after if run.yielded == Pace.THROTTLED else 0.0,
+        pacer.retry_after if run.yielded != Pace.PAUSED else 0.0,
     )
 
 
@@ -290,14 +296,19 @@ class RangeRun:
             return True
         rows, self.charged = self.rows_read - self.charged, self.rows_read
         outcome = self.pacer.gate(rows)
-        if outcome in (Pace.PAUSED, Pace.THROTTLED):
+        if outcome in (Pace.PAUSED, Pace.THROTTLED, Pace.UNHEALTHY):
             self.yielded = outcome
         return outcome == Pace.GO
 
     def _stop_here(self) -> RangeState:
         """A stop was requested (or the stream is paused): commit what was processed, return."""
         self._flush()
-        why = {Pace.PAUSED: "stream paused", Pace.THROTTLED: "throttled; yielding"}
+        health = self.pacer.health_reason if self.pacer else ""
+        why = {
+            Pace.PAUSED: "stream paused",
+            Pace.THROTTLED: "throttled; yielding",
+            Pace.UNHEALTHY: f"unhealthy ({health}); yielding",
+        }
         log.info(
             "round %s range %d: %s; committed through %s",
             self.round_id,

@@ -40,8 +40,8 @@ class RangeResult:
     takeover: bool = False
     seconds: float = 0.0
     paused: bool = False  # the stream is paused: committed, released, returned (resume continues)
-    yielded: str = ""  # why the call returned early on the pacer's word: "paused" or "throttled"
-    retry_after: float = 0.0  # with "throttled": seconds until the stream's budget allows a chunk
+    yielded: str = ""  # why the pacer ended the call early: "paused", "throttled", "unhealthy"
+    retry_after: float = 0.0  # "throttled"/"unhealthy": seconds worth waiting before trying again
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -36,6 +36,7 @@ from typing import Any
 import redis
 
 from .governor import Governor, burst_for
+from .health import HealthGate
 from .store_reads import StoreReads
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -91,12 +92,19 @@ class ControlState:
     paused_at_ms: int | None = None
     resumed_at_ms: int | None = None
     max_rows_per_second: float | None = None
+    healthy: bool | None = None  # the shared health verdict (None: no health checks ran)
+    health_reason: str = ""
+    health_checked_at_ms: int | None = None
 
     @classmethod
-    def from_hash(cls, raw: dict[Any, Any]) -> ControlState:
+    def from_hash(cls, raw: dict[Any, Any], health: dict[Any, Any] | None = None) -> ControlState:
         h = {_s(k): _s(v) for k, v in raw.items()}
+        v = {_s(k): _s(x) for k, x in (health or {}).items()}
         rate = h.get("max_rows_per_second")
         return cls(
+            healthy=None if "healthy" not in v else v["healthy"] == "1",
+            health_reason=v.get("reason", ""),
+            health_checked_at_ms=int(v["checked_at"]) if v.get("checked_at") else None,
             paused=h.get("paused") == "1",
             reason=h.get("reason", ""),
             paused_by=h.get("paused_by", ""),
@@ -113,6 +121,9 @@ class ControlState:
             "paused_at_ms": self.paused_at_ms,
             "resumed_at_ms": self.resumed_at_ms,
             "max_rows_per_second": self.max_rows_per_second,
+            "healthy": self.healthy,
+            "health_reason": self.health_reason or None,
+            "health_checked_at_ms": self.health_checked_at_ms,
         }
 
 
@@ -126,8 +137,12 @@ class StreamSwitch:
         self._resume = store.client.register_script(RESUME)
 
     def state(self) -> ControlState:
-        """The stream's control state (one ``HGETALL``)."""
-        return ControlState.from_hash(self.store.client.hgetall(self.key))
+        """The stream's control state and health verdict (one pipelined read)."""
+        pipe = self.store.client.pipeline(transaction=False)
+        pipe.hgetall(self.key)
+        pipe.hgetall(f"{self.key}:health")
+        control, health = pipe.execute()
+        return ControlState.from_hash(control, health)
 
     def pause(self, reason: str = "", by: str = "") -> ControlState:
         """Pause every task of the stream: each commits the chunk in hand, releases its lease and
@@ -201,6 +216,7 @@ class Pace:
     GO = ""
     PAUSED = "paused"  #: the stream is paused: commit, release, return
     THROTTLED = "throttled"  #: over budget for longer than the caller waits in place
+    UNHEALTHY = "unhealthy"  #: the health verdict stayed bad longer than the caller waits in place
     STOPPED = "stopped"  #: a stop was requested while waiting
 
 
@@ -222,8 +238,11 @@ class Pacer:
         yield_after: float | None = None,
         chunk_rows: int = 1000,
         stop: threading.Event | None = None,
+        health: HealthGate | None = None,
     ) -> None:
         self.stream = store.stream
+        self.health = health
+        self.health_reason: str | None = None  # the last unhealthy verdict seen
         self.switch = StreamSwitch(store)
         self.watch = ControlWatch(self.switch, poll_seconds)
         self.governor = Governor(store)
@@ -248,6 +267,10 @@ class Pacer:
         """Before a chunk: ``Pace.GO`` or why to stop here (see the class docstring)."""
         if self.watch.paused.is_set():
             return Pace.PAUSED
+        if self.health is not None:
+            outcome = self._wait_healthy()
+            if outcome:
+                return outcome
         rate = self.watch.state.max_rows_per_second
         if rate is None or rows <= 0:
             return Pace.GO
@@ -265,6 +288,22 @@ class Pacer:
             return Pace.THROTTLED
         self._log_wait(rate, wait)
         return self._wait(wait)
+
+    def _wait_healthy(self) -> str:
+        """Until the shared verdict is healthy (re-read every ``min(poll, 1)`` s)."""
+        assert self.health is not None
+        reason = self.health.check()
+        started = time.monotonic()
+        while reason is not None:
+            self.health_reason = reason
+            if self.yield_after is not None and time.monotonic() - started >= self.yield_after:
+                self.retry_after = self.health.poll_seconds
+                return Pace.UNHEALTHY
+            outcome = self._wait(min(self.health.poll_seconds, 1.0))
+            if outcome:
+                return outcome
+            reason = self.health.check()
+        return Pace.GO
 
     def _log_wait(self, rate: float, wait: float) -> None:
         now = time.monotonic()

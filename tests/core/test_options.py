@@ -38,6 +38,9 @@ BAD_VALUES = [
     ("group_commit_seconds", -1.0),
     ("control_poll_seconds", 0),
     ("yield_after_seconds", -1),
+    ("health_checks", ["SELECT 1"]),
+    ("health_checks", "SELECT 1"),
+    ("health_poll_seconds", 0),
 ]
 
 
