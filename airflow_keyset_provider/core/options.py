@@ -98,14 +98,35 @@ class TraverseOptions:
     health_poll_seconds: float = 5.0
     """How old the shared health verdict may get before one task probes again (positive)."""
 
+    target_chunk_seconds: float | None = None
+    """Adaptive chunk size: steer the rows per chunk (read + process + commit) toward this many
+    seconds, starting at ``chunk_size``, between ``min_chunk_size`` and ``max_chunk_size``
+    (positive; None: off, every chunk has ``chunk_size`` rows). The cursor contract is unchanged;
+    the replay bound after a crash is one chunk of at most ``max_chunk_size`` rows."""
+
+    min_chunk_size: int = 10
+    """Smallest chunk the adaptive size may choose (positive integer)."""
+
+    max_chunk_size: int = 100_000
+    """Largest chunk the adaptive size may choose: also the memory bound (positive integer)."""
+
     def __post_init__(self) -> None:
         for name in (
             "chunk_size",
             "max_chunk_attempts",
             "max_item_attempts",
             "group_commit_chunks",
+            "min_chunk_size",
+            "max_chunk_size",
         ):
             _check_integer(name, getattr(self, name))
+        if self.target_chunk_seconds is not None:
+            _check_number("target_chunk_seconds", self.target_chunk_seconds)
+        if not self.min_chunk_size <= self.max_chunk_size:
+            raise ConfigurationError(
+                f"min_chunk_size must be at most max_chunk_size, got {self.min_chunk_size} > "
+                f"{self.max_chunk_size}"
+            )
         _check_integer("dead_cap", self.dead_cap, allow_zero=True)
         _check_number("lease_seconds", self.lease_seconds)
         _check_number("control_poll_seconds", self.control_poll_seconds)

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from .adaptive import ChunkSizer
 from .chunk import Chunk, ChunkResult, Processor
 from .errors import (
     CursorConflictError,
@@ -222,6 +223,18 @@ class RangeRun:
         self.pacer = pacer
         self.yielded = ""  # set when the pacer ended the run early ("paused", "throttled")
         self.charged = 0  # rows_read already charged to the stream's budget
+        self.size = options.chunk_size  # rows of the next read (adaptive with a target)
+        self.sizer = (
+            ChunkSizer(
+                options.chunk_size,
+                options.target_chunk_seconds,
+                options.min_chunk_size,
+                options.max_chunk_size,
+            )
+            if options.target_chunk_seconds is not None
+            else None
+        )
+        self.paced_at = time.monotonic()
         self.round_id, self.range_id, self.hi = round_id, range_id, hi
         self.processor, self.token, self.o = processor, claim.token, options
         self.state = RangeState(claim.cursor, claim.done, claim.skipped, claim.dead, claim.retries)
@@ -290,12 +303,14 @@ class RangeRun:
             raise LeaseLostError(f"round {self.round_id} range {self.range_id}: {what}")
 
     def _pace(self) -> bool:
-        """Before each chunk read: the stream's pause and throughput budget (``Pacer``; a local
-        flag, plus one bucket call only while a rate is set). False: stop here."""
-        if self.pacer is None:
-            return True
+        """Before each chunk read: size the next chunk (adaptive, opt-in) from the last one's
+        duration, then the stream's pause, health and throughput budget (``Pacer``: a local flag,
+        plus Redis calls only while a rate or health checks are set). False: stop here."""
         rows, self.charged = self.rows_read - self.charged, self.rows_read
-        outcome = self.pacer.gate(rows)
+        if self.sizer is not None and rows:
+            self.size = self.sizer.observe(rows, time.monotonic() - self.paced_at)
+        outcome = self.pacer.gate(rows) if self.pacer is not None else Pace.GO
+        self.paced_at = time.monotonic()  # waiting for the pacer is not the chunk's time
         if outcome in (Pace.PAUSED, Pace.THROTTLED, Pace.UNHEALTHY):
             self.yielded = outcome
         return outcome == Pace.GO
@@ -326,7 +341,7 @@ class RangeRun:
         try:
             if pending is not None:
                 return pending.result()
-            return self.source.fetch(self.read, self.hi, self.o.chunk_size)
+            return self.source.fetch(self.read, self.hi, self.size)
         except Exception as exc:  # the source is a dependency too
             self._flush()
             self.attempt += 1
@@ -339,7 +354,7 @@ class RangeRun:
         self.rows_read += len(rows)
         last = encode_key(tuple(rows[-1][: self.arity]))
         if self.pool is not None and last < self.hi:
-            self.pending = self.pool.submit(self.source.fetch, last, self.hi, self.o.chunk_size)
+            self.pending = self.pool.submit(self.source.fetch, last, self.hi, self.size)
         chunk = Chunk(
             self.round_id,
             self.range_id,

@@ -45,7 +45,7 @@ def test_throttle_on_off_and_usage(sqlite_round: LiveRound) -> None:
     lr = sqlite_round
     doc = lr.cli_json("throttle", "events-nightly", "--max-rows-per-second", "2500")
     assert doc["control"]["max_rows_per_second"] == 2500.0
-    code, out, _ = lr.cli("status", "events-nightly")
+    _, out, _ = lr.cli("status", "events-nightly")
     assert "throttled to 2,500 rows/s" in out
     assert (
         lr.cli_json("throttle", "events-nightly", "--off")["control"]["max_rows_per_second"] is None

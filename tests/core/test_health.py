@@ -1,4 +1,4 @@
-"""Health throttling on real PostgreSQL and Redis: one shared verdict stops every task of a stream."""
+"""Health throttling on real PostgreSQL and Redis: one shared verdict stops every task."""
 
 from __future__ import annotations
 

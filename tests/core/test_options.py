@@ -41,6 +41,9 @@ BAD_VALUES = [
     ("health_checks", ["SELECT 1"]),
     ("health_checks", "SELECT 1"),
     ("health_poll_seconds", 0),
+    ("target_chunk_seconds", 0),
+    ("min_chunk_size", 0),
+    ("max_chunk_size", 1.5),
 ]
 
 
