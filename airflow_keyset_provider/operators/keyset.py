@@ -318,6 +318,9 @@ class TraverseRangeOperator(BaseOperator):
     :param resume_poll_seconds: how often the deferred task's trigger checks whether it may go on.
     :param health_checks: see ``TraverseOptions.health_checks``.
     :param health_poll_seconds: see ``TraverseOptions.health_poll_seconds``.
+    :param target_chunk_seconds: see ``TraverseOptions.target_chunk_seconds``.
+    :param min_chunk_size: see ``TraverseOptions.min_chunk_size``.
+    :param max_chunk_size: see ``TraverseOptions.max_chunk_size``.
     """
 
     template_fields: Sequence[str] = ("round_id", "range_id", "stream", "table", "where")
@@ -355,6 +358,9 @@ class TraverseRangeOperator(BaseOperator):
         resume_poll_seconds: float = 5.0,
         health_checks: Sequence[Any] = (),
         health_poll_seconds: float = 5.0,
+        target_chunk_seconds: float | None = None,
+        min_chunk_size: int = 10,
+        max_chunk_size: int = 100_000,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("map_index_template") is None:  # unmapping passes None explicitly
@@ -388,6 +394,9 @@ class TraverseRangeOperator(BaseOperator):
                 yield_after_seconds=defer_after_seconds,
                 health_checks=tuple(health_checks),
                 health_poll_seconds=health_poll_seconds,
+                target_chunk_seconds=target_chunk_seconds,
+                min_chunk_size=min_chunk_size,
+                max_chunk_size=max_chunk_size,
                 claim_timeout=defer_after_seconds if claim_timeout is None else claim_timeout,
             )
             if not resume_poll_seconds > 0:
