@@ -2,8 +2,8 @@
 
 Everything here only *reads* Redis, through ``StreamControl`` and ``CursorStore`` read
 methods, except ``pause_stream``/``resume_stream``, which write the stream's control hash and
-nothing else (the app allows them to DAG editors only). It imports nothing from Airflow, so it is testable against
-a bare Redis client.
+nothing else (the app allows them to DAG editors only). It imports nothing from Airflow, so it
+is testable against a bare Redis client.
 
 The numbers are the CLI's (``airflow-keyset status``): both render the records of
 ``core/status.py`` (``as_dict()`` is the JSON of both), and durations are worded by its

@@ -14,14 +14,24 @@ from airflow_keyset_provider.core import KeysetTraversal
 STREAM = "ui-control"
 
 
-def test_pause_resume_need_dag_edit_rights(airflow_api_server: Any, sqlite_url: str, redis_url: str) -> None:
+def test_pause_resume_need_dag_edit_rights(
+    airflow_api_server: Any, sqlite_url: str, redis_url: str
+) -> None:
     srv = airflow_api_server
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE ctl_events (seq INTEGER PRIMARY KEY, payload TEXT NOT NULL)")
+        conn.exec_driver_sql(
+            "CREATE TABLE ctl_events (seq INTEGER PRIMARY KEY, payload TEXT NOT NULL)"
+        )
         conn.exec_driver_sql("INSERT INTO ctl_events VALUES (1, 'a'), (2, 'b')")
-    t = KeysetTraversal(sqlite_url, "ctl_events", "seq", redis_url=redis_url, stream=STREAM,
-                        key_prefix=srv.key_prefix)
+    t = KeysetTraversal(
+        sqlite_url,
+        "ctl_events",
+        "seq",
+        redis_url=redis_url,
+        stream=STREAM,
+        key_prefix=srv.key_prefix,
+    )
     t.plan(max_ranges=1)
     t.throttle(5000)
     viewer = {"Authorization": f"Bearer {srv.token()}"}
@@ -53,7 +63,10 @@ def test_pause_resume_need_dag_edit_rights(airflow_api_server: Any, sqlite_url: 
     assert status == 200 and json.loads(body)["control"]["paused"] is False
     assert t.control.control_state().paused is False
     # Unknown stream: 404, nothing written; a form post (not JSON) is refused.
-    assert srv.http("POST", "/keyset/api/streams/no-such-stream/pause", headers=editor, body={})[0] == 404
+    assert (
+        srv.http("POST", "/keyset/api/streams/no-such-stream/pause", headers=editor, body={})[0]
+        == 404
+    )
     form = {**editor, "Content-Type": "application/x-www-form-urlencoded"}
     status, _, _ = srv.http("POST", f"{base}/pause", headers=form, body=None)
     assert status == 422 and t.control.control_state().paused is False
@@ -68,17 +81,27 @@ def test_page_shows_pause_governor_and_health_with_buttons_for_editors(
     srv = airflow_api_server
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE ctl_events2 (seq INTEGER PRIMARY KEY, payload TEXT NOT NULL)")
+        conn.exec_driver_sql(
+            "CREATE TABLE ctl_events2 (seq INTEGER PRIMARY KEY, payload TEXT NOT NULL)"
+        )
         conn.exec_driver_sql("INSERT INTO ctl_events2 VALUES (1, 'a')")
     stream = "ui-control-page"
-    t = KeysetTraversal(sqlite_url, "ctl_events2", "seq", redis_url=redis_url, stream=stream,
-                        key_prefix=srv.key_prefix)
+    t = KeysetTraversal(
+        sqlite_url,
+        "ctl_events2",
+        "seq",
+        redis_url=redis_url,
+        stream=stream,
+        key_prefix=srv.key_prefix,
+    )
     t.plan(max_ranges=1)
     t.throttle(1200)
     t.pause("nightly deploy", by="ana")
     health_key = f"{t.store.control_key}:health"
-    t.store.client.hset(health_key, mapping={"healthy": "0", "reason": "replication lag 42 s > 30 s",
-                                             "checked_at": "1"})
+    t.store.client.hset(
+        health_key,
+        mapping={"healthy": "0", "reason": "replication lag 42 s > 30 s", "checked_at": "1"},
+    )
     page = f"{srv.base_url}/keyset/?refresh=0&stream={stream}"
     js = f"""(() => {{
         const s = document.querySelector('section.stream[data-stream="{stream}"]');
@@ -87,7 +110,10 @@ def test_page_shows_pause_governor_and_health_with_buttons_for_editors(
                       text: c.innerText, resume: !!c.querySelector('button.resume'),
                       pause: !!c.querySelector('button.pause') }} : null; }})()"""
     try:
-        for user, password, buttons in (("viewer", None, False), ("editor", srv.editor_password, True)):
+        for user, password, buttons in (
+            ("viewer", None, False),
+            ("editor", srv.editor_password, True),
+        ):
             chromium.open(f"{srv.base_url}/keyset/icon.svg", "true")
             chromium.set_cookie("_token", srv.token(user, password))
             chromium.open(page, "document.body && document.body.dataset.ready === '1'")
@@ -95,7 +121,9 @@ def test_page_shows_pause_governor_and_health_with_buttons_for_editors(
             assert shown is not None, f"{user}: no control bar"
             assert shown["badges"] == ["paused", "throttled", "unhealthy"], shown
             assert "nightly deploy" in shown["text"] and "by ana" in shown["text"]
-            assert "1,200 rows/s" in shown["text"] and "replication lag 42 s > 30 s" in shown["text"]
+            assert (
+                "1,200 rows/s" in shown["text"] and "replication lag 42 s > 30 s" in shown["text"]
+            )
             assert (shown["resume"], shown["pause"]) == (buttons, False), (user, shown)
     finally:
         t.store.client.delete(health_key)
