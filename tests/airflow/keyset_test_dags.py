@@ -185,17 +185,18 @@ def _store() -> Any:
 
 
 class PlanThenHoldRange0(PlanRangesOperator):
-    """Plans, then a stray worker elsewhere claims range 0 with a 3 s lease it never renews."""
+    """Plans, then a stray worker elsewhere claims range 0 with an 8 s lease it never renews."""
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
         ranges = super().execute(context)
-        _store()(ranges[0]["stream"]).claim(ranges[0]["round_id"], 0, "stray#1", "elsewhere", 3000)
+        _store()(ranges[0]["stream"]).claim(ranges[0]["round_id"], 0, "stray#1", "elsewhere", 8000)
         return ranges
 
 
 def pause_after_second_chunk(chunk: Chunk) -> ChunkResult:
     """Range 0's second chunk pauses the stream; an operator resumes it 2 s later."""
     import threading
+    import time
 
     from airflow_keyset_provider.core.stream_control import StreamSwitch
 
@@ -206,6 +207,7 @@ def pause_after_second_chunk(chunk: Chunk) -> ChunkResult:
         switch = StreamSwitch(_store()("kt_pause"))
         switch.pause("test: pause mid-range", by="kt_pause")
         threading.Timer(2.0, switch.resume).start()
+    time.sleep(0.1)  # slower than the 0.2 s control poll: the pause is noticed mid-range
     return redispatch(chunk)
 
 

@@ -133,8 +133,8 @@ def test_deferred_barrier_fires_when_the_round_completes_elsewhere(airflow_env, 
 
 
 def test_a_range_held_elsewhere_defers_until_its_lease_is_free(airflow_env, events, pg_engine):
-    """Scenario: right after planning, a stray worker elsewhere claims the only range with a 3 s
-    lease and never renews it. The traverse task waits ``defer_after_seconds`` (0.5 s) in its
+    """Scenario: right after planning, a stray worker elsewhere claims the only range with a long
+    lease (8 s) and never renews it. The traverse task waits ``defer_after_seconds`` (0.5 s) in its
     slot, then defers to ``KeysetResumeTrigger`` (``wait_for="lease"``); once the lease has
     expired the task resumes in the same try, takes the range over and finishes it."""
     dr = kt.kt_held.test()
