@@ -61,7 +61,8 @@ def range_command(a: dict[str, Any]) -> dict[str, Any]:
     print("ready", flush=True)
     sys.stdin.readline()
     cpu0, start = _cpu(), time.monotonic()
-    res = t.traverse(a["round_id"], a["range_id"], lambda chunk: None, chunk_size=a["chunk_size"])
+    res = t.traverse(a["round_id"], a["range_id"], lambda chunk: None, chunk_size=a["chunk_size"],
+                     **a.get("options", {}))
     end, cpu1 = time.monotonic(), _cpu()
     t.close()
     return {"rows": res.rows_read, "complete": res.complete, "start": start, "end": end,

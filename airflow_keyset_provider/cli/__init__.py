@@ -6,7 +6,8 @@ Airflow is imported only when a ``--*-conn-id`` option asks for an Airflow conne
 
 Guarantees:
 
-- Read commands never write to Redis.
+- Read commands never write to Redis. ``pause``, ``resume`` and ``throttle`` write only the
+  stream's control hash (never a cursor, a round or a watermark).
 - ``reset-round`` deletes one round's control state (ranges, cursors, retry sets, dead letters)
   and nothing else: it never moves a watermark. It refuses without ``--yes``, and refuses while a
   live owner holds one of the round's ranges unless ``--force`` is given.
@@ -44,10 +45,13 @@ from ..core.errors import (
 )
 from .commands import (
     cmd_dead_letters,
+    cmd_pause,
     cmd_ranges,
     cmd_replay,
     cmd_reset_round,
+    cmd_resume,
     cmd_status,
+    cmd_throttle,
     connect_redis,
     where,
 )
@@ -159,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     _status_command(add)
     _round_commands(add)
     _replay_command(add)
+    _control_commands(add)
     return parser
 
 
@@ -274,6 +279,32 @@ def _replay_command(add: Adder) -> None:
         default=0.5,
         help="base delay in seconds between item attempts (default %(default)s)",
     )
+
+
+def _control_commands(add: Adder) -> None:
+    """``pause``, ``resume`` and ``throttle``: the stream's control hash, read by every task."""
+    p = add(
+        "pause",
+        "pause a stream: each task commits its chunk, releases its range and waits (Airflow: "
+        "deferred, worker slot freed) until resumed",
+        cmd_pause,
+    )
+    p.add_argument("stream", metavar="STREAM")
+    p.add_argument("--reason", default="", help="why (shown by status and the UI page)")
+    p.add_argument("--by", default="", help="who (default: $USER)")
+    p = add("resume", "resume a paused stream; tasks continue from their cursors", cmd_resume)
+    p.add_argument("stream", metavar="STREAM")
+    p = add(
+        "throttle",
+        "set or lift the stream's rows-per-second budget, shared by every task (takes effect "
+        "within a second, also while a round runs)",
+        cmd_throttle,
+    )
+    p.add_argument("stream", metavar="STREAM")
+    p.add_argument(
+        "--max-rows-per-second", type=float, default=None, metavar="R", help="the budget"
+    )
+    p.add_argument("--off", action="store_true", help="lift the budget")
 
 
 def main(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Iterator
 from typing import Any, TextIO
@@ -351,3 +352,55 @@ def _source_engine(args: argparse.Namespace) -> Any:
     if not args.source_url:
         raise CliError("give --source-url (a SQLAlchemy URL) or --source-conn-id", EXIT_USAGE)
     return args.source_url
+
+
+# --------------------------------------------------------------------------------------------
+# pause / resume / throttle (the stream's control hash: core/stream_control.py)
+# --------------------------------------------------------------------------------------------
+
+
+def _control_result(args: argparse.Namespace, out: TextIO, ctl: StreamControl, text: str) -> int:
+    state = ctl.control_state()
+    if args.json:
+        render.emit_json(out, {"stream": args.stream, "control": state.as_dict()})
+    else:
+        render.console(out).print(text)
+    return EXIT_OK
+
+
+def cmd_pause(args: argparse.Namespace, out: TextIO) -> int:
+    ctl = _control(args)
+    by = args.by or os.environ.get("USER", "")
+    ctl.pause(args.reason or "", by=f"cli:{by}" if by else "cli")
+    return _control_result(
+        args,
+        out,
+        ctl,
+        f"stream {args.stream} paused: each running task commits its chunk, releases its range "
+        "and waits (Airflow: deferred) until `airflow-keyset resume`.",
+    )
+
+
+def cmd_resume(args: argparse.Namespace, out: TextIO) -> int:
+    ctl = _control(args)
+    was = ctl.resume()
+    text = (
+        f"stream {args.stream} resumed: tasks continue from their committed cursors."
+        if was
+        else f"stream {args.stream} was not paused; nothing changed."
+    )
+    return _control_result(args, out, ctl, text)
+
+
+def cmd_throttle(args: argparse.Namespace, out: TextIO) -> int:
+    if args.off == (args.max_rows_per_second is not None):
+        raise CliError("give --max-rows-per-second R or --off", EXIT_USAGE)
+    ctl = _control(args)
+    state = ctl.throttle(None if args.off else args.max_rows_per_second)
+    text = (
+        f"stream {args.stream}: no throughput limit."
+        if state.max_rows_per_second is None
+        else f"stream {args.stream}: at most {state.max_rows_per_second:,.0f} rows/s, shared by "
+        "every task; running tasks pick it up within a second."
+    )
+    return _control_result(args, out, ctl, text)

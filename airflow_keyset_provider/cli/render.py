@@ -16,6 +16,7 @@ from ..core.status import (
     StreamStatus,
     format_duration,
     format_rate,
+    iso_ms,
 )
 
 
@@ -178,10 +179,26 @@ def render_stream(con: Any, snap: StreamStatus) -> None:
         f"{snap.watermark_label or '-'}  retention floor {snap.retention_floor_label or '-'}  "
         f"open rounds {len(snap.open_rounds)}  planned {snap.rounds_planned}"
     )
+    line = control_line(snap)
+    if line:
+        con.print(f"  {line}")
     if not snap.rounds:
         con.print("  no open rounds")
     for rnd in snap.rounds:
         render_round(con, rnd)
+
+
+def control_line(snap: StreamStatus) -> str:
+    """``PAUSED (reason) since ...; throttled to R rows/s`` or "" when neither."""
+    c = snap.control
+    parts = []
+    if c.paused:
+        since = iso_ms(c.paused_at_ms) or "?"
+        by = f" by {c.paused_by}" if c.paused_by else ""
+        parts.append(f"[bold red]PAUSED[/]{by} since {since}: {c.reason or 'no reason given'}")
+    if c.max_rows_per_second is not None:
+        parts.append(f"throttled to {c.max_rows_per_second:,.0f} rows/s (shared by every task)")
+    return "; ".join(parts)
 
 
 def render_streams(con: Any, streams: Sequence[StreamStatus], prefix: str) -> None:

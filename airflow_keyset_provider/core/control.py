@@ -26,6 +26,7 @@ from .mirror import CheckpointMirror
 from .status import RangeState, RangeStatus, RoundState, RoundStatus, StreamStatus
 from .store import Closed, CursorStore, Gap, Unrecoverable
 from .store_reads import stream_names
+from .stream_control import ControlState, StreamSwitch
 
 log = logging.getLogger("airflow_keyset_provider")
 
@@ -273,7 +274,25 @@ class StreamControl:
             rounds_planned=self.store.round_counter() or 0,
             open_rounds=tuple(open_ids),
             rounds=tuple(rounds),
+            control=self.control_state(),
         )
+
+    # ---- pause, resume, throttle (the control hash: core/stream_control.py) -----------------
+    def control_state(self) -> ControlState:
+        """The stream's pause and throughput budget."""
+        return StreamSwitch(self.store).state()
+
+    def pause(self, reason: str = "", by: str = "") -> ControlState:
+        """Pause every task of the stream (see ``StreamSwitch.pause``)."""
+        return StreamSwitch(self.store).pause(reason, by)
+
+    def resume(self) -> bool:
+        """Lift a pause; True if the stream was paused."""
+        return StreamSwitch(self.store).resume()
+
+    def throttle(self, max_rows_per_second: float | None) -> ControlState:
+        """Set (None: lift) the stream's shared rows-per-second budget."""
+        return StreamSwitch(self.store).throttle(max_rows_per_second)
 
     def _now_ms(self) -> int:
         try:

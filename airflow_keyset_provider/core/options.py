@@ -89,16 +89,68 @@ class TraverseOptions:
     """Also commit once the group is this old (non-negative; None: off). With
     ``group_commit_chunks`` left at 1, groups are cut by time only."""
 
+    control_poll_seconds: float = 1.0
+    """How often the stream's control state (pause, ``max_rows_per_second``) is read, by a light
+    poller thread, never per chunk (positive). A pause is noticed within this plus the chunk in
+    hand."""
+
+    yield_after_seconds: float | None = None
+    """When the stream's throughput budget would make this call wait longer than this before a
+    chunk, commit, release the lease and return with ``RangeResult.yielded == "throttled"`` (and
+    ``retry_after``) instead of sleeping (non-negative; None: wait in place).
+    ``TraverseRangeOperator`` sets it so a throttled task defers and frees its worker slot."""
+
+    health_checks: tuple[Any, ...] = ()
+    """Checks of the source database evaluated before each chunk and shared by every task of
+    the stream (``core/health.py``: ``ReplicationLag``, ``ActiveBackends``, ``SqlThreshold``,
+    ``CallableCheck``, or any object with ``name`` and ``probe(engine)``). While the verdict is
+    unhealthy no chunk is started. Costs one Redis round trip per chunk; empty: off."""
+
+    health_poll_seconds: float = 5.0
+    """How old the shared health verdict may get before one task probes again (positive)."""
+
+    target_chunk_seconds: float | None = None
+    """Adaptive chunk size: steer the rows per chunk (read + process + commit) toward this many
+    seconds, starting at ``chunk_size``, between ``min_chunk_size`` and ``max_chunk_size``
+    (positive; None: off, every chunk has ``chunk_size`` rows). The cursor contract is unchanged;
+    the replay bound after a crash is one chunk of at most ``max_chunk_size`` rows."""
+
+    min_chunk_size: int = 10
+    """Smallest chunk the adaptive size may choose (positive integer)."""
+
+    max_chunk_size: int = 100_000
+    """Largest chunk the adaptive size may choose: also the memory bound (positive integer)."""
+
     def __post_init__(self) -> None:
         for name in (
             "chunk_size",
             "max_chunk_attempts",
             "max_item_attempts",
             "group_commit_chunks",
+            "min_chunk_size",
+            "max_chunk_size",
         ):
             _check_integer(name, getattr(self, name))
+        if self.target_chunk_seconds is not None:
+            _check_number("target_chunk_seconds", self.target_chunk_seconds)
+        if not self.min_chunk_size <= self.max_chunk_size:
+            raise ConfigurationError(
+                f"min_chunk_size must be at most max_chunk_size, got {self.min_chunk_size} > "
+                f"{self.max_chunk_size}"
+            )
         _check_integer("dead_cap", self.dead_cap, allow_zero=True)
         _check_number("lease_seconds", self.lease_seconds)
+        _check_number("control_poll_seconds", self.control_poll_seconds)
+        _check_number("health_poll_seconds", self.health_poll_seconds)
+        checks = self.health_checks
+        if not isinstance(checks, (list, tuple)) or not all(
+            callable(getattr(c, "probe", None)) for c in checks
+        ):
+            raise ConfigurationError(
+                "health_checks must be a list of checks with a probe(engine) method (e.g. "
+                f"ReplicationLag(30), SqlThreshold(sql, max_value)), got {checks!r}"
+            )
+        object.__setattr__(self, "health_checks", tuple(checks))
         if self.lease_seconds < 1:
             raise ConfigurationError(
                 "lease_seconds must be at least 1 (heartbeats renew it every third), "
@@ -112,7 +164,7 @@ class TraverseOptions:
             "log_every_seconds",
         ):
             _check_number(name, getattr(self, name), allow_zero=True)
-        for name in ("claim_timeout", "group_commit_seconds"):
+        for name in ("claim_timeout", "group_commit_seconds", "yield_after_seconds"):
             if getattr(self, name) is not None:
                 _check_number(name, getattr(self, name), allow_zero=True)
         if self.chunk_timeout is not None:

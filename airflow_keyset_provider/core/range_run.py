@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from .adaptive import ChunkSizer
 from .chunk import Chunk, Processor
 from .errors import (
     CursorConflictError,
@@ -40,6 +41,7 @@ from .errors import (
     RetryableError,
     RoundStateLostError,
 )
+from .health import HealthGate
 from .item_failures import IsolationStopped, ItemFailures
 from .keys import display_key, encode_key
 from .options import TraverseOptions
@@ -47,6 +49,7 @@ from .range_claim import check_retention, claim_range, log_claim
 from .run_state import CommittedRange, Group, Heartbeat, ProgressLog, RangeResult, Verdict
 from .source import release
 from .store import Claim
+from .stream_control import Pace, Pacer
 
 if TYPE_CHECKING:
     from .traversal import KeysetTraversal
@@ -77,12 +80,26 @@ def run_range(
     check_retention(t, round_id, range_id, token, claim.cursor)
     rng = t.store.range(round_id, range_id)
     log_claim(t, round_id, range_id, claim, rng)
-    run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o)
+    pacer = Pacer(
+        t.store,
+        poll_seconds=o.control_poll_seconds,
+        yield_after=o.yield_after_seconds,
+        chunk_rows=o.chunk_size,
+        stop=t._stop,
+        health=(
+            HealthGate(t.store, o.health_checks, t.source.engine, o.health_poll_seconds)
+            if o.health_checks
+            else None
+        ),
+    )
+    run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o, pacer)
     heart = Heartbeat(t.store, round_id, range_id, token, o.lease_ms, o.chunk_timeout_seconds)
     heart.start()
+    pacer.start()
     try:
         state = run.run(heart)
     finally:
+        pacer.stop()
         heart.stop()
         try:
             t.store.release(round_id, range_id, token)
@@ -105,6 +122,9 @@ def run_range(
         state.stopped,
         claim.takeover,
         time.monotonic() - started,
+        run.yielded == Pace.PAUSED,
+        run.yielded,
+        pacer.retry_after if run.yielded != Pace.PAUSED else 0.0,
     )
 
 
@@ -122,8 +142,24 @@ class RangeRun:
         claim: Claim,
         hi: str,
         options: TraverseOptions,
+        pacer: Pacer | None = None,
     ) -> None:
         self.t, self.store, self.source = t, t.store, t.source
+        self.pacer = pacer
+        self.yielded = ""  # set when the pacer ended the run early ("paused", "throttled")
+        self.charged = 0  # rows_read already charged to the stream's budget
+        self.size = options.chunk_size  # rows of the next read (adaptive with a target)
+        self.sizer = (
+            ChunkSizer(
+                options.chunk_size,
+                options.target_chunk_seconds,
+                options.min_chunk_size,
+                options.max_chunk_size,
+            )
+            if options.target_chunk_seconds is not None
+            else None
+        )
+        self.paced_at = time.monotonic()
         self.round_id, self.range_id, self.hi = round_id, range_id, hi
         self.processor, self.token, self.o = processor, claim.token, options
         self.state = CommittedRange(claim.cursor, claim.done, claim.skipped, claim.dead, claim.retries)
@@ -162,7 +198,7 @@ class RangeRun:
         try:
             while self.read != self.hi:
                 self._check_lease(heart, "lease lost; stopping")
-                if self.t._stop.is_set():
+                if self.t._stop.is_set() or not self._pace():
                     return self._stop_here()
                 rows = self._next_rows()
                 if rows is None:
@@ -194,16 +230,36 @@ class RangeRun:
         if heart.lost.is_set():
             raise LeaseLostError(f"round {self.round_id} range {self.range_id}: {what}")
 
+    def _pace(self) -> bool:
+        """Before each chunk read: size the next chunk (adaptive, opt-in) from the last one's
+        duration, then the stream's pause, health and throughput budget (``Pacer``: a local flag,
+        plus Redis calls only while a rate or health checks are set). False: stop here."""
+        rows, self.charged = self.rows_read - self.charged, self.rows_read
+        if self.sizer is not None and rows:
+            self.size = self.sizer.observe(rows, time.monotonic() - self.paced_at)
+        outcome = self.pacer.gate(rows) if self.pacer is not None else Pace.GO
+        self.paced_at = time.monotonic()  # waiting for the pacer is not the chunk's time
+        if outcome in (Pace.PAUSED, Pace.THROTTLED, Pace.UNHEALTHY):
+            self.yielded = outcome
+        return outcome == Pace.GO
+
     def _stop_here(self) -> CommittedRange:
-        """A stop was requested: commit what was processed and return."""
+        """A stop was requested (or the stream is paused): commit what was processed, return."""
         self._flush()
+        health = self.pacer.health_reason if self.pacer else ""
+        why = {
+            Pace.PAUSED: "stream paused",
+            Pace.THROTTLED: "throttled; yielding",
+            Pace.UNHEALTHY: f"unhealthy ({health}); yielding",
+        }
         log.info(
-            "round %s range %d: stop requested; committed through %s",
+            "round %s range %d: %s; committed through %s",
             self.round_id,
             self.range_id,
+            why.get(self.yielded, "stop requested"),
             display_key(self.state.cursor, self.arity),
         )
-        self.state.stopped = True
+        self.state.stopped = not self.yielded
         self.checkpoint(force=True)
         return self.state
 
@@ -213,7 +269,7 @@ class RangeRun:
         try:
             if pending is not None:
                 return pending.result()
-            return self.source.fetch(self.read, self.hi, self.o.chunk_size)
+            return self.source.fetch(self.read, self.hi, self.size)
         except Exception as exc:  # the source is a dependency too
             self._flush()
             self.attempt += 1
@@ -227,7 +283,7 @@ class RangeRun:
         self.rows_read += len(rows)
         last = encode_key(tuple(rows[-1][: self.arity]))
         if self.pool is not None and last < self.hi:
-            self.pending = self.pool.submit(self.source.fetch, last, self.hi, self.o.chunk_size)
+            self.pending = self.pool.submit(self.source.fetch, last, self.hi, self.size)
         try:
             failed, skipped = self.items.process(rows, self.attempt + 1)
         except IsolationStopped:

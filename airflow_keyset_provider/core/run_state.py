@@ -40,6 +40,9 @@ class RangeResult:
     stopped: bool = False  # a stop was requested and honoured
     takeover: bool = False
     seconds: float = 0.0
+    paused: bool = False  # the stream is paused: committed, released, returned (resume continues)
+    yielded: str = ""  # why the pacer ended the call early: "paused", "throttled", "unhealthy"
+    retry_after: float = 0.0  # "throttled"/"unhealthy": seconds worth waiting before trying again
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +55,8 @@ class RangeResult:
             "rows_read": self.rows_read,
             "chunks": self.chunks,
             "seconds": round(self.seconds, 3),
+            "paused": self.paused,
+            "yielded": self.yielded or None,
         }
 
 

@@ -29,6 +29,7 @@ from .keys import decode_user_key as decode
 from .keys import display_key, to_json
 from .keys import key_label as value_label
 from .progress import key_eta, key_fraction
+from .stream_control import ControlState
 
 
 class RangeState(StrEnum):
@@ -404,6 +405,7 @@ class StreamStatus:
     rounds_planned: int
     open_rounds: tuple[str, ...] = ()
     rounds: tuple[RoundStatus, ...] = field(default=())
+    control: ControlState = field(default_factory=ControlState)  # pause and throughput budget
 
     @property
     def watermark(self) -> Any:
@@ -445,6 +447,7 @@ class StreamStatus:
             "retention_floor_label": self.retention_floor_label,
             "rounds_planned": self.rounds_planned,
             "open_rounds": list(self.open_rounds),
+            "control": self.control.as_dict(),
         }
         if with_rounds:
             out["rounds"] = [r.as_dict() for r in self.rounds]

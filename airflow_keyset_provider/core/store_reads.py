@@ -101,6 +101,12 @@ class StoreReads:
         return f"{self.base}:ahead"
 
     @property
+    def control_key(self) -> str:
+        """The stream's control hash (pause, rate); ``core/stream_control.py`` owns it and the
+        keys named after it (``<control_key>:bucket``, ``:health``, ``:health_lock``)."""
+        return f"{self.base}:control"
+
+    @property
     def events_channel(self) -> str:
         return f"{self.base}:events"
 

@@ -45,6 +45,7 @@ from .run_state import CommittedRange, RangeResult
 from .source import SqlSource
 from .status import RangeStatus, RoundState
 from .store import CursorStore, connect_redis
+from .stream_control import ControlState
 
 log = logging.getLogger("airflow_keyset_provider")
 
@@ -250,6 +251,20 @@ class KeysetTraversal:
     def retention_floor(self) -> Any:
         """Keys ``<=`` this value may be deleted from the source without harming any round."""
         return self.control.retention_floor()
+
+    # ---- pause, resume, throttle ---------------------------------------------------------------
+    def pause(self, reason: str = "", by: str = "") -> ControlState:
+        """Pause the stream: every running ``traverse`` of it (any worker) commits the chunk in
+        hand, releases its lease and returns ``paused=True`` within ``control_poll_seconds``."""
+        return self.control.pause(reason, by)
+
+    def resume(self) -> bool:
+        """Lift a pause (True if the stream was paused); traversals continue from the cursors."""
+        return self.control.resume()
+
+    def throttle(self, max_rows_per_second: float | None) -> ControlState:
+        """Share a rows-per-second budget between every task of the stream (None: no limit)."""
+        return self.control.throttle(max_rows_per_second)
 
     # ---- traversal ---------------------------------------------------------------------------
     def request_stop(self) -> None:

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator, Context, conf
 from airflow.sdk.exceptions import AirflowException
@@ -50,6 +51,7 @@ from airflow_keyset_provider.common import (
 from airflow_keyset_provider.core import (
     ConfigurationError,
     KeysetTraversal,
+    LeaseHeldError,
     load_processor,
 )
 from airflow_keyset_provider.core.keys import (
@@ -64,6 +66,7 @@ from airflow_keyset_provider.core.run_state import CommittedRange
 from airflow_keyset_provider.core.status import RangeState
 from airflow_keyset_provider.hooks.keyset import KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
+from airflow_keyset_provider.triggers.keyset import KeysetResumeTrigger, ResumeEvent
 
 AIRFLOW_DEFAULT_MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
 
@@ -302,6 +305,13 @@ class TraverseRangeOperator(BaseOperator):
     this try's ``rows_read``/``chunks``/``seconds``). Fails the try if the range is not complete
     (dependency kept failing, lease lost, kill requested): the next try resumes from the cursor.
     ``on_kill`` asks the traversal to commit the chunk in hand, release the lease and return.
+
+    The task never waits in its worker slot for something outside it: when the stream is paused
+    (``airflow-keyset pause``), when its range is held by another live owner for longer than
+    ``defer_after_seconds``, or when the stream's shared budget (``max_rows_per_second``) would
+    make it wait longer than that, it commits the chunk in hand, releases its lease and **defers**
+    to ``KeysetResumeTrigger`` (the triggerer polls every ``resume_poll_seconds``); it then
+    resumes from the range's cursor in a fresh worker slot, in the same try.
     Progress lines (cursor, counters, rows/s, ETA) come from the ``airflow_keyset_provider`` logger.
 
     :param round_id: the round, from the plan's output (templated).
@@ -333,6 +343,15 @@ class TraverseRangeOperator(BaseOperator):
     :param checkpoint_conn_id: from the plan's output: the durable checkpoint mirror.
     :param state_store_seconds: mirror the committed cursor and counters into the task state
         store at most this often (and once when the try ends); None: never.
+    :param control_poll_seconds: see ``TraverseOptions.control_poll_seconds``.
+    :param defer_after_seconds: a wait longer than this (throttled, or the range held by another
+        live owner) defers the task instead of holding its worker slot.
+    :param resume_poll_seconds: how often the deferred task's trigger checks whether it may go on.
+    :param health_checks: see ``TraverseOptions.health_checks``.
+    :param health_poll_seconds: see ``TraverseOptions.health_poll_seconds``.
+    :param target_chunk_seconds: see ``TraverseOptions.target_chunk_seconds``.
+    :param min_chunk_size: see ``TraverseOptions.min_chunk_size``.
+    :param max_chunk_size: see ``TraverseOptions.max_chunk_size``.
     """
 
     template_fields: Sequence[str] = ("round_id", "range_id", "stream", "table", "where")
@@ -368,6 +387,14 @@ class TraverseRangeOperator(BaseOperator):
         group_commit_seconds: float | None = None,
         checkpoint_conn_id: str | None = None,
         state_store_seconds: float | None = 5.0,
+        control_poll_seconds: float = 1.0,
+        defer_after_seconds: float = 5.0,
+        resume_poll_seconds: float = 5.0,
+        health_checks: Sequence[Any] = (),
+        health_poll_seconds: float = 5.0,
+        target_chunk_seconds: float | None = None,
+        min_chunk_size: int = 10,
+        max_chunk_size: int = 100_000,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("map_index_template") is None:  # unmapping passes None explicitly
@@ -393,13 +420,24 @@ class TraverseRangeOperator(BaseOperator):
                 lease_seconds=lease_seconds,
                 max_chunk_attempts=max_chunk_attempts,
                 max_item_attempts=max_item_attempts,
-                claim_timeout=claim_timeout,
                 chunk_timeout=chunk_timeout,
                 log_every_seconds=log_every_seconds,
                 prefetch=prefetch,
                 group_commit_chunks=group_commit_chunks,
                 group_commit_seconds=group_commit_seconds,
+                control_poll_seconds=control_poll_seconds,
+                yield_after_seconds=defer_after_seconds,
+                health_checks=tuple(health_checks),
+                health_poll_seconds=health_poll_seconds,
+                target_chunk_seconds=target_chunk_seconds,
+                min_chunk_size=min_chunk_size,
+                max_chunk_size=max_chunk_size,
+                claim_timeout=defer_after_seconds if claim_timeout is None else claim_timeout,
             )
+            if not resume_poll_seconds > 0:
+                raise ConfigurationError(
+                    f"resume_poll_seconds must be a positive number, got {resume_poll_seconds!r}"
+                )
         self.checkpoint_conn_id = checkpoint_conn_id
         if state_store_seconds is not None and (
             isinstance(state_store_seconds, bool)
@@ -411,6 +449,8 @@ class TraverseRangeOperator(BaseOperator):
                 f"{state_store_seconds!r}"
             )
         self.state_store_seconds = state_store_seconds
+        self.defer_after_seconds = defer_after_seconds
+        self.resume_poll_seconds = resume_poll_seconds
         self._traversal: KeysetTraversal | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -451,18 +491,28 @@ class TraverseRangeOperator(BaseOperator):
             mirror = self._range_state_mirror(context, t, range_id, stream)
             try:
                 options = dataclasses.replace(self.options, owner_lineage=lineage)
-                res = t.traverse(
-                    self.round_id,
-                    range_id,
-                    processor,
-                    options=options,
-                    on_progress=mirror,
-                    progress_every_seconds=self.state_store_seconds or 0.0,
-                )
+                try:
+                    res = t.traverse(
+                        self.round_id,
+                        range_id,
+                        processor,
+                        options=options,
+                        on_progress=mirror,
+                        progress_every_seconds=self.state_store_seconds or 0.0,
+                    )
+                except LeaseHeldError as exc:
+                    if t._stop.is_set():
+                        raise
+                    self.log.info("%s; deferring until the lease is free", exc)
+                    self._defer(stream, range_id, "lease")
+                if res.yielded:
+                    self._log_yield(t, res.yielded, res.retry_after)
             finally:
                 self._traversal = None
                 self._mirror_final_range_state(mirror, t, range_id)
                 t.close()
+        if res.yielded:
+            self._defer(stream, range_id, res.yielded, res.retry_after)
         result = res.as_dict()
         rate = res.rows_read / res.seconds if res.seconds > 0 else 0.0
         self.log.info(
@@ -566,6 +616,55 @@ class TraverseRangeOperator(BaseOperator):
                 range_id,
                 exc,
             )
+
+    def _log_yield(self, t: KeysetTraversal, why: str, retry_after: float) -> None:
+        if why == "paused":
+            c = t.control.control_state()
+            self.log.warning(
+                "stream %s is paused%s (%s); chunk committed, lease released; deferring until "
+                "`airflow-keyset resume` (the worker slot is freed)",
+                t.stream,
+                f" by {c.paused_by}" if c.paused_by else "",
+                c.reason or "no reason given",
+            )
+        elif why == "unhealthy":
+            self.log.warning(
+                "stream %s: the source is unhealthy; chunk committed, lease released; deferring "
+                "%.1f s (the worker slot is freed)",
+                t.stream,
+                retry_after,
+            )
+        else:
+            self.log.info(
+                "stream %s is over its rows/s budget for %.1f s more; chunk committed, lease "
+                "released; deferring (the worker slot is freed)",
+                t.stream,
+                retry_after,
+            )
+
+    def _defer(self, stream: str, range_id: int, why: str, retry_after: float = 0.0) -> NoReturn:
+        self.defer(
+            trigger=KeysetResumeTrigger(
+                stream=stream,
+                round_id=self.round_id,
+                range_id=range_id,
+                wait_for=why,
+                redis_conn_id=self.redis_conn_id,
+                key_prefix=self.key_prefix,
+                poll_interval=self.resume_poll_seconds,
+                until=time.time() + retry_after if why in ("throttled", "unhealthy") else None,
+            ),
+            method_name="execute_resume",
+        )
+
+    def execute_resume(self, context: Context, event: dict[str, Any] | None = None) -> Any:
+        """Back from ``KeysetResumeTrigger``: traverse again from the range's cursor."""
+        if event and event.get("status") == ResumeEvent.ERROR.value:
+            raise AirflowException(
+                f"round {self.round_id} range {self.range_id}: cannot resume: {event['message']}"
+            )
+        self.log.info("resuming after waiting (%s)", (event or {}).get("wait_for", "?"))
+        return self.execute(context)
 
     def on_kill(self) -> None:
         t = self._traversal

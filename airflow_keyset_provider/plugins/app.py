@@ -17,6 +17,8 @@ Routes (relative to the mount point)::
                                                  ``?stream=..&round=..`` (one round), a list
                                                  (several), 404 (none); the DAG run's
                                                  "Keyset round" tab embeds it
+    POST /api/streams/{stream}/pause  {"reason"}  pause the stream (edit rights on DAGs)
+    POST /api/streams/{stream}/resume             resume it (edit rights on DAGs)
 
 Guarantees:
 
@@ -26,7 +28,12 @@ Guarantees:
   401; an invalid or expired token: 401/403; a user the auth manager does not authorize for the
   custom view ``RESOURCE_NAME`` with method ``GET``: 403. An unauthenticated browser on the page
   gets a 401 page with a link to Airflow's login that returns here.
-- **Read-only**: only ``GET`` routes exist, and they only read Redis (see ``status.py``).
+- **Read-only but for pause/resume**: ``GET`` routes only read Redis (see ``status.py``). The two
+  ``POST`` routes write the stream's control hash only (pause, reason, who), never a cursor, a
+  round or a watermark; they take a JSON body (so a plain HTML form of another site cannot post
+  them) and are allowed only to users the auth manager lets edit DAGs
+  (``is_authorized_dag(method="PUT")``), others get 403. The stream JSON says ``can_edit`` so the
+  page shows the buttons only to them.
 - **No credentials leave the server**: the Redis client is built from the Airflow connection
   ``[keyset] redis_conn_id`` (default ``redis_default``); responses name the connection id and the
   key prefix (``[keyset] key_prefix``, default ``ks``), never a host password or URI.
@@ -48,6 +55,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.configuration import conf
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..core.errors import ConfigurationError, StoreUnavailableError
@@ -111,6 +119,27 @@ def authorized_user(user: GetUserDep) -> BaseUser:
 
 
 AuthorizedUser = Annotated[BaseUser, Depends(authorized_user)]
+
+
+def can_edit(user: BaseUser) -> bool:
+    """May this user pause and resume streams? Those who may edit DAGs (method ``PUT``)."""
+    return bool(get_auth_manager().is_authorized_dag(method="PUT", user=user))
+
+
+def editor_user(user: AuthorizedUser) -> BaseUser:
+    """The signed-in user, if they may also edit DAGs (pausing a stream stops DAG runs' work)."""
+    if not can_edit(user):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, "pausing and resuming a stream needs edit rights on DAGs"
+        )
+    return user
+
+
+EditorUser = Annotated[BaseUser, Depends(editor_user)]
+
+
+class PauseRequest(BaseModel):
+    reason: str = Field(default="", max_length=500)
 
 
 def _read(fn: Any, *args: Any) -> Any:
@@ -185,9 +214,20 @@ def create_app() -> FastAPI:
 
     @app.get("/api/streams/{stream}")
     def stream(
-        stream: str, _user: AuthorizedUser, closed: Annotated[int, Query(ge=0, le=20)] = 3
+        stream: str, user: AuthorizedUser, closed: Annotated[int, Query(ge=0, le=20)] = 3
     ) -> dict[str, Any]:
-        return _read(view.stream_view, stream, closed)
+        out: dict[str, Any] = _read(view.stream_view, stream, closed)
+        out["can_edit"] = can_edit(user)
+        return out
+
+    @app.post("/api/streams/{stream}/pause")
+    def pause(stream: str, body: PauseRequest, user: EditorUser) -> dict[str, Any]:
+        who = f"ui:{getattr(user, 'get_name', lambda: '?')()}"
+        return {"control": _read(view.pause_stream, stream, body.reason, who)}
+
+    @app.post("/api/streams/{stream}/resume")
+    def resume(stream: str, _user: EditorUser) -> dict[str, Any]:
+        return {"control": _read(view.resume_stream, stream)}
 
     @app.get("/api/streams/{stream}/rounds/{round_id}")
     def round_(

@@ -1,8 +1,9 @@
 """What the UI page shows, as JSON-safe dicts: streams, their rounds, ranges, lag and dead letters.
 
-Everything here only *reads* Redis, through ``StreamControl`` and ``CursorStore`` read methods:
-the page is read-only by construction. It imports nothing from Airflow, so it is testable against
-a bare Redis client.
+Everything here only *reads* Redis, through ``StreamControl`` and ``CursorStore`` read
+methods, except ``pause_stream``/``resume_stream``, which write the stream's control hash and
+nothing else (the app allows them to DAG editors only). It imports nothing from Airflow, so it
+is testable against a bare Redis client.
 
 The numbers are the CLI's (``airflow-keyset status``): both render the records of
 ``core/status.py`` (``as_dict()`` is the JSON of both), and durations are worded by its
@@ -29,7 +30,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.control import StreamControl, list_streams
-from ..core.errors import ConfigurationError, RoundNotFoundError, RoundStateLostError
+from ..core.errors import (
+    ConfigurationError,
+    RoundNotFoundError,
+    RoundStateLostError,
+    StreamNotFoundError,
+)
 from ..core.keys import display_key
 from ..core.status import RangeState, RoundState, RoundStatus, format_duration, iso_ms
 from ..core.store import CursorStore
@@ -97,6 +103,28 @@ def stream_view(client: Any, prefix: str, stream: str, closed_limit: int = 3) ->
     rounds = [*snap.rounds, *_recent_closed(ctl, snap.rounds_planned, closed_limit)]
     out["rounds"] = [_summary(r) for r in rounds]
     return out
+
+
+def pause_stream(client: Any, prefix: str, stream: str, reason: str, by: str) -> dict[str, Any]:
+    """Pause an existing stream; returns its control state (``StreamStatus.control`` JSON)."""
+    ctl = _existing(client, stream, prefix)
+    return ctl.pause(reason, by).as_dict()
+
+
+def resume_stream(client: Any, prefix: str, stream: str) -> dict[str, Any]:
+    """Resume an existing stream; returns its control state."""
+    ctl = _existing(client, stream, prefix)
+    ctl.resume()
+    return ctl.control_state().as_dict()
+
+
+def _existing(client: Any, stream: str, prefix: str) -> StreamControl:
+    ctl = _control(client, stream, prefix)
+    try:
+        ctl.require_stream()
+    except StreamNotFoundError as exc:
+        raise NotFound(str(exc)) from exc
+    return ctl
 
 
 def _recent_closed(ctl: StreamControl, planned: int, limit: int) -> list[RoundStatus]:

@@ -30,6 +30,7 @@ from airflow_keyset_provider.core.errors import (
     RoundNotFoundError,
     RoundStateLostError,
 )
+from airflow_keyset_provider.core.status import RangeState
 
 # How often the pub/sub channel is checked (non-blocking) between two polls of the round.
 _HINT_CHECK_SECONDS = 0.5
@@ -213,4 +214,119 @@ def _close_quietly(obj: Any) -> None:
         obj.close()
 
 
-__all__ = ["KeysetRoundTrigger"]
+class ResumeEvent(StrEnum):
+    """The ``status`` of the one event a ``KeysetResumeTrigger`` fires."""
+
+    READY = "ready"  #: the reason to wait is gone: the task traverses again from its cursor
+    ERROR = "error"  #: the stream or range cannot be read; ``message`` says why
+
+
+class KeysetResumeTrigger(BaseTrigger):
+    """Waits, in the triggerer, for a traverse task that gave back its worker slot.
+
+    ``wait_for`` says what for:
+
+    - ``"paused"``: until the stream's control hash is no longer paused (``airflow-keyset resume``);
+    - ``"lease"``: until the range's lease is free (released or expired) or the range is complete;
+    - ``"throttled"``: until ``until`` (UNIX time), when the stream's budget allows a chunk again;
+    - ``"unhealthy"``: until ``until`` (one health poll later); the task then reads the verdict.
+
+    It polls every ``poll_interval`` seconds (one small Redis read) and fires
+    ``{"status": "ready" | "error", "wait_for", ...}`` once. It never writes to Redis.
+
+    :param stream: the traversed stream.
+    :param round_id: the task's round.
+    :param range_id: the task's range.
+    :param wait_for: ``"paused"``, ``"lease"`` or ``"throttled"``.
+    :param redis_conn_id: Airflow ``redis`` connection of the cursor store.
+    :param key_prefix: the engine's Redis key prefix.
+    :param poll_interval: seconds between two reads.
+    :param until: with ``"throttled"``/``"unhealthy"``: UNIX time to fire at.
+    """
+
+    def __init__(
+        self,
+        stream: str,
+        round_id: str,
+        range_id: int,
+        wait_for: str,
+        redis_conn_id: str = "redis_default",
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        poll_interval: float = 5.0,
+        until: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.stream, self.round_id, self.range_id = stream, round_id, range_id
+        self.wait_for, self.redis_conn_id, self.key_prefix = wait_for, redis_conn_id, key_prefix
+        self.poll_interval, self.until = poll_interval, until
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "stream": self.stream,
+                "round_id": self.round_id,
+                "range_id": self.range_id,
+                "wait_for": self.wait_for,
+                "redis_conn_id": self.redis_conn_id,
+                "key_prefix": self.key_prefix,
+                "poll_interval": self.poll_interval,
+                "until": self.until,
+            },
+        )
+
+    def _connect(self) -> StreamControl:
+        from airflow_keyset_provider.hooks.keyset import KeysetHook
+
+        return KeysetHook(redis_conn_id=self.redis_conn_id).control(self.stream, self.key_prefix)
+
+    def _ready(self, ctl: StreamControl) -> bool:
+        if self.wait_for == "paused":
+            return not ctl.control_state().paused
+        if self.wait_for == "lease":
+            rng = ctl.store.range(self.round_id, self.range_id)
+            lease_until = int(rng.get("lease_until") or 0)
+            return (
+                rng.get("state") == RangeState.COMPLETE
+                or not rng.get("owner")
+                or lease_until <= ctl.store.server_time_ms()
+            )
+        return self.until is None or time.time() >= self.until
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        base = {"wait_for": self.wait_for, "round_id": self.round_id, "range_id": self.range_id}
+        try:
+            ctl = await sync_to_async(self._connect)()
+        except ConfigurationError as exc:
+            yield TriggerEvent({"status": ResumeEvent.ERROR.value, "message": str(exc), **base})
+            return
+        try:
+            while True:
+                try:
+                    if await sync_to_async(self._ready)(ctl):
+                        self.log.info(
+                            "stream %s round %s range %s: no longer %s; resuming the task",
+                            self.stream,
+                            self.round_id,
+                            self.range_id,
+                            self.wait_for,
+                        )
+                        yield TriggerEvent({"status": ResumeEvent.READY.value, **base})
+                        return
+                except (RoundStateLostError, RoundNotFoundError) as exc:
+                    message = f"{type(exc).__name__}: {exc}"
+                    yield TriggerEvent(
+                        {"status": ResumeEvent.ERROR.value, "message": message, **base}
+                    )
+                    return
+                except (KeysetError, redis.RedisError) as exc:  # transient: keep polling
+                    self.log.warning("stream %s: could not read its state: %s", self.stream, exc)
+                wait = self.poll_interval
+                if self.wait_for in ("throttled", "unhealthy") and self.until is not None:
+                    wait = min(wait, max(self.until - time.time(), 0.0))
+                await asyncio.sleep(wait)
+        finally:
+            await sync_to_async(ctl.store.close)()
+
+
+__all__ = ["KeysetResumeTrigger", "KeysetRoundTrigger", "ResumeEvent"]

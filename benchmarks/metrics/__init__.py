@@ -22,6 +22,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "parallel": ("parallel", ("two_processes",)),
     "offset": ("offset", ("keyset_vs_offset",)),
     "airflow": ("airflow", ("airflow_overhead",)),
+    "governor": ("governor", ("governor_rate", "adaptive_chunks")),
 }
 
 

@@ -41,6 +41,7 @@ CRASHED: set[tuple[str, int]] = set()
 
 
 def reset() -> None:
+    RESUMED.clear()
     FAILURES.clear()
     DELIVERIES.clear()
     CRASHED.clear()
@@ -176,3 +177,67 @@ with DAG("kt_defer_asset", schedule=None, start_date=START, catchup=False) as kt
         outlets=[stream_asset("kt_defer_asset")],
         on_failure_callback=record_failure,
     )
+
+
+# Pressure control: a traverse task that must not wait in its worker slot. ``RESUMED`` records
+# each return from ``KeysetResumeTrigger`` (what the task waited for).
+RESUMED: list[str] = []
+
+
+class TraverseRecordingResumes(TraverseRangeOperator):
+    def execute_resume(self, context: Context, event: dict[str, Any] | None = None) -> Any:
+        RESUMED.append((event or {}).get("wait_for", "?"))
+        return super().execute_resume(context, event)
+
+
+def _store() -> Any:
+    import redis as redis_py
+    from airflow.providers.redis.hooks.redis import RedisHook
+
+    from airflow_keyset_provider.core.store import CursorStore
+
+    client: redis_py.Redis = RedisHook(redis_conn_id=REDIS_CONN_ID).get_conn()
+    return lambda stream: CursorStore(client, stream, prefix=KEY_PREFIX)
+
+
+class PlanThenHoldRange0(PlanRangesOperator):
+    """Plans, then a stray worker elsewhere claims range 0 with an 8 s lease it never renews."""
+
+    def execute(self, context: Context) -> list[dict[str, Any]]:
+        ranges = super().execute(context)
+        _store()(ranges[0]["stream"]).claim(ranges[0]["round_id"], 0, "stray#1", "elsewhere", 8000)
+        return ranges
+
+
+def pause_after_second_chunk(chunk: Chunk) -> ChunkResult:
+    """Range 0's second chunk pauses the stream; an operator resumes it 2 s later."""
+    import threading
+    import time
+
+    from airflow_keyset_provider.core.stream_control import StreamSwitch
+
+    where = (chunk.round_id, chunk.range_id)
+    DELIVERIES[where] += 1
+    if DELIVERIES[where] == 2 and where not in CRASHED:
+        CRASHED.add(where)
+        switch = StreamSwitch(_store()("kt_pause"))
+        switch.pause("test: pause mid-range", by="kt_pause")
+        threading.Timer(2.0, switch.resume).start()
+    time.sleep(0.1)  # slower than the 0.2 s control poll: the pause is noticed mid-range
+    return redispatch(chunk)
+
+
+with DAG("kt_held", schedule=None, start_date=START, catchup=False) as kt_held:
+    plan = _plan(PlanThenHoldRange0, max_ranges=1)
+    plan >> TraverseRecordingResumes.partial(
+        task_id="traverse", processor=redispatch, redis_conn_id=REDIS_CONN_ID, chunk_size=50,
+        defer_after_seconds=0.5, resume_poll_seconds=0.5, on_failure_callback=record_failure,
+    ).expand_kwargs(plan.output)
+
+with DAG("kt_pause", schedule=None, start_date=START, catchup=False) as kt_pause:
+    plan = _plan(max_ranges=1)
+    plan >> TraverseRecordingResumes.partial(
+        task_id="traverse", processor=pause_after_second_chunk, redis_conn_id=REDIS_CONN_ID,
+        chunk_size=20, control_poll_seconds=0.2, resume_poll_seconds=0.5, prefetch=False,
+        on_failure_callback=record_failure,
+    ).expand_kwargs(plan.output)

@@ -132,6 +132,36 @@ def test_deferred_barrier_fires_when_the_round_completes_elsewhere(airflow_env, 
     assert control(airflow_env, stream).watermark() == events
 
 
+def test_a_range_held_elsewhere_defers_until_its_lease_is_free(airflow_env, events, pg_engine):
+    """Scenario: right after planning, a stray worker elsewhere claims the only range with a long
+    lease (8 s) and never renews it. The traverse task waits ``defer_after_seconds`` (0.5 s) in its
+    slot, then defers to ``KeysetResumeTrigger`` (``wait_for="lease"``); once the lease has
+    expired the task resumes in the same try, takes the range over and finishes it."""
+    dr = kt.kt_held.test()
+    assert dr.state == DagRunState.SUCCESS, (task_instances(dr), kt.FAILURES)
+    assert kt.RESUMED == ["lease"]
+    assert task_instances(dr)["traverse[0]"].try_number == 1
+    result = xcom(dr, "traverse", map_index=0)
+    assert (result["done"], result["complete"]) == (events, True)
+    with pg_engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(DISTINCT event_seq) FROM im_outbox").scalar() == events
+
+
+def test_a_paused_stream_defers_the_task_and_resume_finishes_it(airflow_env, events, pg_engine):
+    """Scenario: the range's second chunk pauses the stream (and a timer resumes it 2 s later).
+    The task commits that chunk, releases its lease and defers (``wait_for="paused"``); after the
+    resume it continues from the cursor in the same try: every key once, counters exact."""
+    dr = kt.kt_pause.test()
+    assert dr.state == DagRunState.SUCCESS, (task_instances(dr), kt.FAILURES)
+    assert kt.RESUMED == ["paused"]
+    assert task_instances(dr)["traverse[0]"].try_number == 1
+    result = xcom(dr, "traverse", map_index=0)
+    assert (result["done"], result["skipped"], result["complete"]) == (events, 0, True)
+    with pg_engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*), count(DISTINCT event_seq) FROM im_outbox").one() == (
+            events, events)
+
+
 def test_barrier_times_out_listing_the_straggler(airflow_env, events):
     dr = kt.kt_barrier.test()
     assert dr.state == DagRunState.FAILED

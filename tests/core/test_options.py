@@ -38,6 +38,14 @@ BAD_VALUES = [
     ("dead_cap", 2.0),
     ("group_commit_chunks", 0),
     ("group_commit_seconds", -1.0),
+    ("control_poll_seconds", 0),
+    ("yield_after_seconds", -1),
+    ("health_checks", ["SELECT 1"]),
+    ("health_checks", "SELECT 1"),
+    ("health_poll_seconds", 0),
+    ("target_chunk_seconds", 0),
+    ("min_chunk_size", 0),
+    ("max_chunk_size", 1.5),
 ]
 
 

@@ -90,6 +90,7 @@ STREAM_KEYS = {
     "retention_floor_label",
     "rounds_planned",
     "open_rounds",
+    "control",
     "rounds",
 }
 

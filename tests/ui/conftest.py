@@ -64,6 +64,7 @@ class ApiServer:
     redis_conn_id: str
     home: Path
     log: Path
+    editor_password: str = ""  # user "editor", role "user": may edit DAGs (pause/resume streams)
 
     def http(self, method: str, path: str, *, headers: dict[str, str] | None = None,
              body: Any = None) -> tuple[int, dict[str, str], bytes]:
@@ -80,10 +81,12 @@ class ApiServer:
         except urllib.error.HTTPError as exc:
             return exc.code, dict(exc.headers), exc.read()
 
-    def token(self) -> str:
-        """A JWT from the server's own login endpoint (``POST /auth/token``)."""
+    def token(self, username: str | None = None, password: str | None = None) -> str:
+        """A JWT from the server's own login endpoint (``POST /auth/token``); the viewer's by
+        default."""
         status, _, raw = self.http("POST", "/auth/token",
-                                   body={"username": self.username, "password": self.password})
+                                   body={"username": username or self.username,
+                                         "password": password or self.password})
         assert status == 201, f"login failed: {status} {raw[:300]!r}"
         return str(json.loads(raw)["access_token"])
 
@@ -140,7 +143,8 @@ def ui_key_prefix(redis_url: str) -> Iterator[str]:
 def airflow_api_server(redis_url: str, ui_key_prefix: str) -> Iterator[ApiServer]:
     home = Path(tempfile.mkdtemp(prefix="keyset-ui-airflow-"))
     password = secrets.token_urlsafe(12)
-    (home / "passwords.json").write_text(json.dumps({"viewer": password}))
+    editor_password = secrets.token_urlsafe(12)
+    (home / "passwords.json").write_text(json.dumps({"viewer": password, "editor": editor_password}))
     (home / "dags").mkdir()
     port = _free_port()
     env = {k: v for k, v in os.environ.items()
@@ -153,7 +157,7 @@ def airflow_api_server(redis_url: str, ui_key_prefix: str) -> Iterator[ApiServer
         "AIRFLOW__CORE__AUTH_MANAGER":
             "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "viewer:viewer",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "viewer:viewer,editor:user",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
@@ -171,7 +175,8 @@ def airflow_api_server(redis_url: str, ui_key_prefix: str) -> Iterator[ApiServer
             [*_airflow_cmd(), "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
-    server = ApiServer(f"http://127.0.0.1:{port}", "viewer", password, ui_key_prefix, "keyset_ui_redis", home, log)
+    server = ApiServer(f"http://127.0.0.1:{port}", "viewer", password, ui_key_prefix, "keyset_ui_redis", home, log,
+                       editor_password)
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while True:

@@ -43,6 +43,7 @@ SLEEP_S = float(_env("SLEEP_S", "0.05"))
 RETRIES = int(_env("RETRIES", "2"))
 RETRY_DELAY_S = float(_env("RETRY_DELAY_S", "3"))
 BARRIER_TIMEOUT_S = float(_env("BARRIER_TIMEOUT_S", "180"))
+RESUME_POLL_S = float(_env("RESUME_POLL_S", "5"))  # a paused task's trigger polls this often
 
 _ENGINE: sa.Engine | None = None  # one per task process: each try runs in a process of its own
 
@@ -87,7 +88,7 @@ with DAG(
     )
     traverse = TraverseRangeOperator.partial(
         task_id="traverse", processor=record_and_sleep, redis_conn_id=REDIS_CONN_ID, chunk_size=CHUNK_SIZE,
-        lease_seconds=30, max_chunk_attempts=3, log_every_seconds=2,
+        lease_seconds=30, max_chunk_attempts=3, log_every_seconds=2, resume_poll_seconds=RESUME_POLL_S,
         retries=RETRIES, retry_delay=dt.timedelta(seconds=RETRY_DELAY_S),
     ).expand_kwargs(plan.output)
     barrier = BarrierSensor(
