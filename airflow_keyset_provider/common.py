@@ -50,7 +50,6 @@ def airflow_errors() -> Iterator[None]:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
 
-
 __all__ = [
     "DEFAULT_KEY_PREFIX",
     "DEFAULT_MAP_INDEX_TEMPLATE",

@@ -65,7 +65,7 @@ def round_ref(operator: Any, ti: Any) -> tuple[str, str] | None:
 
 
 class KeysetRoundLink(BaseOperatorLink):
-    """"Keyset round": the task's round on the Keyset traversals page (see the module doc)."""
+    """ "Keyset round": the task's round on the Keyset traversals page (see the module doc)."""
 
     name = "Keyset round"
 

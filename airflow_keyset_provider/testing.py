@@ -158,9 +158,7 @@ def run_processor(
         if rows is not None:
             end_key = _nth_key(t, start_key, rows)
             if end_key is None:  # nothing to read: no round at all
-                return ProcessorRun(
-                    "", start_key, start_key, t.store.stream_prefix, 0, 0, 0, 0, 0
-                )
+                return ProcessorRun("", start_key, start_key, t.store.stream_prefix, 0, 0, 0, 0, 0)
         rnd = t.plan(max_ranges=max_ranges, start_key=start_key, end_key=end_key)
         results = [
             t.traverse(rnd.round_id, spec.range_id, fn, options=options) for spec in rnd.ranges

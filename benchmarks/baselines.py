@@ -55,7 +55,9 @@ class RedisCursor:
         self.cursor = start
         self.client.hset(self.key, mapping={"owner": self.token, "cursor": start, "done": 0})
         self.script = self.client.register_script(ADVANCE_LUA)
-        self.script(keys=[self.key], args=[self.token, start, start, 0])  # load it: EVALSHA from now on
+        self.script(
+            keys=[self.key], args=[self.token, start, start, 0]
+        )  # load it: EVALSHA from now on
 
     def advance(self, new: str, rows: int) -> None:
         status = self.script(keys=[self.key], args=[self.token, self.cursor, new, rows])
@@ -74,11 +76,20 @@ def int_cursor(v: int) -> str:
 
 def ts_cursor(key: tuple) -> str:
     ts, ident = key
-    return f"{ts.astimezone(dt.UTC).isoformat() if isinstance(ts, dt.datetime) else ts}|{ident:020d}"
+    return (
+        f"{ts.astimezone(dt.UTC).isoformat() if isinstance(ts, dt.datetime) else ts}|{ident:020d}"
+    )
 
 
-def keyset_loop(ctx: BenchContext, table: str, lo: int, hi: int, chunk: int,
-                process: ChunkFn = noop, redis_advance: bool = True) -> Sample:
+def keyset_loop(
+    ctx: BenchContext,
+    table: str,
+    lo: int,
+    hi: int,
+    chunk: int,
+    process: ChunkFn = noop,
+    redis_advance: bool = True,
+) -> Sample:
     """The hand-written bigint keyset loop, sequential: fetch, process, advance, repeat."""
     fence = RedisCursor(ctx, int_cursor(lo)) if redis_advance else None
     sql = f"SELECT seq FROM {table} WHERE seq > %s AND seq <= %s ORDER BY seq LIMIT %s"
@@ -106,7 +117,9 @@ def keyset_loop(ctx: BenchContext, table: str, lo: int, hi: int, chunk: int,
     return Sample(sw.seconds, rows_total, {"chunks": chunks})
 
 
-def ts_loop(ctx: BenchContext, table: str, lo: tuple, hi: tuple, chunk: int, as_text: bool = False) -> Sample:
+def ts_loop(
+    ctx: BenchContext, table: str, lo: tuple, hi: tuple, chunk: int, as_text: bool = False
+) -> Sample:
     """The hand-written ``(timestamptz, bigint)`` row-value loop with one Redis advance per chunk.
 
     ``as_text`` fetches the timestamp as its text output instead of a ``datetime`` (the cheaper
@@ -115,8 +128,10 @@ def ts_loop(ctx: BenchContext, table: str, lo: tuple, hi: tuple, chunk: int, as_
     """
     fence = RedisCursor(ctx, ts_cursor(lo))
     select = "ts::text AS ts_text, id" if as_text else "ts, id"
-    sql = (f"SELECT {select} FROM {table} WHERE (ts, id) > (%s, %s) AND (ts, id) <= (%s, %s) "
-           "ORDER BY ts, id LIMIT %s")
+    sql = (
+        f"SELECT {select} FROM {table} WHERE (ts, id) > (%s, %s) AND (ts, id) <= (%s, %s) "
+        "ORDER BY ts, id LIMIT %s"
+    )
     rows_total = 0
     try:
         with Stopwatch() as sw:

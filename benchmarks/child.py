@@ -32,8 +32,14 @@ def _cpu() -> float:
 def _traversal(a: dict[str, Any]) -> Any:
     from airflow_keyset_provider.core import KeysetTraversal
 
-    return KeysetTraversal(a["pg_url"], table=a["table"], key=a["key"], redis_url=a["redis_url"],
-                           stream=a["stream"], key_prefix=a["prefix"])
+    return KeysetTraversal(
+        a["pg_url"],
+        table=a["table"],
+        key=a["key"],
+        redis_url=a["redis_url"],
+        stream=a["stream"],
+        key_prefix=a["prefix"],
+    )
 
 
 def round_command(a: dict[str, Any]) -> dict[str, Any]:
@@ -43,16 +49,24 @@ def round_command(a: dict[str, Any]) -> dict[str, Any]:
     rows = 0
     started = time.perf_counter()
     for spec in rnd.ranges:
-        res = t.traverse(rnd.round_id, spec.range_id, lambda chunk: None, chunk_size=a["chunk_size"])
+        res = t.traverse(
+            rnd.round_id, spec.range_id, lambda chunk: None, chunk_size=a["chunk_size"]
+        )
         if not res.complete:
             raise RuntimeError(f"range {spec.range_id} incomplete: {res}")
         rows += res.rows_read
     seconds = time.perf_counter() - started
     totals = t.close_round(rnd.round_id)
     t.close()
-    return {"rows": rows, "done": totals.done, "seconds": seconds, "round_id": rnd.round_id,
-            "rss_before_kb": rss_start, "vm_hwm_kb": _status_kb("VmHWM"),
-            "ru_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+    return {
+        "rows": rows,
+        "done": totals.done,
+        "seconds": seconds,
+        "round_id": rnd.round_id,
+        "rss_before_kb": rss_start,
+        "vm_hwm_kb": _status_kb("VmHWM"),
+        "ru_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    }
 
 
 def range_command(a: dict[str, Any]) -> dict[str, Any]:
@@ -61,12 +75,22 @@ def range_command(a: dict[str, Any]) -> dict[str, Any]:
     print("ready", flush=True)
     sys.stdin.readline()
     cpu0, start = _cpu(), time.monotonic()
-    res = t.traverse(a["round_id"], a["range_id"], lambda chunk: None, chunk_size=a["chunk_size"],
-                     **a.get("options", {}))
+    res = t.traverse(
+        a["round_id"],
+        a["range_id"],
+        lambda chunk: None,
+        chunk_size=a["chunk_size"],
+        **a.get("options", {}),
+    )
     end, cpu1 = time.monotonic(), _cpu()
     t.close()
-    return {"rows": res.rows_read, "complete": res.complete, "start": start, "end": end,
-            "cpu_s": cpu1 - cpu0}
+    return {
+        "rows": res.rows_read,
+        "complete": res.complete,
+        "start": start,
+        "end": end,
+        "cpu_s": cpu1 - cpu0,
+    }
 
 
 COMMANDS = {"round": round_command, "range": range_command}

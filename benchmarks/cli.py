@@ -21,19 +21,45 @@ log = logging.getLogger("benchmarks")
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    p.add_argument("--rows", type=int, default=2_000_000, help="rows of the main tables (default 2,000,000; "
-                   "the issue's figures are at 10,000,000: make bench-10m)")
-    p.add_argument("--repeat", type=int, default=3, help="repetitions per measurement; medians are reported")
-    p.add_argument("--only", action="append", default=[], metavar="NAME",
-                   help="run only this group or metric (repeatable, or comma-separated)")
-    p.add_argument("--json", action="store_true", help="print the JSON document on stdout (table on stderr)")
+    p.add_argument(
+        "--rows",
+        type=int,
+        default=2_000_000,
+        help="rows of the main tables (default 2,000,000; "
+        "the issue's figures are at 10,000,000: make bench-10m)",
+    )
+    p.add_argument(
+        "--repeat", type=int, default=3, help="repetitions per measurement; medians are reported"
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this group or metric (repeatable, or comma-separated)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the JSON document on stdout (table on stderr)"
+    )
     p.add_argument("--schema", default="kbench", help="PostgreSQL schema of the benchmark tables")
-    p.add_argument("--drop-schema", action="store_true", help="drop the schema at the end (default: keep for reuse)")
-    p.add_argument("--pg-url", default=DEFAULT_PG_URL, help="SQLAlchemy URL (env KEYSET_BENCH_POSTGRES_URL)")
-    p.add_argument("--redis-url", default=DEFAULT_REDIS_URL, help="Redis URL (env KEYSET_BENCH_REDIS_URL)")
+    p.add_argument(
+        "--drop-schema",
+        action="store_true",
+        help="drop the schema at the end (default: keep for reuse)",
+    )
+    p.add_argument(
+        "--pg-url", default=DEFAULT_PG_URL, help="SQLAlchemy URL (env KEYSET_BENCH_POSTGRES_URL)"
+    )
+    p.add_argument(
+        "--redis-url", default=DEFAULT_REDIS_URL, help="Redis URL (env KEYSET_BENCH_REDIS_URL)"
+    )
     p.add_argument("--chunk-size", type=int, default=10_000)
-    p.add_argument("--io-wait-ms", type=float, default=3.0, help="wait per chunk of the I/O-bound processor")
-    p.add_argument("--wb-rows", type=int, default=10_000, help="keys written by the write-back metrics")
+    p.add_argument(
+        "--io-wait-ms", type=float, default=3.0, help="wait per chunk of the I/O-bound processor"
+    )
+    p.add_argument(
+        "--wb-rows", type=int, default=10_000, help="keys written by the write-back metrics"
+    )
     p.add_argument("--results-dir", type=Path, default=report.RESULTS_DIR)
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
@@ -55,25 +81,37 @@ def run_groups(ctx: BenchContext, groups: list[str]) -> tuple[list[report.Metric
         except Exception as exc:
             ok = False
             log.error("group %s failed:\n%s", group, traceback.format_exc())
-            out += [report.not_available(name, group, name, "", f"error: {type(exc).__name__}: {exc}")
-                    for name in metrics.GROUPS[group][1]]
+            out += [
+                report.not_available(name, group, name, "", f"error: {type(exc).__name__}: {exc}")
+                for name in metrics.GROUPS[group][1]
+            ]
         log.info("%s done in %.1f s", group, time.perf_counter() - started)
     return out, ok
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     logging.getLogger("benchmarks").setLevel(logging.INFO)
     try:
         groups = metrics.resolve(args.only)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
-    ctx = BenchContext(rows=args.rows, repeat=args.repeat, schema=args.schema, pg_url=args.pg_url,
-                       redis_url=args.redis_url, chunk_size=args.chunk_size, io_wait_ms=args.io_wait_ms,
-                       wb_rows=args.wb_rows)
+    ctx = BenchContext(
+        rows=args.rows,
+        repeat=args.repeat,
+        schema=args.schema,
+        pg_url=args.pg_url,
+        redis_url=args.redis_url,
+        chunk_size=args.chunk_size,
+        io_wait_ms=args.io_wait_ms,
+        wb_rows=args.wb_rows,
+    )
     started = time.perf_counter()
     load_at_start = list(os.getloadavg())
     try:
@@ -82,14 +120,23 @@ def main(argv: list[str] | None = None) -> int:
         ctx.cleanup_redis()
         if args.drop_schema:
             drop_schema(ctx)
-    settings: dict[str, Any] = {"rows": ctx.rows, "small_rows": ctx.small_rows, "repeat": ctx.repeat,
-                                "chunk_size": ctx.chunk_size, "io_wait_ms": ctx.io_wait_ms,
-                                "wb_rows": ctx.wb_rows, "ranges": ctx.ranges, "groups": groups,
-                                "loadavg_at_start": load_at_start}
+    settings: dict[str, Any] = {
+        "rows": ctx.rows,
+        "small_rows": ctx.small_rows,
+        "repeat": ctx.repeat,
+        "chunk_size": ctx.chunk_size,
+        "io_wait_ms": ctx.io_wait_ms,
+        "wb_rows": ctx.wb_rows,
+        "ranges": ctx.ranges,
+        "groups": groups,
+        "loadavg_at_start": load_at_start,
+    }
     doc = report.document(results, settings, time.perf_counter() - started)
     path = report.write_json(doc, args.results_dir)
-    text = (f"{report.table(results)}\n\nnotes:\n{report.notes(results)}\n\n"
-            f"{ctx.rows:,} rows, {ctx.repeat} repetitions, {doc['seconds']} s; JSON: {path}")
+    text = (
+        f"{report.table(results)}\n\nnotes:\n{report.notes(results)}\n\n"
+        f"{ctx.rows:,} rows, {ctx.repeat} repetitions, {doc['seconds']} s; JSON: {path}"
+    )
     if args.json:
         print(text, file=sys.stderr)
         print(json.dumps(doc, indent=2, default=str))

@@ -13,7 +13,9 @@ import psycopg2
 import redis
 import sqlalchemy as sa
 
-DEFAULT_PG_URL = os.environ.get("KEYSET_BENCH_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+DEFAULT_PG_URL = os.environ.get(
+    "KEYSET_BENCH_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+)
 DEFAULT_REDIS_URL = os.environ.get("KEYSET_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 

@@ -47,15 +47,22 @@ def zipf_counts(rows: int, tenants: int = ZIPF_TENANTS, s: float = ZIPF_EXPONENT
 def _create_seq(ctx: BenchContext, name: str, rows: int) -> None:
     with pg_cursor(ctx) as cur:
         cur.execute(f"CREATE TABLE {name} (seq bigint PRIMARY KEY, payload integer NOT NULL)")
-        cur.execute(f"INSERT INTO {name} SELECT g, mod(g, 1000) FROM generate_series(1, %s) g", (rows,))
+        cur.execute(
+            f"INSERT INTO {name} SELECT g, mod(g, 1000) FROM generate_series(1, %s) g", (rows,)
+        )
 
 
 def _create_ts(ctx: BenchContext, name: str, rows: int) -> None:
     with pg_cursor(ctx) as cur:
-        cur.execute(f"CREATE TABLE {name} (ts timestamptz NOT NULL, id bigint NOT NULL, "
-                    "payload integer NOT NULL, PRIMARY KEY (ts, id))")
-        cur.execute(f"INSERT INTO {name} SELECT timestamptz %s + (g / 3) * interval '1 second', g, mod(g, 1000) "
-                    "FROM generate_series(1, %s) g", (TS_START, rows))
+        cur.execute(
+            f"CREATE TABLE {name} (ts timestamptz NOT NULL, id bigint NOT NULL, "
+            "payload integer NOT NULL, PRIMARY KEY (ts, id))"
+        )
+        cur.execute(
+            f"INSERT INTO {name} SELECT timestamptz %s + (g / 3) * interval '1 second', g, mod(g, 1000) "
+            "FROM generate_series(1, %s) g",
+            (TS_START, rows),
+        )
 
 
 def _create_zipf(ctx: BenchContext, name: str, rows: int) -> None:
@@ -63,19 +70,30 @@ def _create_zipf(ctx: BenchContext, name: str, rows: int) -> None:
     values = ",".join(f"({tenant},{n})" for tenant, n in enumerate(counts, start=1))
     with pg_cursor(ctx) as cur:
         cur.execute(f"CREATE TABLE {name} (k bigint PRIMARY KEY, tenant integer NOT NULL)")
-        cur.execute(f"INSERT INTO {name} SELECT c.t::bigint * {ZIPF_STRIDE} + j, c.t "
-                    f"FROM (VALUES {values}) c(t, n), generate_series(1, c.n) j ORDER BY random()")
+        cur.execute(
+            f"INSERT INTO {name} SELECT c.t::bigint * {ZIPF_STRIDE} + j, c.t "
+            f"FROM (VALUES {values}) c(t, n), generate_series(1, c.n) j ORDER BY random()"
+        )
 
 
 def _create_wb(ctx: BenchContext, name: str, rows: int) -> None:
     with pg_cursor(ctx) as cur:
-        cur.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, status text NOT NULL, "
-                    "note text NOT NULL DEFAULT '')")
-        cur.execute(f"INSERT INTO {name} (id, status) SELECT g, 'PENDING' FROM generate_series(1, %s) g", (rows,))
+        cur.execute(
+            f"CREATE TABLE {name} (id bigint PRIMARY KEY, status text NOT NULL, "
+            "note text NOT NULL DEFAULT '')"
+        )
+        cur.execute(
+            f"INSERT INTO {name} (id, status) SELECT g, 'PENDING' FROM generate_series(1, %s) g",
+            (rows,),
+        )
 
 
 _BUILDERS: dict[str, Callable[[BenchContext, str, int], None]] = {
-    "seq": _create_seq, "seq_small": _create_seq, "ts": _create_ts, "zipf": _create_zipf, "wb": _create_wb,
+    "seq": _create_seq,
+    "seq_small": _create_seq,
+    "ts": _create_ts,
+    "zipf": _create_zipf,
+    "wb": _create_wb,
 }
 
 
@@ -89,10 +107,14 @@ def ensure_table(ctx: BenchContext, role: str) -> str:
     name = ctx.table(role)
     with pg_cursor(ctx) as cur:
         cur.execute(f"CREATE SCHEMA IF NOT EXISTS {ctx.schema}")
-        cur.execute(f"CREATE TABLE IF NOT EXISTS {ctx.schema}._meta "
-                    "(name text PRIMARY KEY, rows bigint NOT NULL, version integer NOT NULL)")
-        cur.execute(f"SELECT rows, version, to_regclass(%s) IS NOT NULL FROM {ctx.schema}._meta WHERE name = %s",
-                    (name, role))
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS {ctx.schema}._meta "
+            "(name text PRIMARY KEY, rows bigint NOT NULL, version integer NOT NULL)"
+        )
+        cur.execute(
+            f"SELECT rows, version, to_regclass(%s) IS NOT NULL FROM {ctx.schema}._meta WHERE name = %s",
+            (name, role),
+        )
         found = cur.fetchone()
     if found is not None and found[0] == rows and found[1] == LAYOUT_VERSION and found[2]:
         return name
@@ -103,8 +125,11 @@ def ensure_table(ctx: BenchContext, role: str) -> str:
     _BUILDERS[role](ctx, name, rows)
     with pg_cursor(ctx) as cur:
         cur.execute(f"VACUUM ANALYZE {name}")
-        cur.execute(f"INSERT INTO {ctx.schema}._meta VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE "
-                    "SET rows = excluded.rows, version = excluded.version", (role, rows, LAYOUT_VERSION))
+        cur.execute(
+            f"INSERT INTO {ctx.schema}._meta VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE "
+            "SET rows = excluded.rows, version = excluded.version",
+            (role, rows, LAYOUT_VERSION),
+        )
     log.info("created %s in %.1f s", name, time.perf_counter() - started)
     return name
 

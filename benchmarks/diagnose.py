@@ -87,16 +87,31 @@ def _wrap(stats_key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 # --------------------------------------------------------------------------- phases
 
-def engine_phases(ctx: BenchContext, table: str, key: str | list[str], start: Any, end: Any,
-                  prefetch: bool = False) -> dict[str, float]:
+
+def engine_phases(
+    ctx: BenchContext,
+    table: str,
+    key: str | list[str],
+    start: Any,
+    end: Any,
+    prefetch: bool = False,
+) -> dict[str, float]:
     engine = sa.create_engine(ctx.pg_url, connect_args={"cursor_factory": TimingCursor})
-    t = KeysetTraversal(engine, table=table, key=key, redis_url=ctx.redis_url, stream=ctx.stream("diag"),
-                        key_prefix=ctx.prefix)
+    t = KeysetTraversal(
+        engine,
+        table=table,
+        key=key,
+        redis_url=ctx.redis_url,
+        stream=ctx.stream("diag"),
+        key_prefix=ctx.prefix,
+    )
     rnd = t.plan(max_ranges=1, start_key=start, end_key=end)
     t.store.advance = _wrap("advance_s", t.store.advance)  # type: ignore[method-assign]
     STATS.clear()
     with Stopwatch() as sw:
-        res = t.traverse(rnd.round_id, 0, project.noop, chunk_size=ctx.chunk_size, prefetch=prefetch)
+        res = t.traverse(
+            rnd.round_id, 0, project.noop, chunk_size=ctx.chunk_size, prefetch=prefetch
+        )
     t.close()
     engine.dispose()
     out = _phases(sw.seconds, res.rows_read)
@@ -108,12 +123,22 @@ def _phases(total: float, rows: int) -> dict[str, Any]:
     s = dict(STATS)
     known = s.get("execute_s", 0) + s.get("fetchall_s", 0) + s.get("advance_s", 0)
     chunks = max(int(s.get("chunks", 0)), 1)
-    return {"total_s": total, "rows": rows, "rows_per_s": rows / total, "chunks": chunks,
-            "execute_s": s.get("execute_s", 0), "fetchall_s": s.get("fetchall_s", 0),
-            "advance_s": s.get("advance_s", 0), "other_sql_s": s.get("other_sql_s", 0),
-            "other_sql": int(s.get("other_sql", 0)), "rest_s": total - known,
-            "per_chunk_us": {k: 1e6 * s.get(k, 0) / chunks for k in ("execute_s", "fetchall_s", "advance_s")}
-            | {"rest_s": 1e6 * (total - known) / chunks}}
+    return {
+        "total_s": total,
+        "rows": rows,
+        "rows_per_s": rows / total,
+        "chunks": chunks,
+        "execute_s": s.get("execute_s", 0),
+        "fetchall_s": s.get("fetchall_s", 0),
+        "advance_s": s.get("advance_s", 0),
+        "other_sql_s": s.get("other_sql_s", 0),
+        "other_sql": int(s.get("other_sql", 0)),
+        "rest_s": total - known,
+        "per_chunk_us": {
+            k: 1e6 * s.get(k, 0) / chunks for k in ("execute_s", "fetchall_s", "advance_s")
+        }
+        | {"rest_s": 1e6 * (total - known) / chunks},
+    }
 
 
 def loop_phases(ctx: BenchContext, table: str) -> dict[str, Any]:
@@ -141,12 +166,16 @@ def loop_phases(ctx: BenchContext, table: str) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- server side
 
+
 def server_side(ctx: BenchContext, table: str) -> dict[str, Any]:
     mid = ctx.rows // 2
     out: dict[str, Any] = {}
     with pg_cursor(ctx) as cur:
-        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) SELECT seq FROM {table} WHERE seq > %s AND seq <= %s "
-                    "ORDER BY seq LIMIT %s", (mid, ctx.rows, ctx.chunk_size))
+        cur.execute(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) SELECT seq FROM {table} WHERE seq > %s AND seq <= %s "
+            "ORDER BY seq LIMIT %s",
+            (mid, ctx.rows, ctx.chunk_size),
+        )
         plan = cur.fetchone()[0][0]
         out["chunk_planning_ms"] = plan["Planning Time"]
         out["chunk_execution_ms"] = plan["Execution Time"]
@@ -160,6 +189,7 @@ def server_side(ctx: BenchContext, table: str) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- variants
 
+
 def loop_prepared(ctx: BenchContext, table: str) -> Sample:
     """The hand-written loop with a server-side prepared statement (no per-chunk planning)."""
     fence = baselines.RedisCursor(ctx, baselines.int_cursor(0))
@@ -168,8 +198,10 @@ def loop_prepared(ctx: BenchContext, table: str) -> Sample:
         with Stopwatch() as sw:
             conn = ctx.pg()
             cur = conn.cursor()
-            cur.execute(f"PREPARE kchunk(bigint, bigint, int) AS SELECT seq FROM {table} "
-                        "WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3")
+            cur.execute(
+                f"PREPARE kchunk(bigint, bigint, int) AS SELECT seq FROM {table} "
+                "WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
+            )
             cursor = 0
             while cursor < ctx.rows:
                 cur.execute("EXECUTE kchunk(%s, %s, %s)", (cursor, ctx.rows, ctx.chunk_size))
@@ -222,8 +254,11 @@ def loop_copy_chunks(ctx: BenchContext, table: str) -> Sample:
             cursor = 0
             while cursor < ctx.rows:
                 buf = io.BytesIO()
-                sql = cur.mogrify(f"COPY (SELECT seq FROM {table} WHERE seq > %s AND seq <= %s ORDER BY seq "
-                                  "LIMIT %s) TO STDOUT", (cursor, ctx.rows, ctx.chunk_size)).decode()
+                sql = cur.mogrify(
+                    f"COPY (SELECT seq FROM {table} WHERE seq > %s AND seq <= %s ORDER BY seq "
+                    "LIMIT %s) TO STDOUT",
+                    (cursor, ctx.rows, ctx.chunk_size),
+                ).decode()
                 cur.copy_expert(sql, buf)
                 data = buf.getvalue()
                 if not data:
@@ -240,23 +275,37 @@ def loop_copy_chunks(ctx: BenchContext, table: str) -> Sample:
 
 def variants(ctx: BenchContext, table: str) -> dict[str, Any]:
     hi, n = ctx.rows, ctx.chunk_size
-    s = interleaved({
-        "engine": lambda: project.traverse_once(ctx, table, "seq", 0, hi),
-        "engine_no_prefetch": lambda: project.traverse_once(ctx, table, "seq", 0, hi, prefetch=False),
-        "engine_50k": lambda: project.traverse_once(ctx, table, "seq", 0, hi, chunk_size=50_000),
-        "loop": lambda: baselines.keyset_loop(ctx, table, 0, hi, n),
-        "loop_prepared": lambda: loop_prepared(ctx, table),
-        "loop_psycopg3_binary": lambda: loop_psycopg3(ctx, table),
-        "loop_50k": lambda: baselines.keyset_loop(ctx, table, 0, hi, 50_000),
-        "loop_copy_chunks": lambda: loop_copy_chunks(ctx, table),
-        "copy": lambda: baselines.copy_ids(ctx, table),
-    }, ctx.repeat)
+    s = interleaved(
+        {
+            "engine": lambda: project.traverse_once(ctx, table, "seq", 0, hi),
+            "engine_no_prefetch": lambda: project.traverse_once(
+                ctx, table, "seq", 0, hi, prefetch=False
+            ),
+            "engine_50k": lambda: project.traverse_once(
+                ctx, table, "seq", 0, hi, chunk_size=50_000
+            ),
+            "loop": lambda: baselines.keyset_loop(ctx, table, 0, hi, n),
+            "loop_prepared": lambda: loop_prepared(ctx, table),
+            "loop_psycopg3_binary": lambda: loop_psycopg3(ctx, table),
+            "loop_50k": lambda: baselines.keyset_loop(ctx, table, 0, hi, 50_000),
+            "loop_copy_chunks": lambda: loop_copy_chunks(ctx, table),
+            "copy": lambda: baselines.copy_ids(ctx, table),
+        },
+        ctx.repeat,
+    )
     loop = median_rate(s["loop"])
-    return {name: {"rows_per_s": median_rate(v), "vs_loop": median_rate(v) / loop,
-                   "all": [round(x.rate) for x in v]} for name, v in s.items()}
+    return {
+        name: {
+            "rows_per_s": median_rate(v),
+            "vs_loop": median_rate(v) / loop,
+            "all": [round(x.rate) for x in v],
+        }
+        for name, v in s.items()
+    }
 
 
 # --------------------------------------------------------------------------- lazy-rows prototype
+
 
 class LazyRows:
     """A chunk's rows left in the driver's result buffer until someone reads them.
@@ -296,13 +345,19 @@ def lazy_fetch(source: Any) -> Callable[[str, str, int], LazyRows]:
     Uses the engine's own compiled chunk statement and parameter encoding."""
     from airflow_keyset_provider.core.keys import MIN_KEY
 
-    compiled = {has_lo: source._chunk_statement(has_lo).compile(dialect=source.engine.dialect).string
-                for has_lo in (False, True)}
+    compiled = {
+        has_lo: source._chunk_statement(has_lo).compile(dialect=source.engine.dialect).string
+        for has_lo in (False, True)
+    }
     raw = source.engine.raw_connection()
 
     def fetch(lo: str, hi: str, n: int) -> LazyRows:
         has_lo = lo != MIN_KEY
-        params = {"n": n, **source._key_params(hi, "h"), **(source._key_params(lo, "c") if has_lo else {})}
+        params = {
+            "n": n,
+            **source._key_params(hi, "h"),
+            **(source._key_params(lo, "c") if has_lo else {}),
+        }
         cur = raw.cursor()
         cur.execute(compiled[has_lo], params)
         return LazyRows(cur)
@@ -310,8 +365,14 @@ def lazy_fetch(source: Any) -> Callable[[str, str, int], LazyRows]:
     return fetch
 
 
-def engine_lazy(ctx: BenchContext, table: str, key: str | list[str], start: Any, end: Any,
-                processor: Callable[[Any], Any] = project.noop) -> Sample:
+def engine_lazy(
+    ctx: BenchContext,
+    table: str,
+    key: str | list[str],
+    start: Any,
+    end: Any,
+    processor: Callable[[Any], Any] = project.noop,
+) -> Sample:
     t, rnd = project.plan(ctx, table, key, start, end)
     t.source.validate()
     t.source.fetch = lazy_fetch(t.source)  # type: ignore[method-assign,assignment]
@@ -326,29 +387,48 @@ def touch_keys(chunk: Any) -> None:
     len(chunk.keys)
 
 
-def lazy_variants(ctx: BenchContext, seq: str, ts: str, ts_start: Any, ts_end: Any) -> dict[str, Any]:
+def lazy_variants(
+    ctx: BenchContext, seq: str, ts: str, ts_start: Any, ts_end: Any
+) -> dict[str, Any]:
     hi, n = ctx.rows, ctx.chunk_size
-    s = interleaved({
-        "bigint_loop": lambda: baselines.keyset_loop(ctx, seq, 0, hi, n),
-        "bigint_engine": lambda: project.traverse_once(ctx, seq, "seq", 0, hi),
-        "bigint_engine_lazy": lambda: engine_lazy(ctx, seq, "seq", 0, hi),
-        "bigint_engine_touch_keys": lambda: project.traverse_once(ctx, seq, "seq", 0, hi, touch_keys),
-        "bigint_engine_lazy_touch_keys": lambda: engine_lazy(ctx, seq, "seq", 0, hi, touch_keys),
-        "bigint_copy": lambda: baselines.copy_ids(ctx, seq),
-        "ts_loop": lambda: baselines.ts_loop(ctx, ts, ts_start, ts_end, n),
-        "ts_engine": lambda: project.traverse_once(ctx, ts, ["ts", "id"], ts_start, ts_end),
-        "ts_engine_lazy": lambda: engine_lazy(ctx, ts, ["ts", "id"], ts_start, ts_end),
-        "ts_engine_lazy_touch_keys": lambda: engine_lazy(ctx, ts, ["ts", "id"], ts_start, ts_end, touch_keys),
-    }, ctx.repeat)
+    s = interleaved(
+        {
+            "bigint_loop": lambda: baselines.keyset_loop(ctx, seq, 0, hi, n),
+            "bigint_engine": lambda: project.traverse_once(ctx, seq, "seq", 0, hi),
+            "bigint_engine_lazy": lambda: engine_lazy(ctx, seq, "seq", 0, hi),
+            "bigint_engine_touch_keys": lambda: project.traverse_once(
+                ctx, seq, "seq", 0, hi, touch_keys
+            ),
+            "bigint_engine_lazy_touch_keys": lambda: engine_lazy(
+                ctx, seq, "seq", 0, hi, touch_keys
+            ),
+            "bigint_copy": lambda: baselines.copy_ids(ctx, seq),
+            "ts_loop": lambda: baselines.ts_loop(ctx, ts, ts_start, ts_end, n),
+            "ts_engine": lambda: project.traverse_once(ctx, ts, ["ts", "id"], ts_start, ts_end),
+            "ts_engine_lazy": lambda: engine_lazy(ctx, ts, ["ts", "id"], ts_start, ts_end),
+            "ts_engine_lazy_touch_keys": lambda: engine_lazy(
+                ctx, ts, ["ts", "id"], ts_start, ts_end, touch_keys
+            ),
+        },
+        ctx.repeat,
+    )
     base = {"bigint": median_rate(s["bigint_loop"]), "ts": median_rate(s["ts_loop"])}
-    return {name: {"rows_per_s": median_rate(v), "vs_loop": median_rate(v) / base[name.split("_")[0]],
-                   "all": [round(x.rate) for x in v]} for name, v in s.items()}
+    return {
+        name: {
+            "rows_per_s": median_rate(v),
+            "vs_loop": median_rate(v) / base[name.split("_")[0]],
+            "all": [round(x.rate) for x in v],
+        }
+        for name, v in s.items()
+    }
 
 
 # --------------------------------------------------------------------------- profile
 
-def profile_engine(ctx: BenchContext, table: str, key: str | list[str], start: Any, end: Any,
-                   top: int = 18) -> str:
+
+def profile_engine(
+    ctx: BenchContext, table: str, key: str | list[str], start: Any, end: Any, top: int = 18
+) -> str:
     t, rnd = project.plan(ctx, table, key, start, end)
     prof = cProfile.Profile()
     prof.enable()
@@ -362,8 +442,14 @@ def profile_engine(ctx: BenchContext, table: str, key: str | list[str], start: A
 
 # --------------------------------------------------------------------------- planning
 
-def planning(ctx: BenchContext, table: str, parts: int = 16, sample_rows: int = 50_000,
-             min_blocks: int = 2048) -> dict[str, Any]:
+
+def planning(
+    ctx: BenchContext,
+    table: str,
+    parts: int = 16,
+    sample_rows: int = 50_000,
+    min_blocks: int = 2048,
+) -> dict[str, Any]:
     """Largest/mean of ranges cut at sample quantiles: the engine's block sample (``pct =
     sample_rows / rows``) vs reading at least ``min_blocks`` blocks and keeping each row with
     probability ``sample_rows / rows_read`` (same rows to the client, many more blocks)."""
@@ -374,11 +460,17 @@ def planning(ctx: BenchContext, table: str, parts: int = 16, sample_rows: int = 
         wide = 100.0 * min(1.0, max(sample_rows / tuples, min_blocks / max(pages, 1)))
         keep = min(1.0, sample_rows / (tuples * wide / 100))
         out: dict[str, Any] = {"relpages": pages, "reltuples": tuples}
-        for name, pct, q in (("engine_block_sample", current, 1.0), ("more_blocks_thinned", wide, keep)):
+        for name, pct, q in (
+            ("engine_block_sample", current, 1.0),
+            ("more_blocks_thinned", wide, keep),
+        ):
             ratios, times = [], []
             for _ in range(max(ctx.repeat, 5)):
                 with Stopwatch() as sw:
-                    cur.execute(f"SELECT seq FROM {table} TABLESAMPLE SYSTEM (%s) WHERE random() < %s", (pct, q))
+                    cur.execute(
+                        f"SELECT seq FROM {table} TABLESAMPLE SYSTEM (%s) WHERE random() < %s",
+                        (pct, q),
+                    )
                     keys = sorted(r[0] for r in cur.fetchall())
                     step = len(keys) / parts
                     cuts = [keys[round(step * i) - 1] for i in range(1, parts)]
@@ -386,12 +478,18 @@ def planning(ctx: BenchContext, table: str, parts: int = 16, sample_rows: int = 
                 counts = [b - a for a, b in itertools.pairwise(bounds)]  # seq is dense 1..N
                 ratios.append(max(counts) / (sum(counts) / len(counts)))
                 times.append(sw.seconds)
-            out[name] = {"pct": pct, "keep": q, "largest_over_mean": ratios, "median": median(ratios),
-                         "sample_s": median(times)}
+            out[name] = {
+                "pct": pct,
+                "keep": q,
+                "largest_over_mean": ratios,
+                "median": median(ratios),
+                "sample_s": median(times),
+            }
     return out
 
 
 # --------------------------------------------------------------------------- main
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.diagnose")
@@ -400,15 +498,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schema", default="kbench")
     a = p.parse_args(argv)
     ctx = BenchContext(rows=a.rows, repeat=a.repeat, schema=a.schema)
-    out: dict[str, Any] = {"rows": ctx.rows, "loadavg_at_start": list(__import__("os").getloadavg())}
+    out: dict[str, Any] = {
+        "rows": ctx.rows,
+        "loadavg_at_start": list(__import__("os").getloadavg()),
+    }
     try:
         seq, ts = ensure_table(ctx, "seq"), ensure_table(ctx, "ts")
         first, last = key_bounds(ctx, "ts")
         assert isinstance(first, tuple)
         ts_start = (first[0] - dt.timedelta(seconds=1), 0)
-        out["engine_phases"] = [engine_phases(ctx, seq, "seq", 0, ctx.rows) for _ in range(ctx.repeat)]
+        out["engine_phases"] = [
+            engine_phases(ctx, seq, "seq", 0, ctx.rows) for _ in range(ctx.repeat)
+        ]
         out["loop_phases"] = [loop_phases(ctx, seq) for _ in range(ctx.repeat)]
-        out["engine_phases_ts"] = [engine_phases(ctx, ts, ["ts", "id"], ts_start, last) for _ in range(ctx.repeat)]
+        out["engine_phases_ts"] = [
+            engine_phases(ctx, ts, ["ts", "id"], ts_start, last) for _ in range(ctx.repeat)
+        ]
         out["server"] = server_side(ctx, seq)
         out["variants"] = variants(ctx, seq)
         out["lazy_rows_prototype"] = lazy_variants(ctx, seq, ts, ts_start, last)

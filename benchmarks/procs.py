@@ -16,13 +16,23 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def child_args(ctx: BenchContext, **extra: Any) -> dict[str, Any]:
-    return {"pg_url": ctx.pg_url, "redis_url": ctx.redis_url, "prefix": ctx.prefix,
-            "chunk_size": ctx.chunk_size, **extra}
+    return {
+        "pg_url": ctx.pg_url,
+        "redis_url": ctx.redis_url,
+        "prefix": ctx.prefix,
+        "chunk_size": ctx.chunk_size,
+        **extra,
+    }
 
 
 def spawn(command: str, args: dict[str, Any]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "benchmarks.child", command, json.dumps(args, default=str)],
-                            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.child", command, json.dumps(args, default=str)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def result(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -58,4 +68,6 @@ def server_cpu_seconds(names: tuple[str, ...] = ("postgres", "redis-server")) ->
 
 
 def cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )

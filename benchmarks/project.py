@@ -30,18 +30,37 @@ def sleeper(ms: float) -> Processor:
 
 
 def traversal(ctx: BenchContext, table: str, key: str | list[str], stream: str) -> KeysetTraversal:
-    return KeysetTraversal(ctx.pg_url, table=table, key=key, redis_url=ctx.redis_url,
-                           stream=ctx.stream(stream), key_prefix=ctx.prefix)
+    return KeysetTraversal(
+        ctx.pg_url,
+        table=table,
+        key=key,
+        redis_url=ctx.redis_url,
+        stream=ctx.stream(stream),
+        key_prefix=ctx.prefix,
+    )
 
 
-def plan(ctx: BenchContext, table: str, key: str | list[str], start: Any, end: Any, ranges: int = 1,
-         stream: str = "bench") -> tuple[KeysetTraversal, Round]:
+def plan(
+    ctx: BenchContext,
+    table: str,
+    key: str | list[str],
+    start: Any,
+    end: Any,
+    ranges: int = 1,
+    stream: str = "bench",
+) -> tuple[KeysetTraversal, Round]:
     t = traversal(ctx, table, key, stream)
     return t, t.plan(max_ranges=ranges, start_key=start, end_key=end)
 
 
-def traverse_range(t: KeysetTraversal, rnd: Round, range_id: int, processor: Processor, chunk_size: int,
-                   **options: Any) -> Sample:
+def traverse_range(
+    t: KeysetTraversal,
+    rnd: Round,
+    range_id: int,
+    processor: Processor,
+    chunk_size: int,
+    **options: Any,
+) -> Sample:
     with Stopwatch() as sw:
         res = t.traverse(rnd.round_id, range_id, processor, chunk_size=chunk_size, **options)
     if not res.complete:
@@ -49,8 +68,16 @@ def traverse_range(t: KeysetTraversal, rnd: Round, range_id: int, processor: Pro
     return Sample(sw.seconds, res.rows_read, {"chunks": res.chunks})
 
 
-def traverse_once(ctx: BenchContext, table: str, key: str | list[str], start: Any, end: Any,
-                  processor: Processor = noop, chunk_size: int | None = None, **options: Any) -> Sample:
+def traverse_once(
+    ctx: BenchContext,
+    table: str,
+    key: str | list[str],
+    start: Any,
+    end: Any,
+    processor: Processor = noop,
+    chunk_size: int | None = None,
+    **options: Any,
+) -> Sample:
     """Plan a one-range round (untimed), then time one ``traverse`` of it."""
     t, rnd = plan(ctx, table, key, start, end)
     try:

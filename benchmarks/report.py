@@ -68,8 +68,17 @@ def _fmt_met(m: bool | None) -> str:
 def table(metrics: list[Metric]) -> str:
     """A Markdown table (prints fine on a terminal and pastes into an issue)."""
     header = ["metric", "project", "baseline", "ratio", "target", "met"]
-    rows = [[m.name, _fmt_value(m.project, m.unit), _fmt_value(m.baseline, m.unit), _fmt_ratio(m.ratio),
-             m.target, _fmt_met(m.met)] for m in metrics]
+    rows = [
+        [
+            m.name,
+            _fmt_value(m.project, m.unit),
+            _fmt_value(m.baseline, m.unit),
+            _fmt_ratio(m.ratio),
+            m.target,
+            _fmt_met(m.met),
+        ]
+        for m in metrics
+    ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
@@ -88,8 +97,12 @@ def document(metrics: list[Metric], settings: dict[str, Any], seconds: float) ->
     return {
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "settings": settings,
-        "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "cpus": _cpus(), "loadavg_at_end": list(os.getloadavg())},
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": _cpus(),
+            "loadavg_at_end": list(os.getloadavg()),
+        },
         "seconds": round(seconds, 1),
         "metrics": [_clean(asdict(m)) for m in metrics],
     }
@@ -104,7 +117,9 @@ def write_json(doc: dict[str, Any], directory: Path = RESULTS_DIR) -> Path:
 
 
 def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
+    )
 
 
 def _clean(v: Any) -> Any:

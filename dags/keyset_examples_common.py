@@ -71,36 +71,54 @@ _KEY_TEXT = sa.Text().with_variant(sa.Text(collation="C"), "postgresql")  # byte
 def example_metadata() -> sa.MetaData:
     """Every table the examples use (names from the settings)."""
     md = sa.MetaData()
-    sa.Table(EVENTS_TABLE, md,
-             sa.Column("seq", _BIGINT, primary_key=True, autoincrement=True),
-             sa.Column("user_id", sa.BigInteger, nullable=False),
-             sa.Column("kind", sa.Text, nullable=False),
-             sa.Column("payload", sa.Text, nullable=False))
-    sa.Table(OUTBOX_TABLE, md,
-             sa.Column("event_seq", sa.BigInteger, primary_key=True, autoincrement=False),
-             sa.Column("user_id", sa.BigInteger, nullable=False),
-             sa.Column("kind", sa.Text, nullable=False),
-             sa.Column("payload", sa.Text, nullable=False))
-    orders = sa.Table(ORDERS_TABLE, md,
-                      sa.Column("id", _BIGINT, primary_key=True, autoincrement=True),
-                      sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-                      sa.Column("status", sa.Text, nullable=False))
+    sa.Table(
+        EVENTS_TABLE,
+        md,
+        sa.Column("seq", _BIGINT, primary_key=True, autoincrement=True),
+        sa.Column("user_id", sa.BigInteger, nullable=False),
+        sa.Column("kind", sa.Text, nullable=False),
+        sa.Column("payload", sa.Text, nullable=False),
+    )
+    sa.Table(
+        OUTBOX_TABLE,
+        md,
+        sa.Column("event_seq", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("user_id", sa.BigInteger, nullable=False),
+        sa.Column("kind", sa.Text, nullable=False),
+        sa.Column("payload", sa.Text, nullable=False),
+    )
+    orders = sa.Table(
+        ORDERS_TABLE,
+        md,
+        sa.Column("id", _BIGINT, primary_key=True, autoincrement=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("status", sa.Text, nullable=False),
+    )
     sa.Index(f"{ORDERS_TABLE}_created_at_id", orders.c.created_at, orders.c.id, unique=True)
-    sa.Table(SALES_TABLE, md,
-             sa.Column("region", _KEY_TEXT, primary_key=True),
-             sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False),
-             # integer cents (the engine's fetch cannot read numeric columns on PostgreSQL yet)
-             sa.Column("amount_cents", sa.BigInteger, nullable=False))
-    sa.Table(ROLLUP_ROWS_TABLE, md,
-             sa.Column("round_id", sa.Text, primary_key=True),
-             sa.Column("region", sa.Text, primary_key=True),
-             sa.Column("sale_id", sa.BigInteger, primary_key=True, autoincrement=False),
-             sa.Column("amount_cents", sa.BigInteger, nullable=False))
-    sa.Table(ROLLUP_SUMMARY_TABLE, md,
-             sa.Column("round_id", sa.Text, primary_key=True),
-             sa.Column("region", sa.Text, primary_key=True),
-             sa.Column("sales", sa.BigInteger, nullable=False),
-             sa.Column("amount_cents", sa.BigInteger, nullable=False))
+    sa.Table(
+        SALES_TABLE,
+        md,
+        sa.Column("region", _KEY_TEXT, primary_key=True),
+        sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False),
+        # integer cents (the engine's fetch cannot read numeric columns on PostgreSQL yet)
+        sa.Column("amount_cents", sa.BigInteger, nullable=False),
+    )
+    sa.Table(
+        ROLLUP_ROWS_TABLE,
+        md,
+        sa.Column("round_id", sa.Text, primary_key=True),
+        sa.Column("region", sa.Text, primary_key=True),
+        sa.Column("sale_id", sa.BigInteger, primary_key=True, autoincrement=False),
+        sa.Column("amount_cents", sa.BigInteger, nullable=False),
+    )
+    sa.Table(
+        ROLLUP_SUMMARY_TABLE,
+        md,
+        sa.Column("round_id", sa.Text, primary_key=True),
+        sa.Column("region", sa.Text, primary_key=True),
+        sa.Column("sales", sa.BigInteger, nullable=False),
+        sa.Column("amount_cents", sa.BigInteger, nullable=False),
+    )
     return md
 
 
@@ -150,8 +168,10 @@ def redispatch(chunk: Chunk) -> ChunkResult:
     ``INSERT ... ON CONFLICT (event_seq) DO NOTHING`` in one statement per chunk: an event that is
     already in the outbox (delivered again after a crash) counts as *skipped*, a new one as *done*.
     """
-    rows = [{"event_seq": r["seq"], "user_id": r["user_id"], "kind": r["kind"], "payload": r["payload"]}
-            for r in chunk.rows]
+    rows = [
+        {"event_seq": r["seq"], "user_id": r["user_id"], "kind": r["kind"], "payload": r["payload"]}
+        for r in chunk.rows
+    ]
     with target_engine().begin() as conn:
         outcome = upsert(conn, OUTBOX_TABLE, rows, conflict="event_seq")
     return outcome.to_chunk_result()
@@ -166,20 +186,40 @@ def cancel_expired(chunk: Chunk) -> ChunkResult:
     """
     by_id = {key[1]: key for key in chunk.keys}  # key = (created_at, id)
     with target_engine().begin() as conn:
-        outcome = guarded_update(conn, ORDERS_TABLE, "id", list(by_id), values={"status": "CANCELLED"},
-                                 expected={"status": "PENDING"})
-    return ChunkResult(failed={by_id[i]: reason for i, reason in outcome.failed.items()},
-                       skipped=[by_id[i] for i in outcome.not_applied])
+        outcome = guarded_update(
+            conn,
+            ORDERS_TABLE,
+            "id",
+            list(by_id),
+            values={"status": "CANCELLED"},
+            expected={"status": "PENDING"},
+        )
+    return ChunkResult(
+        failed={by_id[i]: reason for i, reason in outcome.failed.items()},
+        skipped=[by_id[i] for i in outcome.not_applied],
+    )
 
 
 def collect_shard(chunk: Chunk) -> ChunkResult:
     """DAG 3: record each sale of the chunk for this round (keyed by round and sale, so a chunk
     delivered again is *skipped*, never counted twice)."""
-    rows = [{"round_id": chunk.round_id, "region": r["region"], "sale_id": r["id"],
-             "amount_cents": r["amount_cents"]} for r in chunk.rows]
+    rows = [
+        {
+            "round_id": chunk.round_id,
+            "region": r["region"],
+            "sale_id": r["id"],
+            "amount_cents": r["amount_cents"],
+        }
+        for r in chunk.rows
+    ]
     with target_engine().begin() as conn:
-        outcome = upsert(conn, ROLLUP_ROWS_TABLE, rows, conflict=["round_id", "region", "sale_id"],
-                         key=["region", "sale_id"])
+        outcome = upsert(
+            conn,
+            ROLLUP_ROWS_TABLE,
+            rows,
+            conflict=["round_id", "region", "sale_id"],
+            key=["region", "sale_id"],
+        )
     return outcome.to_chunk_result()
 
 
@@ -195,8 +235,14 @@ def summarize_round(totals: dict[str, Any]) -> dict[str, Any]:
     rollup, summary = md.tables[ROLLUP_ROWS_TABLE], md.tables[ROLLUP_SUMMARY_TABLE]
     with target_engine().begin() as conn:
         per_region = conn.execute(
-            sa.select(rollup.c.region, sa.func.count(), sa.func.coalesce(sa.func.sum(rollup.c.amount_cents), 0))
-            .where(rollup.c.round_id == round_id).group_by(rollup.c.region).order_by(rollup.c.region)
+            sa.select(
+                rollup.c.region,
+                sa.func.count(),
+                sa.func.coalesce(sa.func.sum(rollup.c.amount_cents), 0),
+            )
+            .where(rollup.c.round_id == round_id)
+            .group_by(rollup.c.region)
+            .order_by(rollup.c.region)
         ).all()
         recorded = sum(int(n) for _, n, _ in per_region)
         expected = int(totals["done"]) + int(totals["skipped"])
@@ -205,10 +251,22 @@ def summarize_round(totals: dict[str, Any]) -> dict[str, Any]:
                 f"round {round_id}: {recorded} sale(s) recorded, the closed round traversed {expected} "
                 f"and dead-lettered {totals['dead']}; refusing to publish a partial summary"
             )
-        rows = [{"round_id": round_id, "region": region, "sales": int(n), "amount_cents": int(cents)}
-                for region, n, cents in per_region]
+        rows = [
+            {"round_id": round_id, "region": region, "sales": int(n), "amount_cents": int(cents)}
+            for region, n, cents in per_region
+        ]
         if rows:
-            upsert(conn, summary, rows, conflict=["round_id", "region"], update=["sales", "amount_cents"])
-    return {"round_id": round_id, "sales": recorded,
-            "regions": {r["region"]: {"sales": r["sales"], "amount_cents": r["amount_cents"]} for r in rows}}
-
+            upsert(
+                conn,
+                summary,
+                rows,
+                conflict=["round_id", "region"],
+                update=["sales", "amount_cents"],
+            )
+    return {
+        "round_id": round_id,
+        "sales": recorded,
+        "regions": {
+            r["region"]: {"sales": r["sales"], "amount_cents": r["amount_cents"]} for r in rows
+        },
+    }

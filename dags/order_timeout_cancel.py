@@ -50,7 +50,9 @@ def order_window(edge: str, interval_edge: Any, params: dict[str, Any]) -> str:
             "or trigger it with params window_start and window_end (ISO 8601)."
         )
     if moment.tzinfo is None:
-        raise AirflowFailException(f"window_{edge}={given!r} needs a UTC offset, e.g. 2024-01-01T00:00:00+00:00")
+        raise AirflowFailException(
+            f"window_{edge}={given!r} needs a UTC offset, e.g. 2024-01-01T00:00:00+00:00"
+        )
     return json.dumps([moment.isoformat(), 0])
 
 

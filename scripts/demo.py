@@ -57,27 +57,41 @@ def airflow(args: list[str], env: dict[str, str], log: Path) -> None:
     with log.open("a") as out:
         out.write(f"\n$ airflow {' '.join(args)}\n")
         out.flush()
-        proc = subprocess.run([*cmd, *args], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.run(
+            [*cmd, *args], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
+        )
     if proc.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        raise SystemExit(f"airflow {' '.join(args)} failed (exit {proc.returncode}); end of {log}:\n{tail}")
+        raise SystemExit(
+            f"airflow {' '.join(args)} failed (exit {proc.returncode}); end of {log}:\n{tail}"
+        )
 
 
 def xcoms(metadata_db: Path, task_id: str) -> list[Any]:
     """Return values of ``task_id`` in the DAG's latest run, in map index order."""
     with sqlite3.connect(metadata_db) as conn:
-        run_id = conn.execute("SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1",
-                              (DAG_ID,)).fetchone()[0]
-        rows = conn.execute("SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? "
-                            "AND key = 'return_value' ORDER BY map_index", (DAG_ID, run_id, task_id)).fetchall()
+        run_id = conn.execute(
+            "SELECT run_id FROM dag_run WHERE dag_id = ? ORDER BY id DESC LIMIT 1", (DAG_ID,)
+        ).fetchone()[0]
+        rows = conn.execute(
+            "SELECT value FROM xcom WHERE dag_id = ? AND run_id = ? AND task_id = ? "
+            "AND key = 'return_value' ORDER BY map_index",
+            (DAG_ID, run_id, task_id),
+        ).fetchall()
     return [json.loads(v) if isinstance(v, (str, bytes)) else v for (v,) in rows]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=200_000, help="rows to generate (default 200000)")
-    parser.add_argument("--ranges", type=int, default=8, help="max ranges, i.e. mapped tasks (default 8)")
-    parser.add_argument("--chunk-size", type=int, default=5_000, help="rows per chunk (default 5000)")
+    parser.add_argument(
+        "--events", type=int, default=200_000, help="rows to generate (default 200000)"
+    )
+    parser.add_argument(
+        "--ranges", type=int, default=8, help="max ranges, i.e. mapped tasks (default 8)"
+    )
+    parser.add_argument(
+        "--chunk-size", type=int, default=5_000, help="rows per chunk (default 5000)"
+    )
     opts = parser.parse_args()
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -104,9 +118,17 @@ def main() -> None:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
             "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-            "AIRFLOW_CONN_KEYSET_EXAMPLES_DB": json.dumps({"conn_type": "sqlite", "host": str(source)}),
+            "AIRFLOW_CONN_KEYSET_EXAMPLES_DB": json.dumps(
+                {"conn_type": "sqlite", "host": str(source)}
+            ),
             "AIRFLOW_CONN_REDIS_DEFAULT": json.dumps(
-                {"conn_type": "redis", "host": redis_url.host, "port": redis_url.port, "extra": {"db": 0}}),
+                {
+                    "conn_type": "redis",
+                    "host": redis_url.host,
+                    "port": redis_url.port,
+                    "extra": {"db": 0},
+                }
+            ),
             "KEYSET_EXAMPLE_MAX_RANGES": str(opts.ranges),
             "KEYSET_EXAMPLE_CHUNK_SIZE": str(opts.chunk_size),
             "KEYSET_EXAMPLE_RETRIES": "1",
@@ -136,8 +158,12 @@ def summarize(metadata_db: Path, source: Path, redis_url: str, wall: float) -> N
     client = redis.Redis.from_url(redis_url)
     ctl = StreamControl(CursorStore(client, DAG_ID))
     watermark = ctl.watermark()
-    dead_letters = [d for r in ctl.range_status(totals["round_id"]) if r["dead"]
-                    for d in ctl.dead_letters(totals["round_id"], r["range_id"], limit=3)]
+    dead_letters = [
+        d
+        for r in ctl.range_status(totals["round_id"])
+        if r["dead"]
+        for d in ctl.dead_letters(totals["round_id"], r["range_id"], limit=3)
+    ]
     client.close()
     with sqlite3.connect(source) as conn:
         events = conn.execute("SELECT count(*) FROM im_events").fetchone()[0]
@@ -145,13 +171,21 @@ def summarize(metadata_db: Path, source: Path, redis_url: str, wall: float) -> N
     rows = sum(r["rows_read"] for r in ranges)
     busy = sum(r["seconds"] for r in ranges)
     print()
-    print(f"round {totals['round_id']} of stream {DAG_ID}: keys ({totals['start_key'] or '-inf'}, {totals['end_key']}]")
+    print(
+        f"round {totals['round_id']} of stream {DAG_ID}: keys ({totals['start_key'] or '-inf'}, {totals['end_key']}]"
+    )
     print(f"  ranges        {len(ranges)} mapped tasks")
-    print(f"  rows          {rows:,} read; done {totals['done']:,}, skipped {totals['skipped']:,}; "
-          f"outbox {outbox:,} of {events:,} events")
-    print(f"  rows/s        {rows / busy:,.0f} inside the traverse tasks ({busy:.1f} s); "
-          f"{wall:.1f} s for the whole `airflow dags test`")
-    print(f"  dead letters  {totals['dead']}" + (f" (e.g. {dead_letters[0]})" if dead_letters else ""))
+    print(
+        f"  rows          {rows:,} read; done {totals['done']:,}, skipped {totals['skipped']:,}; "
+        f"outbox {outbox:,} of {events:,} events"
+    )
+    print(
+        f"  rows/s        {rows / busy:,.0f} inside the traverse tasks ({busy:.1f} s); "
+        f"{wall:.1f} s for the whole `airflow dags test`"
+    )
+    print(
+        f"  dead letters  {totals['dead']}" + (f" (e.g. {dead_letters[0]})" if dead_letters else "")
+    )
     print(f"  watermark     {watermark} (the next run starts there)")
     if outbox != events or totals["done"] + totals["skipped"] + totals["dead"] != events:
         raise SystemExit("demo: the counters do not add up; see .demo/dags_test.log")

@@ -51,8 +51,24 @@ def _start_one(args: Sequence[str], workdir: Path) -> tuple[int, subprocess.Pope
     for _ in range(5):
         port = _services._free_port()
         log = workdir / f"redis-{port}.log"
-        cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-               "no", "--daemonize", "no", "--dir", str(workdir), "--logfile", str(log), *args]
+        cmd = [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            str(workdir),
+            "--logfile",
+            str(log),
+            *args,
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and proc.poll() is None:
@@ -95,8 +111,12 @@ def start_cluster(masters: int = 3) -> tuple[list[int], Callable[[], None]]:
         for _ in range(masters):
             port = _services._free_port()
             p_port, proc = _start_one(
-                ["--cluster-enabled", "yes", "--cluster-config-file",
-                 str(workdir / f"nodes-{port}.conf")],
+                [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    str(workdir / f"nodes-{port}.conf"),
+                ],
                 workdir,
             )
             procs.append(proc)
@@ -105,9 +125,18 @@ def start_cluster(masters: int = 3) -> tuple[list[int], Callable[[], None]]:
         if cli is None:
             raise RuntimeError("redis-cli is not installed (it creates the cluster)")
         subprocess.run(
-            [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
+            [
+                cli,
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{p}" for p in ports],
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:

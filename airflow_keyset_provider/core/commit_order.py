@@ -62,13 +62,18 @@ def open_transactions(conn: sa.Connection) -> dict[str, Blocker]:
     """Transactions of this database that could still commit a key, by identity."""
     out: dict[str, Blocker] = {}
     for vxid, pid, db, user, app, btype, state, age in conn.execute(_OPEN_BACKENDS):
-        out[vxid] = Blocker(vxid, f"pid {pid} database {db} user {user} app {app!r} ({btype}) transaction "
-                                  f"open for {float(age or 0):.1f} s ({state})")
+        out[vxid] = Blocker(
+            vxid,
+            f"pid {pid} database {db} user {user} app {app!r} ({btype}) transaction "
+            f"open for {float(age or 0):.1f} s ({state})",
+        )
     for gid, owner, db, age in conn.execute(_OPEN_PREPARED):
         out[f"prepared:{gid}"] = Blocker(
-            f"prepared:{gid}", f"prepared transaction gid {gid!r} database {db} owner {owner} "
-                               f"prepared {float(age or 0):.1f} s ago (end it with COMMIT PREPARED "
-                               f"'{gid}' or ROLLBACK PREPARED '{gid}')")
+            f"prepared:{gid}",
+            f"prepared transaction gid {gid!r} database {db} owner {owner} "
+            f"prepared {float(age or 0):.1f} s ago (end it with COMMIT PREPARED "
+            f"'{gid}' or ROLLBACK PREPARED '{gid}')",
+        )
     return out
 
 
@@ -79,8 +84,12 @@ def wait_for_transactions(conn: sa.Connection, timeout: float, what: str) -> Non
     deadline = time.monotonic() + timeout
     delay = 0.01
     if waiting:
-        log.info("%s: waiting up to %.0f s for %d open transaction(s) to end before saving the round",
-                 what, timeout, len(waiting))
+        log.info(
+            "%s: waiting up to %.0f s for %d open transaction(s) to end before saving the round",
+            what,
+            timeout,
+            len(waiting),
+        )
     while waiting:
         still = open_transactions(conn)
         # the blockers' descriptions are refreshed so the timeout error shows their current state

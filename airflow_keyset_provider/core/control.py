@@ -33,7 +33,6 @@ log = logging.getLogger("airflow_keyset_provider")
 T = TypeVar("T")
 
 
-
 @dataclass(frozen=True)
 class RangeSpec:
     range_id: int

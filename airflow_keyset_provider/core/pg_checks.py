@@ -47,7 +47,9 @@ class IndexInfo:
         if not self.valid:
             return "is not valid (a failed CREATE INDEX CONCURRENTLY)"
         if self.partial:
-            return "is partial (has a WHERE predicate), so it says nothing about the rows outside it"
+            return (
+                "is partial (has a WHERE predicate), so it says nothing about the rows outside it"
+            )
         return "indexes an expression, not the column itself"
 
 
@@ -64,8 +66,10 @@ _PG_INDEXES = sa.text(
 def unique_indexes(conn: sa.Connection, dialect: str, rel: str, table_name: str) -> list[IndexInfo]:
     """Every index of the table (PostgreSQL: ``rel`` is the quoted name; SQLite: ``table_name``)."""
     if dialect == "postgresql":
-        return [IndexInfo(name, tuple(cols), bool(uniq), bool(partial), bool(valid))
-                for name, uniq, partial, valid, cols in conn.execute(_PG_INDEXES, {"rel": rel})]
+        return [
+            IndexInfo(name, tuple(cols), bool(uniq), bool(partial), bool(valid))
+            for name, uniq, partial, valid, cols in conn.execute(_PG_INDEXES, {"rel": rel})
+        ]
     out = []
     quoted = '"' + table_name.replace('"', '""') + '"'
     for row in conn.exec_driver_sql(f"PRAGMA index_list({quoted})").all():
@@ -105,7 +109,10 @@ _PG_SEQUENCES = sa.text(
 def key_sequences(conn: sa.Connection, rel: str, columns: list[str]) -> list[KeySequence]:
     """Sequences feeding the key columns, found from the catalog (not from the application's
     INSERT statements: a ``nextval`` the application calls itself is invisible here)."""
-    return [KeySequence(c, s, int(n)) for c, s, n in conn.execute(_PG_SEQUENCES, {"rel": rel, "cols": columns})]
+    return [
+        KeySequence(c, s, int(n))
+        for c, s, n in conn.execute(_PG_SEQUENCES, {"rel": rel, "cols": columns})
+    ]
 
 
 @dataclass(frozen=True)
@@ -119,19 +126,33 @@ class ColumnCollation:
 def collations(conn: sa.Connection, rel: str, columns: list[str]) -> list[ColumnCollation]:
     """The collation each text key column sorts by. A column with the default collation sorts by
     the database's provider and locale (``pg_database.datlocprovider``, PostgreSQL 15+)."""
-    has_provider = bool(conn.execute(sa.text(
-        "SELECT count(*) FROM pg_attribute WHERE attrelid = 'pg_catalog.pg_database'::regclass "
-        "AND attname = 'datlocprovider'")).scalar())
-    db = conn.execute(sa.text(
-        ("SELECT datlocprovider::text, datcollate, daticulocale " if has_provider
-         else "SELECT 'c', datcollate, NULL ")
-        + "FROM pg_database WHERE datname = current_database()")).one()
+    has_provider = bool(
+        conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_attribute WHERE attrelid = 'pg_catalog.pg_database'::regclass "
+                "AND attname = 'datlocprovider'"
+            )
+        ).scalar()
+    )
+    db = conn.execute(
+        sa.text(
+            (
+                "SELECT datlocprovider::text, datcollate, daticulocale "
+                if has_provider
+                else "SELECT 'c', datcollate, NULL "
+            )
+            + "FROM pg_database WHERE datname = current_database()"
+        )
+    ).one()
     db_provider, db_collate, db_icu = db[0], db[1], db[2]
-    rows = conn.execute(sa.text(
-        "SELECT a.attname, co.collname, co.collprovider::text, co.collcollate "
-        "FROM pg_attribute a JOIN pg_collation co ON co.oid = a.attcollation "
-        "WHERE a.attrelid = CAST(:rel AS regclass) AND a.attname = ANY(:cols) ORDER BY a.attnum"),
-        {"rel": rel, "cols": columns})
+    rows = conn.execute(
+        sa.text(
+            "SELECT a.attname, co.collname, co.collprovider::text, co.collcollate "
+            "FROM pg_attribute a JOIN pg_collation co ON co.oid = a.attcollation "
+            "WHERE a.attrelid = CAST(:rel AS regclass) AND a.attname = ANY(:cols) ORDER BY a.attnum"
+        ),
+        {"rel": rel, "cols": columns},
+    )
     out = []
     for name, collname, provider, collcollate in rows:
         if provider == "d":
@@ -152,7 +173,11 @@ def sorts_by_code_point(c: ColumnCollation) -> bool:
     if c.provider == "c":
         return c.locale in BYTE_ORDER_LIBC_LOCALES
     if c.provider == "b":
-        return c.locale in BYTE_ORDER_BUILTIN_LOCALES or c.collation in {"pg_c_utf8", "pg_unicode_fast", "ucs_basic"}
+        return c.locale in BYTE_ORDER_BUILTIN_LOCALES or c.collation in {
+            "pg_c_utf8",
+            "pg_unicode_fast",
+            "ucs_basic",
+        }
     return False
 
 

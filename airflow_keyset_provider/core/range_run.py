@@ -162,7 +162,9 @@ class RangeRun:
         self.paced_at = time.monotonic()
         self.round_id, self.range_id, self.hi = round_id, range_id, hi
         self.processor, self.token, self.o = processor, claim.token, options
-        self.state = CommittedRange(claim.cursor, claim.done, claim.skipped, claim.dead, claim.retries)
+        self.state = CommittedRange(
+            claim.cursor, claim.done, claim.skipped, claim.dead, claim.retries
+        )
         self.key_of = self.source.key_of()
         self.arity = self.source.arity
         self.rows_read = 0  # rows read by this call, replays included
@@ -375,7 +377,9 @@ class RangeRun:
 
     def _tick(self, n_rows: int) -> None:
         s, g = self.state, self.group
-        with_group = CommittedRange(s.cursor, s.done + g.done, s.skipped + g.skipped, s.dead, s.retries)
+        with_group = CommittedRange(
+            s.cursor, s.done + g.done, s.skipped + g.skipped, s.dead, s.retries
+        )
         self.progress.tick(n_rows, self.read, with_group)
 
     def _drop_prefetched(self) -> None:

@@ -44,7 +44,15 @@ log = logging.getLogger(__name__)
 SUPPORTED_DIALECTS = ("postgresql", "sqlite")
 # collation names that sort by code point (libc C/POSIX/C.UTF-8, PostgreSQL 17+ builtin); the check
 # itself goes by provider and locale (pg_checks.sorts_by_code_point), this list serves tests
-_BYTE_ORDER_COLLATIONS = {"C", "POSIX", "C.UTF-8", "C.utf8", "ucs_basic", "pg_c_utf8", "pg_unicode_fast"}
+_BYTE_ORDER_COLLATIONS = {
+    "C",
+    "POSIX",
+    "C.UTF-8",
+    "C.utf8",
+    "ucs_basic",
+    "pg_c_utf8",
+    "pg_unicode_fast",
+}
 
 
 class FetchedRows(Sequence[tuple]):
@@ -54,7 +62,9 @@ class FetchedRows(Sequence[tuple]):
 
     __slots__ = ("_convert", "_cur", "_last", "_n", "_rows")
 
-    def __init__(self, cur: Any, n: int, last: tuple, convert: Callable[[list], list[tuple]]) -> None:
+    def __init__(
+        self, cur: Any, n: int, last: tuple, convert: Callable[[list], list[tuple]]
+    ) -> None:
         self._cur, self._n, self._last, self._convert = cur, n, last, convert
         self._rows: list[tuple] | None = None
 
@@ -112,8 +122,13 @@ def _key_kind(col: sa.Column) -> str:
         )
     if isinstance(t, sa.DateTime):
         return "timestamptz" if t.timezone else "timestamp"
-    for cls, kind in ((sa.Integer, "int"), (sa.Numeric, "decimal"),
-                      (sa.Date, "date"), (sa.Uuid, "uuid"), (sa.String, "text")):
+    for cls, kind in (
+        (sa.Integer, "int"),
+        (sa.Numeric, "decimal"),
+        (sa.Date, "date"),
+        (sa.Uuid, "uuid"),
+        (sa.String, "text"),
+    ):
         if isinstance(t, cls):
             return kind
     raise UnsupportedKeyTypeError(
@@ -139,13 +154,21 @@ class SqlSource:
         retention_sql: str | None = None,
     ) -> None:
         if not isinstance(table, str) or not table.strip():
-            raise ConfigurationError("table must be a non-empty table name, e.g. 'events' or 'app.events'")
-        keys = [key] if isinstance(key, str) else list(key) if isinstance(key, (list, tuple)) else []
+            raise ConfigurationError(
+                "table must be a non-empty table name, e.g. 'events' or 'app.events'"
+            )
+        keys = (
+            [key] if isinstance(key, str) else list(key) if isinstance(key, (list, tuple)) else []
+        )
         if not keys or not all(isinstance(k, str) and k for k in keys):
-            raise ConfigurationError(f"key must be a column name or a list of column names, got {key!r}")
+            raise ConfigurationError(
+                f"key must be a column name or a list of column names, got {key!r}"
+            )
         if len(set(keys)) != len(keys):
             raise ConfigurationError(f"key lists a column twice: {keys}")
-        if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)):
+        if columns is not None and (
+            isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
+        ):
             raise ConfigurationError(f"columns must be a list of column names, got {columns!r}")
         self._owns_engine = not isinstance(url, Engine)  # never dispose a caller's engine
         self.engine = make_engine(url)
@@ -156,8 +179,10 @@ class SqlSource:
         self.arity = len(keys)
         self.where = where
         if where_params is not None and (not isinstance(where_params, dict) or not where):
-            raise ConfigurationError("where_params must be a dict of values bound into where "
-                                     f"(e.g. where='tenant = :tenant'), got {where_params!r} with where={where!r}")
+            raise ConfigurationError(
+                "where_params must be a dict of values bound into where "
+                f"(e.g. where='tenant = :tenant'), got {where_params!r} with where={where!r}"
+            )
         self.where_params = dict(where_params or {})
         if settle_seconds is None or settle_seconds < 0:
             raise ConfigurationError(f"settle_seconds must be >= 0, got {settle_seconds!r}")
@@ -167,7 +192,9 @@ class SqlSource:
         self.retention_sql = retention_sql
         self._table: sa.Table | None = None
         self._fetchers: dict[bool, Callable[[str, str, int], Sequence[tuple]]] = {}
-        self._conns: list[sa.Connection] = []  # the hot path's autocommit connections, closed by close()
+        self._conns: list[
+            sa.Connection
+        ] = []  # the hot path's autocommit connections, closed by close()
         self.last_sample_percent: float | None = None  # TABLESAMPLE SYSTEM percent of the last plan
 
     # ---- validation --------------------------------------------------------------------------
@@ -177,8 +204,12 @@ class SqlSource:
 
     def fingerprint(self) -> str:
         """What identifies the traversed set; stored with a round."""
-        doc: dict[str, Any] = {"table": self.qualified_name, "key": self.key_names, "where": self.where,
-                               "dialect": self.dialect}
+        doc: dict[str, Any] = {
+            "table": self.qualified_name,
+            "key": self.key_names,
+            "where": self.where,
+            "dialect": self.dialect,
+        }
         if self.where_params:
             doc["where_params"] = self.where_params
         return json.dumps(doc, sort_keys=True, default=str)
@@ -219,7 +250,9 @@ class SqlSource:
                 f"table {self.qualified_name!r} does not exist (dialect {self.dialect}). Check the "
                 "name and schema ('schema.table'), and that the connection points at the right database."
             )
-        table = sa.Table(self.table_name, sa.MetaData(), schema=self.schema, autoload_with=self.engine)
+        table = sa.Table(
+            self.table_name, sa.MetaData(), schema=self.schema, autoload_with=self.engine
+        )
         missing = [c for c in self.column_names if c not in table.c]
         if missing:
             raise KeyValidationError(
@@ -231,7 +264,9 @@ class SqlSource:
         for col in key_cols:
             # SQLite's INTEGER PRIMARY KEY aliases the rowid and can never be NULL, though it
             # reflects as nullable; any other SQLite primary key column does accept NULL.
-            rowid_alias = self.dialect == "sqlite" and pk_cols == [col] and isinstance(col.type, sa.Integer)
+            rowid_alias = (
+                self.dialect == "sqlite" and pk_cols == [col] and isinstance(col.type, sa.Integer)
+            )
             if col.nullable and not rowid_alias:
                 raise KeyValidationError(
                     f"key column {col.name!r} of {self.qualified_name!r} is nullable: NULL keys have no "
@@ -245,19 +280,32 @@ class SqlSource:
         # constraints are backed by one (SQLite's INTEGER PRIMARY KEY is the rowid itself).
         with self.engine.connect() as conn:
             indexes = pg_checks.unique_indexes(conn, self.dialect, self._rel, self.table_name)
-        rowid_pk = self.dialect == "sqlite" and len(pk) == 1 and isinstance(table.c[pk[0]].type, sa.Integer)
+        rowid_pk = (
+            self.dialect == "sqlite"
+            and len(pk) == 1
+            and isinstance(table.c[pk[0]].type, sa.Integer)
+        )
         unique_sets: list[set[str]] = [set(pk)] if rowid_pk else []
         ordered_prefixes = [pk] if pk else []
         for ix in indexes:
             if ix.proves_unique:
                 unique_sets.append({c for c in ix.columns if c is not None})
-            plain = list(itertools.takewhile(lambda c: c is not None, ix.columns))  # up to an expression
+            plain = list(
+                itertools.takewhile(lambda c: c is not None, ix.columns)
+            )  # up to an expression
             ordered_prefixes.append([c for c in plain if c is not None])
         if not any(s and s <= keyset for s in unique_sets):
             listed = ", ".join(self.key_names)
-            near = [ix for ix in indexes if ix.unique and not ix.proves_unique
-                    and {c for c in ix.columns if c is not None} <= keyset]
-            why = "".join(f" Unique index {ix.name!r} does not count: it {ix.defect}." for ix in near)
+            near = [
+                ix
+                for ix in indexes
+                if ix.unique
+                and not ix.proves_unique
+                and {c for c in ix.columns if c is not None} <= keyset
+            ]
+            why = "".join(
+                f" Unique index {ix.name!r} does not count: it {ix.defect}." for ix in near
+            )
             raise KeyValidationError(
                 f"key ({listed}) of {self.qualified_name!r} is not unique: no primary key, unique "
                 "constraint or unique index covers it, so two rows could share a cursor position and "
@@ -348,8 +396,13 @@ class SqlSource:
         bound values into what the DBAPI cursor takes, converted by SQLAlchemy's bind processors."""
         dialect = self.engine.dialect
         compiled = stmt.compile(dialect=dialect)
-        binds = [(name, bp.type.dialect_impl(dialect).bind_processor(dialect)) for name, bp in compiled.binds.items()]
-        defaults = {k: v for k, v in compiled.params.items() if v is not None}  # e.g. SQLite's OFFSET 0
+        binds = [
+            (name, bp.type.dialect_impl(dialect).bind_processor(dialect))
+            for name, bp in compiled.binds.items()
+        ]
+        defaults = {
+            k: v for k, v in compiled.params.items() if v is not None
+        }  # e.g. SQLite's OFFSET 0
         positional = dialect.paramstyle in ("qmark", "format", "numeric")
         order = list(compiled.positiontup or []) if positional else []
 
@@ -390,7 +443,11 @@ class SqlSource:
 
         def convert(rows: Sequence[Any]) -> list[tuple]:
             if not active:
-                return list(rows) if not rows or isinstance(rows[0], tuple) else [tuple(r) for r in rows]
+                return (
+                    list(rows)
+                    if not rows or isinstance(rows[0], tuple)
+                    else [tuple(r) for r in rows]
+                )
             out = []
             for row in rows:
                 lst = list(row)
@@ -478,7 +535,8 @@ class SqlSource:
         if len(row) != self.arity:
             raise ConfigurationError(
                 f"retention_sql returned {len(row)} column(s); it must return the {self.arity} key column(s) "
-                f"{self.key_names} of the highest key the source may have deleted")
+                f"{self.key_names} of the highest key the source may have deleted"
+            )
         return encode_key(tuple(row))
 
     def upper_bound(self) -> str | None:
@@ -502,7 +560,9 @@ class SqlSource:
 
     def _settle(self, conn: sa.Connection) -> None:
         if self.dialect == "postgresql":
-            commit_order.settle(conn, self.commit_wait_timeout, self.settle_seconds, self.qualified_name)
+            commit_order.settle(
+                conn, self.commit_wait_timeout, self.settle_seconds, self.qualified_name
+            )
         elif self.settle_seconds > 0:
             time.sleep(self.settle_seconds)
 
@@ -522,9 +582,16 @@ class SqlSource:
                     "round's end. Fix: plan against the primary, or opt in to a settle window with "
                     "settle_seconds > 0 (keys committed later than that window are missed)."
                 )
-            log.warning("%s: planning on a standby; only the settle window of %.1f s protects late keys",
-                        self.qualified_name, self.settle_seconds)
-        int_keys = [c for c, kind in zip(self.key_names, self.key_kinds, strict=True) if kind in ("int", "decimal")]
+            log.warning(
+                "%s: planning on a standby; only the settle window of %.1f s protects late keys",
+                self.qualified_name,
+                self.settle_seconds,
+            )
+        int_keys = [
+            c
+            for c, kind in zip(self.key_names, self.key_kinds, strict=True)
+            if kind in ("int", "decimal")
+        ]
         if not int_keys:
             return
         for seq in pg_checks.key_sequences(conn, self._rel, int_keys):
@@ -538,24 +605,37 @@ class SqlSource:
                     f"{seq.sequence} CACHE 1 (identity: ALTER TABLE {self.qualified_name} ALTER COLUMN "
                     f"{seq.column} SET CACHE 1), or opt in to a settle window with settle_seconds > 0."
                 )
-            log.warning("%s: key %s is fed by %s with CACHE %d; only the settle window of %.1f s protects "
-                        "late keys", self.qualified_name, seq.column, seq.sequence, seq.cache, self.settle_seconds)
+            log.warning(
+                "%s: key %s is fed by %s with CACHE %d; only the settle window of %.1f s protects "
+                "late keys",
+                self.qualified_name,
+                seq.column,
+                seq.sequence,
+                seq.cache,
+                self.settle_seconds,
+            )
 
     # ---- planning support --------------------------------------------------------------------
     def estimate_rows(self, lo: str, hi: str) -> int:
         """Planner's row estimate for ``lo < key <= hi`` (PostgreSQL), exact count elsewhere."""
-        stmt = sa.select(*[self.table.c[k] for k in self.key_names]).where(*self._range_filter(lo != MIN_KEY))
+        stmt = sa.select(*[self.table.c[k] for k in self.key_names]).where(
+            *self._range_filter(lo != MIN_KEY)
+        )
         params = self._key_params(hi, "h") | (self._key_params(lo, "c") if lo != MIN_KEY else {})
         with self.engine.connect() as conn:
             if self.dialect == "postgresql":
                 sql, params_for = self._driver_call(stmt)
-                plan: Any = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql, params_for(params)).scalar()
+                plan: Any = conn.exec_driver_sql(
+                    "EXPLAIN (FORMAT JSON) " + sql, params_for(params)
+                ).scalar()
                 doc = plan if isinstance(plan, list) else json.loads(plan)
                 return int(doc[0]["Plan"]["Plan Rows"])
             count = sa.select(sa.func.count()).select_from(stmt.subquery())
             return int(conn.execute(count, params).scalar() or 0)
 
-    def quantile_keys(self, lo: str, hi: str, parts: int, exact_limit: int, sample_rows: int) -> list[str]:
+    def quantile_keys(
+        self, lo: str, hi: str, parts: int, exact_limit: int, sample_rows: int
+    ) -> list[str]:
         """Up to ``parts - 1`` real keys splitting ``(lo, hi]`` into parts of about equal row
         count: exact (one ordered pass) when the range is small, else from a block sample."""
         est = self.estimate_rows(lo, hi)
@@ -572,8 +652,14 @@ class SqlSource:
                 fraction = min(1.0, max(sample_rows / max(est, 1), 2048 / max(pages, 1)))
                 keep = min(1.0, sample_rows / max(est * fraction, 1))
                 self.last_sample_percent = 100.0 * fraction
-                log.info("%s: sampling %.2f%% of %d blocks (%d relation(s)) for ~%d estimated rows",
-                         self.qualified_name, 100.0 * fraction, pages, leaves, est)
+                log.info(
+                    "%s: sampling %.2f%% of %d blocks (%d relation(s)) for ~%d estimated rows",
+                    self.qualified_name,
+                    100.0 * fraction,
+                    pages,
+                    leaves,
+                    est,
+                )
                 sampled = self.table.tablesample(sa.func.system(100.0 * fraction), name="s")
                 scols = [sampled.c[k] for k in self.key_names]
                 stmt = sa.select(*scols).where(*self._range_filter(lo != MIN_KEY, on=sampled))
@@ -584,13 +670,20 @@ class SqlSource:
                     step = len(sample) / parts
                     picks = [sample[round(step * i) - 1] for i in range(1, parts)]
                     return sorted({encode_key(p) for p in picks})
-            total = int(conn.execute(sa.select(sa.func.count()).where(*filt).select_from(self.table), params)
-                        .scalar() or 0)
+            total = int(
+                conn.execute(
+                    sa.select(sa.func.count()).where(*filt).select_from(self.table), params
+                ).scalar()
+                or 0
+            )
             if total <= 1:
                 return []
             step = max(1, -(-total // parts))
             rn = sa.func.row_number().over(order_by=keys).label("rn")
             inner = sa.select(*keys, rn).where(*filt).subquery()
-            stmt = sa.select(*[inner.c[k] for k in self.key_names]).where(
-                inner.c.rn % step == 0, inner.c.rn < total).order_by(*[inner.c[k] for k in self.key_names])
+            stmt = (
+                sa.select(*[inner.c[k] for k in self.key_names])
+                .where(inner.c.rn % step == 0, inner.c.rn < total)
+                .order_by(*[inner.c[k] for k in self.key_names])
+            )
             return [encode_key(tuple(r)) for r in conn.execute(stmt, params)]

@@ -17,7 +17,10 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "io": ("io_bound", ("io_prefetch",)),
     "ts": ("timestamp_key", ("ts_key",)),
     "memory": ("memory", ("memory_rss", "redis_round_bytes", "redis_round_scaling")),
-    "planning": ("planning", ("plan_time", "plan_scaling", "plan_balance_zipf", "plan_balance_seq")),
+    "planning": (
+        "planning",
+        ("plan_time", "plan_scaling", "plan_balance_zipf", "plan_balance_seq"),
+    ),
     "writeback": ("writeback", ("writeback_vs_onebyone", "writeback_vs_executemany")),
     "parallel": ("parallel", ("two_processes",)),
     "offset": ("offset", ("keyset_vs_offset",)),
@@ -32,7 +35,11 @@ def resolve(only: list[str] | None) -> list[str]:
         return list(GROUPS)
     wanted = set()
     for name in only:
-        group = name if name in GROUPS else next((g for g, (_, ms) in GROUPS.items() if name in ms), None)
+        group = (
+            name
+            if name in GROUPS
+            else next((g for g, (_, ms) in GROUPS.items() if name in ms), None)
+        )
         if group is None:
             choices = ", ".join([*GROUPS, *(m for _, ms in GROUPS.values() for m in ms)])
             raise ValueError(f"--only {name!r}: unknown; choose from {choices}")

@@ -97,7 +97,7 @@ DAG_SOURCE = textwrap.dedent('''\
 ''')
 
 # Runs in the subprocess: import the DAG file, time dag.test(), write what happened as JSON.
-RUNNER_SOURCE = textwrap.dedent('''\
+RUNNER_SOURCE = textwrap.dedent("""\
     import json
     import sys
     import time
@@ -120,7 +120,7 @@ RUNNER_SOURCE = textwrap.dedent('''\
     with open(sys.argv[2], "w") as fh:
         json.dump({"dag_test_s": ended - imported, "import_s": imported - started, "state": state,
                    "tasks": tis}, fh)
-''')
+""")
 
 
 def _airflow_env(home: Path) -> dict[str, str]:
@@ -148,10 +148,17 @@ def airflow_home(ctx: BenchContext) -> Path:
     airflow_bin = Path(sys.executable).with_name("airflow")
     cmd = [str(airflow_bin)] if airflow_bin.exists() else [sys.executable, "-m", "airflow"]
     with Stopwatch() as sw:
-        proc = subprocess.run([*cmd, "db", "migrate"], env={**os.environ, **_airflow_env(home)},
-                              capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+        proc = subprocess.run(
+            [*cmd, "db", "migrate"],
+            env={**os.environ, **_airflow_env(home)},
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_TIMEOUT_S,
+        )
     if proc.returncode != 0:
-        raise RuntimeError(f"airflow db migrate failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"airflow db migrate failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     ctx.cache["airflow_home"] = str(home)
     ctx.cache["airflow_migrate_s"] = sw.seconds
     return home
@@ -161,14 +168,26 @@ def _connections(ctx: BenchContext) -> dict[str, str]:
     """``AIRFLOW_CONN_*`` for the benchmark's PostgreSQL and Redis (JSON form)."""
     pg = sa.engine.make_url(ctx.pg_url)
     rd = sa.engine.make_url(ctx.redis_url)
-    source = {"conn_type": "postgres", "host": pg.host, "port": pg.port, "login": pg.username,
-              "password": pg.password, "schema": pg.database}
-    store: dict[str, Any] = {"conn_type": "redis", "host": rd.host, "port": rd.port,
-                             "extra": {"db": int(rd.database or 0)}}
+    source = {
+        "conn_type": "postgres",
+        "host": pg.host,
+        "port": pg.port,
+        "login": pg.username,
+        "password": pg.password,
+        "schema": pg.database,
+    }
+    store: dict[str, Any] = {
+        "conn_type": "redis",
+        "host": rd.host,
+        "port": rd.port,
+        "extra": {"db": int(rd.database or 0)},
+    }
     if rd.password:
         store["password"] = rd.password
-    return {f"AIRFLOW_CONN_{SOURCE_CONN_ID.upper()}": json.dumps(source),
-            f"AIRFLOW_CONN_{REDIS_CONN_ID.upper()}": json.dumps(store)}
+    return {
+        f"AIRFLOW_CONN_{SOURCE_CONN_ID.upper()}": json.dumps(source),
+        f"AIRFLOW_CONN_{REDIS_CONN_ID.upper()}": json.dumps(store),
+    }
 
 
 def _round_totals(ctx: BenchContext, stream: str, round_id: str = "r1") -> dict[str, Any]:
@@ -188,55 +207,102 @@ def dag_test(ctx: BenchContext, table: str, rows: int, ranges: int) -> Sample:
     parse included), the mapped task count and the task instances' own durations."""
     home = airflow_home(ctx)
     stream = ctx.stream("airflow")
-    env = {**os.environ, **_airflow_env(home), **_connections(ctx),
-           "KBENCH_AF_DAG_ID": DAG_ID, "KBENCH_AF_SOURCE_CONN": SOURCE_CONN_ID, "KBENCH_AF_REDIS_CONN": REDIS_CONN_ID,
-           "KBENCH_AF_TABLE": table, "KBENCH_AF_STREAM": stream, "KBENCH_AF_PREFIX": ctx.prefix,
-           "KBENCH_AF_END": str(rows), "KBENCH_AF_RANGES": str(ranges), "KBENCH_AF_CHUNK_SIZE": str(ctx.chunk_size)}
+    env = {
+        **os.environ,
+        **_airflow_env(home),
+        **_connections(ctx),
+        "KBENCH_AF_DAG_ID": DAG_ID,
+        "KBENCH_AF_SOURCE_CONN": SOURCE_CONN_ID,
+        "KBENCH_AF_REDIS_CONN": REDIS_CONN_ID,
+        "KBENCH_AF_TABLE": table,
+        "KBENCH_AF_STREAM": stream,
+        "KBENCH_AF_PREFIX": ctx.prefix,
+        "KBENCH_AF_END": str(rows),
+        "KBENCH_AF_RANGES": str(ranges),
+        "KBENCH_AF_CHUNK_SIZE": str(ctx.chunk_size),
+    }
     out = home / f"result-{stream}.json"
     log_path = home / f"log-{stream}.txt"
     with Stopwatch() as sw, open(log_path, "w") as log_file:
-        proc = subprocess.run([sys.executable, str(home / "run_dag_test.py"), str(home / "dags"), str(out)],
-                              cwd=procs.ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                              timeout=SUBPROCESS_TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, str(home / "run_dag_test.py"), str(home / "dags"), str(out)],
+            cwd=procs.ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            timeout=SUBPROCESS_TIMEOUT_S,
+        )
     log_text = log_path.read_text(errors="replace")
     log_path.unlink(missing_ok=True)
     if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(f"dag.test() subprocess failed (exit {proc.returncode}):\n{log_text[-3000:]}")
+        raise RuntimeError(
+            f"dag.test() subprocess failed (exit {proc.returncode}):\n{log_text[-3000:]}"
+        )
     res = json.loads(out.read_text())
     out.unlink()
     traverse = [t for t in res["tasks"] if t["task_id"] == "traverse"]
-    if not res["state"].endswith("success") or any(not t["state"].endswith("success") for t in res["tasks"]):
-        raise RuntimeError(f"dag.test() over {rows} rows did not succeed: {res}\n{log_text[-3000:]}")
+    if not res["state"].endswith("success") or any(
+        not t["state"].endswith("success") for t in res["tasks"]
+    ):
+        raise RuntimeError(
+            f"dag.test() over {rows} rows did not succeed: {res}\n{log_text[-3000:]}"
+        )
     totals = _round_totals(ctx, stream)
     if totals["state"] != "closed" or totals["done"] != rows:
-        raise RuntimeError(f"dag.test() round over {rows} rows: {totals}, expected closed with {rows} done")
+        raise RuntimeError(
+            f"dag.test() round over {rows} rows: {totals}, expected closed with {rows} done"
+        )
     task_s = [t["duration"] or 0.0 for t in res["tasks"]]
-    return Sample(res["dag_test_s"], rows, {
-        "process_s": sw.seconds, "import_s": res["import_s"], "tasks": len(res["tasks"]),
-        "mapped": len(traverse), "tasks_s": sum(task_s), "traverse_tasks_s": sum(t["duration"] or 0.0 for t in traverse),
-        "task_durations": {(t["task_id"] if t["map_index"] < 0 else f"{t['task_id']}[{t['map_index']}]"): t["duration"]
-                           for t in res["tasks"]},
-    })
+    return Sample(
+        res["dag_test_s"],
+        rows,
+        {
+            "process_s": sw.seconds,
+            "import_s": res["import_s"],
+            "tasks": len(res["tasks"]),
+            "mapped": len(traverse),
+            "tasks_s": sum(task_s),
+            "traverse_tasks_s": sum(t["duration"] or 0.0 for t in traverse),
+            "task_durations": {
+                (t["task_id"] if t["map_index"] < 0 else f"{t['task_id']}[{t['map_index']}]"): t[
+                    "duration"
+                ]
+                for t in res["tasks"]
+            },
+        },
+    )
 
 
 def engine_alone(ctx: BenchContext, table: str, rows: int, ranges: int) -> Sample:
     """Plan, traverse every range in turn, close the round: all in this process, all timed."""
     with Stopwatch() as sw:
-        t = KeysetTraversal(ctx.pg_url, table=table, key="seq", redis_url=ctx.redis_url,
-                            stream=ctx.stream("airflow-engine"), key_prefix=ctx.prefix)
+        t = KeysetTraversal(
+            ctx.pg_url,
+            table=table,
+            key="seq",
+            redis_url=ctx.redis_url,
+            stream=ctx.stream("airflow-engine"),
+            key_prefix=ctx.prefix,
+        )
         try:
             rnd = t.plan(max_ranges=ranges, start_key=0, end_key=rows)
             read = 0
             for spec in rnd.ranges:
-                res = t.traverse(rnd.round_id, spec.range_id, lambda chunk: None, chunk_size=ctx.chunk_size)
+                res = t.traverse(
+                    rnd.round_id, spec.range_id, lambda chunk: None, chunk_size=ctx.chunk_size
+                )
                 if not res.complete:
-                    raise RuntimeError(f"range {spec.range_id} of {rnd.round_id} did not complete: {res}")
+                    raise RuntimeError(
+                        f"range {spec.range_id} of {rnd.round_id} did not complete: {res}"
+                    )
                 read += res.rows_read
             totals = t.close_round(rnd.round_id)
         finally:
             t.close()
     if read != rows or totals.done != rows:
-        raise RuntimeError(f"engine alone read {read} rows (round done {totals.done}), expected {rows}")
+        raise RuntimeError(
+            f"engine alone read {read} rows (round done {totals.done}), expected {rows}"
+        )
     return Sample(sw.seconds, rows, {"ranges": len(rnd.ranges)})
 
 
@@ -246,12 +312,15 @@ def run(ctx: BenchContext) -> list[Metric]:
     fixed_rows = min(FIXED_ROWS, rows)
     airflow_home(ctx)
     engine_alone(ctx, table, rows, RANGES)  # warm the cache and the server, untimed
-    s = interleaved({
-        "dag_fixed": lambda: dag_test(ctx, table, fixed_rows, 1),
-        "dag": lambda: dag_test(ctx, table, rows, RANGES),
-        "engine_fixed": lambda: engine_alone(ctx, table, fixed_rows, 1),
-        "engine": lambda: engine_alone(ctx, table, rows, RANGES),
-    }, ctx.repeat)
+    s = interleaved(
+        {
+            "dag_fixed": lambda: dag_test(ctx, table, fixed_rows, 1),
+            "dag": lambda: dag_test(ctx, table, rows, RANGES),
+            "engine_fixed": lambda: engine_alone(ctx, table, fixed_rows, 1),
+            "engine": lambda: engine_alone(ctx, table, rows, RANGES),
+        },
+        ctx.repeat,
+    )
     dag_s, engine_s = median_seconds(s["dag"]), median_seconds(s["engine"])
     fixed = median_seconds(s["dag_fixed"]) - median_seconds(s["engine_fixed"])
     tasks = s["dag"][0].extra["tasks"]
@@ -260,16 +329,44 @@ def run(ctx: BenchContext) -> list[Metric]:
     process_s = median([x.extra["process_s"] for x in s["dag"]])
     inside = median([x.extra["traverse_tasks_s"] for x in s["dag"]])
     details: dict[str, Any] = {
-        "rows": rows, "fixed_rows": fixed_rows, "ranges": mapped, "tasks": tasks, "chunk_size": ctx.chunk_size,
-        "dag_test_s": dag_s, "engine_s": engine_s, "fixed_s": fixed, "per_task_s": per_task,
-        "dag_fixed_s": median_seconds(s["dag_fixed"]), "engine_fixed_s": median_seconds(s["engine_fixed"]),
-        "dag_process_s": process_s, "airflow_import_s": median([x.extra["import_s"] for x in s["dag"]]),
-        "traverse_tasks_s": inside, "airflow_migrate_s": ctx.cache.get("airflow_migrate_s"),
-        "samples": {name: [{"seconds": x.seconds, **x.extra} for x in samples] for name, samples in s.items()},
+        "rows": rows,
+        "fixed_rows": fixed_rows,
+        "ranges": mapped,
+        "tasks": tasks,
+        "chunk_size": ctx.chunk_size,
+        "dag_test_s": dag_s,
+        "engine_s": engine_s,
+        "fixed_s": fixed,
+        "per_task_s": per_task,
+        "dag_fixed_s": median_seconds(s["dag_fixed"]),
+        "engine_fixed_s": median_seconds(s["engine_fixed"]),
+        "dag_process_s": process_s,
+        "airflow_import_s": median([x.extra["import_s"] for x in s["dag"]]),
+        "traverse_tasks_s": inside,
+        "airflow_migrate_s": ctx.cache.get("airflow_migrate_s"),
+        "samples": {
+            name: [{"seconds": x.seconds, **x.extra} for x in samples]
+            for name, samples in s.items()
+        },
     }
-    note = (f"{rows:,} rows, {mapped} mapped ranges ({tasks} tasks): dag.test() {dag_s:.2f} s vs engine "
-            f"{engine_s:.2f} s; fixed {fixed:.2f} s (dag.test() of plan + 1 range + barrier over {fixed_rows:,} "
-            f"rows, minus its engine time), per further task {per_task:.2f} s; the {mapped} traverse tasks' own "
-            f"durations sum to {inside:.2f} s; the process with Airflow import and DAG parse {process_s:.1f} s")
-    return [Metric("airflow_overhead", "airflow", f"dag.test() with {RANGES} mapped ranges vs the engine alone",
-                   dag_s, engine_s, "s", dag_s / engine_s, "report fixed + per-task s", None, note, details)]
+    note = (
+        f"{rows:,} rows, {mapped} mapped ranges ({tasks} tasks): dag.test() {dag_s:.2f} s vs engine "
+        f"{engine_s:.2f} s; fixed {fixed:.2f} s (dag.test() of plan + 1 range + barrier over {fixed_rows:,} "
+        f"rows, minus its engine time), per further task {per_task:.2f} s; the {mapped} traverse tasks' own "
+        f"durations sum to {inside:.2f} s; the process with Airflow import and DAG parse {process_s:.1f} s"
+    )
+    return [
+        Metric(
+            "airflow_overhead",
+            "airflow",
+            f"dag.test() with {RANGES} mapped ranges vs the engine alone",
+            dag_s,
+            engine_s,
+            "s",
+            dag_s / engine_s,
+            "report fixed + per-task s",
+            None,
+            note,
+            details,
+        )
+    ]

@@ -32,8 +32,18 @@ def redis_bytes(ctx: BenchContext, stream: str) -> tuple[int, int]:
 
 def one_round(ctx: BenchContext, role: str, rows: int) -> dict[str, Any]:
     stream = ctx.stream(f"mem-{role}")
-    res = procs.run_child("round", procs.child_args(ctx, table=ensure_table(ctx, role), key="seq", stream=stream,
-                                                     ranges=ctx.ranges, start=0, end=rows))
+    res = procs.run_child(
+        "round",
+        procs.child_args(
+            ctx,
+            table=ensure_table(ctx, role),
+            key="seq",
+            stream=stream,
+            ranges=ctx.ranges,
+            start=0,
+            end=rows,
+        ),
+    )
     if res["done"] != rows:
         raise RuntimeError(f"round over {role} counted {res['done']} rows, expected {rows}")
     res["redis_bytes"], res["redis_keys"] = redis_bytes(ctx, stream)
@@ -48,19 +58,51 @@ def run(ctx: BenchContext) -> list[Metric]:
         small.append(one_round(ctx, "seq_small", ctx.small_rows))
     rss_big, rss_small = (median([r["vm_hwm_kb"] / 1024 for r in rs]) for rs in (big, small))
     red_big, red_small = (median([float(r["redis_bytes"]) for r in rs]) for rs in (big, small))
-    details = {"rows": ctx.rows, "small_rows": ctx.small_rows, "ranges": ctx.ranges, "at_rows": big,
-               "at_small_rows": small}
+    details = {
+        "rows": ctx.rows,
+        "small_rows": ctx.small_rows,
+        "ranges": ctx.ranges,
+        "at_rows": big,
+        "at_small_rows": small,
+    }
     growth = rss_big - rss_small
     red_ratio = red_big / red_small
     return [
-        Metric("memory_rss", "memory", f"peak RSS of a {ctx.ranges}-range traversal, N vs N/10 rows",
-               rss_big, rss_small, "MB", rss_big / rss_small, f"<= +{RSS_BUDGET_MB:g} MB",
-               growth <= RSS_BUDGET_MB,
-               f"{ctx.rows:,} vs {ctx.small_rows:,} rows: {growth:+.1f} MB; RSS before planning "
-               f"{median([r['rss_before_kb'] / 1024 for r in big]):.0f} MB (imports)", details),
-        Metric("redis_round_bytes", "memory", f"Redis MEMORY USAGE of a {ctx.ranges}-range round",
-               red_big, float(REDIS_BUDGET_BYTES), "bytes", red_big / REDIS_BUDGET_BYTES, "<= 1.00x (32 KB)",
-               red_big <= REDIS_BUDGET_BYTES, f"{big[0]['redis_keys']} keys after the round closed"),
-        Metric("redis_round_scaling", "memory", "Redis round state at N vs N/10 rows",
-               red_big, red_small, "bytes", red_ratio, "0.90x - 1.10x", 0.9 <= red_ratio <= 1.1),
+        Metric(
+            "memory_rss",
+            "memory",
+            f"peak RSS of a {ctx.ranges}-range traversal, N vs N/10 rows",
+            rss_big,
+            rss_small,
+            "MB",
+            rss_big / rss_small,
+            f"<= +{RSS_BUDGET_MB:g} MB",
+            growth <= RSS_BUDGET_MB,
+            f"{ctx.rows:,} vs {ctx.small_rows:,} rows: {growth:+.1f} MB; RSS before planning "
+            f"{median([r['rss_before_kb'] / 1024 for r in big]):.0f} MB (imports)",
+            details,
+        ),
+        Metric(
+            "redis_round_bytes",
+            "memory",
+            f"Redis MEMORY USAGE of a {ctx.ranges}-range round",
+            red_big,
+            float(REDIS_BUDGET_BYTES),
+            "bytes",
+            red_big / REDIS_BUDGET_BYTES,
+            "<= 1.00x (32 KB)",
+            red_big <= REDIS_BUDGET_BYTES,
+            f"{big[0]['redis_keys']} keys after the round closed",
+        ),
+        Metric(
+            "redis_round_scaling",
+            "memory",
+            "Redis round state at N vs N/10 rows",
+            red_big,
+            red_small,
+            "bytes",
+            red_ratio,
+            "0.90x - 1.10x",
+            0.9 <= red_ratio <= 1.1,
+        ),
     ]

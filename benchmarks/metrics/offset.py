@@ -71,12 +71,31 @@ def run(ctx: BenchContext) -> list[Metric]:
     offset_total = full_offset_seconds(a, b, rows, page)
     keyset_total = -(-rows // page) * keyset_page
     at_n = full_offset_seconds(a, b, ctx.rows, page) / (-(-ctx.rows // page) * keyset_page)
-    note = (f"full traversal of {rows:,} rows: OFFSET ~{offset_total:,.0f} s vs keyset ~{keyset_total:.1f} s; "
-            f"page at depth {depths[-1]:,}: OFFSET {off_times[depths[-1]] * 1000:.0f} ms, keyset "
-            f"{key_times[depths[-1]] * 1000:.1f} ms; estimate at N: {at_n:.0f}x"
-            + ("" if ctx.rows >= TARGET_ROWS else f" (10M extrapolated from depths <= {depths[-1]:,})"))
-    return [Metric("keyset_vs_offset", "offset", "full traversal estimate: OFFSET paging vs keyset (engine)",
-                   keyset_total, offset_total, "s", offset_total / keyset_total, ">= 50x (at 10M)",
-                   offset_total / keyset_total >= 50, note,
-                   {"depths": depths, "offset_page_s": off_times, "keyset_page_s": key_times, "fit": [a, b],
-                    "ratio_at_n": at_n, "estimated_rows": rows})]
+    note = (
+        f"full traversal of {rows:,} rows: OFFSET ~{offset_total:,.0f} s vs keyset ~{keyset_total:.1f} s; "
+        f"page at depth {depths[-1]:,}: OFFSET {off_times[depths[-1]] * 1000:.0f} ms, keyset "
+        f"{key_times[depths[-1]] * 1000:.1f} ms; estimate at N: {at_n:.0f}x"
+        + ("" if ctx.rows >= TARGET_ROWS else f" (10M extrapolated from depths <= {depths[-1]:,})")
+    )
+    return [
+        Metric(
+            "keyset_vs_offset",
+            "offset",
+            "full traversal estimate: OFFSET paging vs keyset (engine)",
+            keyset_total,
+            offset_total,
+            "s",
+            offset_total / keyset_total,
+            ">= 50x (at 10M)",
+            offset_total / keyset_total >= 50,
+            note,
+            {
+                "depths": depths,
+                "offset_page_s": off_times,
+                "keyset_page_s": key_times,
+                "fit": [a, b],
+                "ratio_at_n": at_n,
+                "estimated_rows": rows,
+            },
+        )
+    ]

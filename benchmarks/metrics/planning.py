@@ -42,7 +42,10 @@ def range_counts(ctx: BenchContext, table: str, key: str, rnd: Round) -> list[in
             if spec.lo is None:
                 cur.execute(f"SELECT count(*) FROM {table} WHERE {key} <= %s", (spec.hi,))
             else:
-                cur.execute(f"SELECT count(*) FROM {table} WHERE {key} > %s AND {key} <= %s", (spec.lo, spec.hi))
+                cur.execute(
+                    f"SELECT count(*) FROM {table} WHERE {key} > %s AND {key} <= %s",
+                    (spec.lo, spec.hi),
+                )
             counts.append(int(cur.fetchone()[0]))
     return counts
 
@@ -57,41 +60,91 @@ def balance(ctx: BenchContext, role: str, key: str) -> tuple[dict[str, Any], lis
         sample = timed_plan(ctx, table, key, lo - 1, hi)
         counts = range_counts(ctx, table, key, sample.extra["round"])
         mean = sum(counts) / len(counts)
-        runs.append({"plan_s": sample.seconds, "ranges": len(counts), "largest_over_mean": max(counts) / mean,
-                     "counts": counts})
+        runs.append(
+            {
+                "plan_s": sample.seconds,
+                "ranges": len(counts),
+                "largest_over_mean": max(counts) / mean,
+                "counts": counts,
+            }
+        )
     ordered = sorted(runs, key=lambda r: float(r["largest_over_mean"]))
     return ordered[(len(ordered) - 1) // 2], runs
 
 
-def balance_metric(ctx: BenchContext, name: str, role: str, key: str, title: str, note: str) -> Metric:
+def balance_metric(
+    ctx: BenchContext, name: str, role: str, key: str, title: str, note: str
+) -> Metric:
     mid, runs = balance(ctx, role, key)
     ratio = mid["largest_over_mean"]
     per_rep = ", ".join(f"{r['largest_over_mean']:.2f}" for r in runs)
-    return Metric(name, "planning", title, max(mid["counts"]), sum(mid["counts"]) / len(mid["counts"]), "rows",
-                  ratio, f"<= {BALANCE_TARGET:.2f}x", ratio <= BALANCE_TARGET,
-                  f"{note}; largest/mean per repetition: {per_rep}", {"runs": runs})
+    return Metric(
+        name,
+        "planning",
+        title,
+        max(mid["counts"]),
+        sum(mid["counts"]) / len(mid["counts"]),
+        "rows",
+        ratio,
+        f"<= {BALANCE_TARGET:.2f}x",
+        ratio <= BALANCE_TARGET,
+        f"{note}; largest/mean per repetition: {per_rep}",
+        {"runs": runs},
+    )
 
 
 def run(ctx: BenchContext) -> list[Metric]:
     big, small = ensure_table(ctx, "seq"), ensure_table(ctx, "seq_small")
-    s = interleaved({
-        "big": lambda: timed_plan(ctx, big, "seq", 0, ctx.rows),
-        "small": lambda: timed_plan(ctx, small, "seq", 0, ctx.small_rows),
-    }, ctx.repeat)
+    s = interleaved(
+        {
+            "big": lambda: timed_plan(ctx, big, "seq", 0, ctx.rows),
+            "small": lambda: timed_plan(ctx, small, "seq", 0, ctx.small_rows),
+        },
+        ctx.repeat,
+    )
     t_big, t_small = median_seconds(s["big"]), median_seconds(s["small"])
     times = {name: spread(samples, rate=False) for name, samples in s.items()}
     ranges = [x.extra["ranges"] for x in s["big"]]
     return [
-        Metric("plan_time", "planning", f"plan {ctx.ranges} ranges over N rows",
-               t_big, TIME_BUDGET_S, "s", t_big / TIME_BUDGET_S, "<= 1.00x (1 s at 10M)", t_big <= TIME_BUDGET_S,
-               f"{ctx.rows:,} rows; ranges planned per repetition: {ranges}", times),
-        Metric("plan_scaling", "planning", "plan time at N over plan time at N/10",
-               t_big, t_small, "s", t_big / t_small, "<= 2.00x", t_big / t_small <= 2.0,
-               f"{ctx.rows:,} vs {ctx.small_rows:,} rows"),
-        balance_metric(ctx, "plan_balance_zipf", "zipf", "k",
-                       "largest range over mean range, Zipf-skewed key (exact counts)",
-                       "tenant-skewed key, random physical order"),
-        balance_metric(ctx, "plan_balance_seq", "seq", "seq",
-                       "largest range over mean range, sequence key stored in key order",
-                       "block sampling sees runs of neighbouring keys"),
+        Metric(
+            "plan_time",
+            "planning",
+            f"plan {ctx.ranges} ranges over N rows",
+            t_big,
+            TIME_BUDGET_S,
+            "s",
+            t_big / TIME_BUDGET_S,
+            "<= 1.00x (1 s at 10M)",
+            t_big <= TIME_BUDGET_S,
+            f"{ctx.rows:,} rows; ranges planned per repetition: {ranges}",
+            times,
+        ),
+        Metric(
+            "plan_scaling",
+            "planning",
+            "plan time at N over plan time at N/10",
+            t_big,
+            t_small,
+            "s",
+            t_big / t_small,
+            "<= 2.00x",
+            t_big / t_small <= 2.0,
+            f"{ctx.rows:,} vs {ctx.small_rows:,} rows",
+        ),
+        balance_metric(
+            ctx,
+            "plan_balance_zipf",
+            "zipf",
+            "k",
+            "largest range over mean range, Zipf-skewed key (exact counts)",
+            "tenant-skewed key, random physical order",
+        ),
+        balance_metric(
+            ctx,
+            "plan_balance_seq",
+            "seq",
+            "seq",
+            "largest range over mean range, sequence key stored in key order",
+            "block sampling sees runs of neighbouring keys",
+        ),
     ]

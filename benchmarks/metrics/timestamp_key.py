@@ -23,17 +23,35 @@ def run(ctx: BenchContext) -> list[Metric]:
     assert isinstance(first, tuple) and isinstance(last, tuple)
     start = (first[0] - dt.timedelta(seconds=1), 0)
     n = ctx.chunk_size
-    s = interleaved({
-        "project": lambda: project.traverse_once(ctx, table, ["ts", "id"], start, last),
-        "loop": lambda: baselines.ts_loop(ctx, table, start, last, n),
-        "loop_ts_as_text": lambda: baselines.ts_loop(ctx, table, start, last, n, as_text=True),
-    }, ctx.repeat)
+    s = interleaved(
+        {
+            "project": lambda: project.traverse_once(ctx, table, ["ts", "id"], start, last),
+            "loop": lambda: baselines.ts_loop(ctx, table, start, last, n),
+            "loop_ts_as_text": lambda: baselines.ts_loop(ctx, table, start, last, n, as_text=True),
+        },
+        ctx.repeat,
+    )
     for name, samples in s.items():
         if any(x.rows != ctx.rows for x in samples):
             raise RuntimeError(f"{name} read {[x.rows for x in samples]} rows, expected {ctx.rows}")
-    p, loop, text = median_rate(s["project"]), median_rate(s["loop"]), median_rate(s["loop_ts_as_text"])
+    p, loop, text = (
+        median_rate(s["project"]),
+        median_rate(s["loop"]),
+        median_rate(s["loop_ts_as_text"]),
+    )
     details = {name: spread(samples) for name, samples in s.items()}
-    return [Metric("ts_key", "ts", "(timestamptz, bigint) key vs row-value loop decoding every timestamp",
-                   p, loop, "rows/s", p / loop, ">= 1.50x", p / loop >= 1.5,
-                   f"the loop fetching ts as text reaches {text / 1e6:.2f}M rows/s ({text / loop:.2f}x)",
-                   details)]
+    return [
+        Metric(
+            "ts_key",
+            "ts",
+            "(timestamptz, bigint) key vs row-value loop decoding every timestamp",
+            p,
+            loop,
+            "rows/s",
+            p / loop,
+            ">= 1.50x",
+            p / loop >= 1.5,
+            f"the loop fetching ts as text reaches {text / 1e6:.2f}M rows/s ({text / loop:.2f}x)",
+            details,
+        )
+    ]

@@ -17,4 +17,6 @@ for chunk_size in (100, 500, 1_000, 5_000, 10_000):
     started = time.perf_counter()
     run = run_processor(processor, source_url, table, key, rows=rows, chunk_size=chunk_size)
     seconds = time.perf_counter() - started
-    print(f"{chunk_size:>10} {run.rows_read / seconds:>10,.0f} {1000 * seconds / max(run.chunks, 1):>9.1f}")
+    print(
+        f"{chunk_size:>10} {run.rows_read / seconds:>10,.0f} {1000 * seconds / max(run.chunks, 1):>9.1f}"
+    )

@@ -14,8 +14,13 @@ with DAG(
     max_active_runs=1,  # rounds chain by watermark: one night at a time
 ) as dag:
     plan = PlanRangesOperator(
-        task_id="plan", source_conn_id="coupons_db", table="coupons", key="id",
-        columns=["currency"], redis_conn_id="keyset_redis", max_ranges=16,
+        task_id="plan",
+        source_conn_id="coupons_db",
+        table="coupons",
+        key="id",
+        columns=["currency"],
+        redis_conn_id="keyset_redis",
+        max_ranges=16,
     )
     traverse = TraverseRangeOperator.partial(
         task_id="traverse",
@@ -28,9 +33,12 @@ with DAG(
         retry_delay=dt.timedelta(minutes=2),
     ).expand_kwargs(plan.output)
     barrier = BarrierSensor(
-        task_id="barrier", plan_task_id="plan", redis_conn_id="keyset_redis",
+        task_id="barrier",
+        plan_task_id="plan",
+        redis_conn_id="keyset_redis",
         deferrable=True,  # waits in the triggerer, not in a worker slot or a pool slot
         max_dead_letters=100,  # more than that: fail without closing; the watermark stays
-        poke_interval=60, timeout=6 * 3600,
+        poke_interval=60,
+        timeout=6 * 3600,
     )
     plan >> traverse >> barrier

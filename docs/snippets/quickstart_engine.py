@@ -8,7 +8,9 @@ import os
 from airflow_keyset_provider import ChunkResult
 from airflow_keyset_provider.core import KeysetTraversal
 
-SOURCE_URL = os.environ.get("KEYSET_SOURCE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+SOURCE_URL = os.environ.get(
+    "KEYSET_SOURCE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+)
 REDIS_URL = os.environ.get("KEYSET_REDIS_URL", "redis://127.0.0.1:6379/0")
 KEY_PREFIX = os.environ.get("KEYSET_KEY_PREFIX", "ks")
 
@@ -19,14 +21,25 @@ def process(chunk):
     return ChunkResult(failed=bad)  # keys not named here count as done
 
 
-t = KeysetTraversal(SOURCE_URL, table="events", key="seq", redis_url=REDIS_URL,
-                    stream="events-nightly", columns=["payload"], key_prefix=KEY_PREFIX)
+t = KeysetTraversal(
+    SOURCE_URL,
+    table="events",
+    key="seq",
+    redis_url=REDIS_URL,
+    stream="events-nightly",
+    columns=["payload"],
+    key_prefix=KEY_PREFIX,
+)
 rnd = t.plan(max_ranges=4)  # (watermark, max(seq)] in up to 4 ranges of about equal row counts
 print(f"round {rnd.round_id}: ({rnd.start_key}, {rnd.end_key}] in {len(rnd.ranges)} ranges")
 for spec in rnd.ranges:  # under Airflow, each range is one mapped task, run in parallel
     res = t.traverse(rnd.round_id, spec.range_id, process, chunk_size=1000)
     print(f"{spec.label}: done {res.done}, skipped {res.skipped}, dead {res.dead}")
-totals = t.close_round(rnd.round_id)  # refuses (RoundIncompleteError) unless every range is complete
-print(f"closed {totals.round_id}: done {totals.done}, skipped {totals.skipped}, dead {totals.dead}; "
-      f"watermark {t.watermark()}")
+totals = t.close_round(
+    rnd.round_id
+)  # refuses (RoundIncompleteError) unless every range is complete
+print(
+    f"closed {totals.round_id}: done {totals.done}, skipped {totals.skipped}, dead {totals.dead}; "
+    f"watermark {t.watermark()}"
+)
 t.close()

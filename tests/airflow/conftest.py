@@ -71,36 +71,53 @@ sys.path.insert(0, str(DAGS_DIR))
 def airflow_home() -> Path:
     """The migrated throwaway AIRFLOW_HOME (migration runs once per session)."""
     if _IMPORTED_TOO_EARLY:
-        pytest.fail("airflow was imported before tests/airflow/conftest.py could point it at a throwaway "
-                    "AIRFLOW_HOME; run the Airflow tests in a pytest process of their own")
+        pytest.fail(
+            "airflow was imported before tests/airflow/conftest.py could point it at a throwaway "
+            "AIRFLOW_HOME; run the Airflow tests in a pytest process of their own"
+        )
     marker = _HOME / ".migrated"
     if not marker.exists():
         airflow_bin = Path(sys.executable).with_name("airflow")
         cmd = [str(airflow_bin)] if airflow_bin.exists() else [sys.executable, "-m", "airflow"]
-        proc = subprocess.run([*cmd, "db", "migrate"], env={**os.environ, **AIRFLOW_ENV},
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [*cmd, "db", "migrate"],
+            env={**os.environ, **AIRFLOW_ENV},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         if proc.returncode != 0:
             pytest.fail(f"airflow db migrate failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         marker.touch()
     return _HOME
 
 
-
-
 def postgres_conn(pg_url: str, schema: str) -> str:
     """An Airflow ``postgres`` connection (JSON) whose sessions see only ``schema``."""
     url = make_url(pg_url)
-    return json.dumps({
-        "conn_type": "postgres", "host": url.host, "port": url.port, "login": url.username,
-        "password": url.password, "schema": url.database,
-        "extra": {"sqlalchemy_query": {"options": f"-csearch_path={schema}"}},
-    })
+    return json.dumps(
+        {
+            "conn_type": "postgres",
+            "host": url.host,
+            "port": url.port,
+            "login": url.username,
+            "password": url.password,
+            "schema": url.database,
+            "extra": {"sqlalchemy_query": {"options": f"-csearch_path={schema}"}},
+        }
+    )
 
 
 def redis_conn(redis_url: str) -> str:
     url = make_url(redis_url)
-    return json.dumps({"conn_type": "redis", "host": url.host, "port": url.port,
-                       "extra": {"db": int(url.database or 0)}})
+    return json.dumps(
+        {
+            "conn_type": "redis",
+            "host": url.host,
+            "port": url.port,
+            "extra": {"db": int(url.database or 0)},
+        }
+    )
 
 
 @pytest.fixture
@@ -111,6 +128,10 @@ def airflow_env(
     monkeypatch.setenv("AIRFLOW_CONN_KEYSET_EXAMPLES_DB", postgres_conn(pg_url, pg_schema))
     monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", redis_conn(redis_url))
     _services.delete_prefix(redis_url, SESSION_PREFIX)
-    yield {"home": airflow_home, "prefix": SESSION_PREFIX, "redis_url": redis_url, "schema": pg_schema}
+    yield {
+        "home": airflow_home,
+        "prefix": SESSION_PREFIX,
+        "redis_url": redis_url,
+        "schema": pg_schema,
+    }
     _services.delete_prefix(redis_url, SESSION_PREFIX)
-

@@ -85,10 +85,17 @@ class PlanFailingFirstTry(PlanRangesOperator):
 
 
 def _plan(cls: type[PlanRangesOperator] = PlanRangesOperator, **kwargs: Any) -> PlanRangesOperator:
-    params: dict[str, Any] = {"task_id": "plan", "source_conn_id": SOURCE_CONN_ID, "table": EVENTS_TABLE,
-                              "key": "seq", "columns": ["user_id", "kind", "payload"],
-                              "redis_conn_id": REDIS_CONN_ID, "key_prefix": KEY_PREFIX, "max_ranges": 4,
-                              "on_failure_callback": record_failure}
+    params: dict[str, Any] = {
+        "task_id": "plan",
+        "source_conn_id": SOURCE_CONN_ID,
+        "table": EVENTS_TABLE,
+        "key": "seq",
+        "columns": ["user_id", "kind", "payload"],
+        "redis_conn_id": REDIS_CONN_ID,
+        "key_prefix": KEY_PREFIX,
+        "max_ranges": 4,
+        "on_failure_callback": record_failure,
+    }
     return cls(**{**params, **kwargs})
 
 
@@ -97,11 +104,22 @@ def _plan(cls: type[PlanRangesOperator] = PlanRangesOperator, **kwargs: Any) -> 
 with DAG("kt_retry", schedule=None, start_date=START, catchup=False) as kt_retry:
     plan = _plan(PlanFailingFirstTry, retries=1, retry_delay=NO_DELAY)
     traverse = TraverseRangeOperator.partial(
-        task_id="traverse", processor=crash_once_in_range_0, redis_conn_id=REDIS_CONN_ID, chunk_size=20,
-        max_chunk_attempts=1, retries=1, retry_delay=NO_DELAY,
+        task_id="traverse",
+        processor=crash_once_in_range_0,
+        redis_conn_id=REDIS_CONN_ID,
+        chunk_size=20,
+        max_chunk_attempts=1,
+        retries=1,
+        retry_delay=NO_DELAY,
     ).expand_kwargs(plan.output)
-    barrier = BarrierSensor(task_id="barrier", plan_task_id="plan", redis_conn_id=REDIS_CONN_ID,
-                            deferrable=True, poke_interval=0.5, timeout=60)
+    barrier = BarrierSensor(
+        task_id="barrier",
+        plan_task_id="plan",
+        redis_conn_id=REDIS_CONN_ID,
+        deferrable=True,
+        poke_interval=0.5,
+        timeout=60,
+    )
     plan >> traverse >> barrier
 
 # Barriers that must not open: range 1 never finishes (or every traverse task is marked success
@@ -110,13 +128,25 @@ with DAG("kt_retry", schedule=None, start_date=START, catchup=False) as kt_retry
 with DAG("kt_barrier", schedule=None, start_date=START, catchup=False) as kt_barrier:
     plan = _plan()
     traverse = TraverseRangeOperator.partial(
-        task_id="traverse", processor=range_1_never_finishes, redis_conn_id=REDIS_CONN_ID, chunk_size=10,
-        max_chunk_attempts=1, retries=0,
+        task_id="traverse",
+        processor=range_1_never_finishes,
+        redis_conn_id=REDIS_CONN_ID,
+        chunk_size=10,
+        max_chunk_attempts=1,
+        retries=0,
     ).expand_kwargs(plan.output)
     barriers = [
-        BarrierSensor(task_id=f"barrier_{mode}", plan_task_id="plan", redis_conn_id=REDIS_CONN_ID,
-                      deferrable=mode == "deferred", mode="reschedule" if mode == "reschedule" else "poke",
-                      poke_interval=0.5, timeout=2, trigger_rule="all_done", on_failure_callback=record_failure)
+        BarrierSensor(
+            task_id=f"barrier_{mode}",
+            plan_task_id="plan",
+            redis_conn_id=REDIS_CONN_ID,
+            deferrable=mode == "deferred",
+            mode="reschedule" if mode == "reschedule" else "poke",
+            poke_interval=0.5,
+            timeout=2,
+            trigger_rule="all_done",
+            on_failure_callback=record_failure,
+        )
         for mode in ("deferred", "poke", "reschedule")
     ]
     plan >> traverse >> barriers
@@ -132,8 +162,15 @@ with DAG("kt_bad_input", schedule=None, start_date=START, catchup=False) as kt_b
 # A deferrable barrier that must wait in the trigger: nothing in this DAG traverses the round; the
 # test traverses it from another thread once the trigger listens, as workers elsewhere would.
 with DAG("kt_defer", schedule=None, start_date=START, catchup=False) as kt_defer:
-    _plan() >> BarrierSensor(task_id="barrier", plan_task_id="plan", redis_conn_id=REDIS_CONN_ID,
-                             deferrable=True, poke_interval=2, timeout=60, on_failure_callback=record_failure)
+    _plan() >> BarrierSensor(
+        task_id="barrier",
+        plan_task_id="plan",
+        redis_conn_id=REDIS_CONN_ID,
+        deferrable=True,
+        poke_interval=2,
+        timeout=60,
+        on_failure_callback=record_failure,
+    )
 
 
 def flush_redis_once(chunk: Chunk) -> ChunkResult:
@@ -157,11 +194,20 @@ def flush_redis_once(chunk: Chunk) -> ChunkResult:
 with DAG("kt_state_loss", schedule=None, start_date=START, catchup=False) as kt_state_loss:
     plan = _plan(checkpoint_conn_id=SOURCE_CONN_ID, max_ranges=2)
     traverse = TraverseRangeOperator.partial(
-        task_id="traverse", processor=flush_redis_once, redis_conn_id=REDIS_CONN_ID, chunk_size=20, retries=1,
+        task_id="traverse",
+        processor=flush_redis_once,
+        redis_conn_id=REDIS_CONN_ID,
+        chunk_size=20,
+        retries=1,
         retry_delay=NO_DELAY,
     ).expand_kwargs(plan.output)
-    barrier = BarrierSensor(task_id="barrier", plan_task_id="plan", redis_conn_id=REDIS_CONN_ID, poke_interval=0.5,
-                            timeout=60)
+    barrier = BarrierSensor(
+        task_id="barrier",
+        plan_task_id="plan",
+        redis_conn_id=REDIS_CONN_ID,
+        poke_interval=0.5,
+        timeout=60,
+    )
     plan >> traverse >> barrier
 
 # The deferrable path with an asset outlet: the barrier waits in its trigger while the round is
@@ -230,14 +276,24 @@ def pause_after_second_chunk(chunk: Chunk) -> ChunkResult:
 with DAG("kt_held", schedule=None, start_date=START, catchup=False) as kt_held:
     plan = _plan(PlanThenHoldRange0, max_ranges=1)
     plan >> TraverseRecordingResumes.partial(
-        task_id="traverse", processor=redispatch, redis_conn_id=REDIS_CONN_ID, chunk_size=50,
-        defer_after_seconds=0.5, resume_poll_seconds=0.5, on_failure_callback=record_failure,
+        task_id="traverse",
+        processor=redispatch,
+        redis_conn_id=REDIS_CONN_ID,
+        chunk_size=50,
+        defer_after_seconds=0.5,
+        resume_poll_seconds=0.5,
+        on_failure_callback=record_failure,
     ).expand_kwargs(plan.output)
 
 with DAG("kt_pause", schedule=None, start_date=START, catchup=False) as kt_pause:
     plan = _plan(max_ranges=1)
     plan >> TraverseRecordingResumes.partial(
-        task_id="traverse", processor=pause_after_second_chunk, redis_conn_id=REDIS_CONN_ID,
-        chunk_size=20, control_poll_seconds=0.2, resume_poll_seconds=0.5, prefetch=False,
+        task_id="traverse",
+        processor=pause_after_second_chunk,
+        redis_conn_id=REDIS_CONN_ID,
+        chunk_size=20,
+        control_poll_seconds=0.2,
+        resume_poll_seconds=0.5,
+        prefetch=False,
         on_failure_callback=record_failure,
     ).expand_kwargs(plan.output)

@@ -24,8 +24,16 @@ def _completed_round(env: dict[str, Any], pg_engine: sa.Engine, url: str, stream
     with pg_engine.begin() as c:
         c.execute(sa.text("CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL)"))
         c.execute(sa.text("INSERT INTO events SELECT g, 'e' FROM generate_series(1, 200) g"))
-    t = KeysetTraversal(url, "events", "seq", redis_url=env["redis_url"], stream=stream,
-                        key_prefix=env["prefix"], checkpoint_url=url, checkpoint_seconds=0)
+    t = KeysetTraversal(
+        url,
+        "events",
+        "seq",
+        redis_url=env["redis_url"],
+        stream=stream,
+        key_prefix=env["prefix"],
+        checkpoint_url=url,
+        checkpoint_seconds=0,
+    )
     rnd = t.plan(max_ranges=2)
     for spec in rnd.ranges:
         t.traverse(rnd.round_id, spec.range_id, lambda chunk: None, chunk_size=50)
@@ -46,8 +54,13 @@ def test_sensor_poke_restores_a_lost_completed_round(airflow_env, pg_engine, pg_
     from airflow_keyset_provider import BarrierSensor
 
     rid = _completed_round(airflow_env, pg_engine, pg_schema_url, "kt_poke_restore")
-    sensor = BarrierSensor(task_id="barrier", round_id=rid, stream="kt_poke_restore",
-                           key_prefix=airflow_env["prefix"], checkpoint_conn_id=MIRROR_CONN)
+    sensor = BarrierSensor(
+        task_id="barrier",
+        round_id=rid,
+        stream="kt_poke_restore",
+        key_prefix=airflow_env["prefix"],
+        checkpoint_conn_id=MIRROR_CONN,
+    )
     done = sensor.poke({})
     assert isinstance(done, PokeReturnValue) and done.is_done
     assert (done.xcom_value["done"], done.xcom_value["watermark"]) == (200, 200)
@@ -60,9 +73,14 @@ def test_trigger_restores_a_lost_completed_round(airflow_env, pg_engine, pg_sche
     from airflow_keyset_provider.triggers.keyset import KeysetRoundTrigger
 
     rid = _completed_round(airflow_env, pg_engine, pg_schema_url, "kt_trigger_restore")
-    trigger = KeysetRoundTrigger(round_id=rid, stream="kt_trigger_restore",
-                                 key_prefix=airflow_env["prefix"], poll_interval=0.2,
-                                 deadline=time.time() + 30, checkpoint_conn_id=MIRROR_CONN)
+    trigger = KeysetRoundTrigger(
+        round_id=rid,
+        stream="kt_trigger_restore",
+        key_prefix=airflow_env["prefix"],
+        poll_interval=0.2,
+        deadline=time.time() + 30,
+        checkpoint_conn_id=MIRROR_CONN,
+    )
     assert trigger.serialize()[1]["checkpoint_conn_id"] == MIRROR_CONN
 
     async def first_event() -> Any:

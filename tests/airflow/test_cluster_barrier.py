@@ -29,9 +29,17 @@ def cluster_port() -> Iterator[int]:
 
 @pytest.fixture
 def cluster_conn(airflow_env, cluster_port, monkeypatch) -> str:
-    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN.upper()}", json.dumps(
-        {"conn_type": "redis", "host": "127.0.0.1", "port": cluster_port,
-         "extra": {"cluster": True}}))
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{CONN.upper()}",
+        json.dumps(
+            {
+                "conn_type": "redis",
+                "host": "127.0.0.1",
+                "port": cluster_port,
+                "extra": {"cluster": True},
+            }
+        ),
+    )
     return CONN
 
 
@@ -50,8 +58,10 @@ def test_hook_poke_and_trigger_on_a_cluster(airflow_env, cluster_conn, pg_engine
     hook = KeysetHook(source_conn_id="keyset_examples_db", redis_conn_id=cluster_conn)
     client = hook.redis_client()
     assert isinstance(client, RedisCluster)
-    assert all(n.redis_connection.connection_pool.connection_kwargs["socket_timeout"]
-               for n in client.get_nodes()), "a hung node must fail a call, not block it"
+    assert all(
+        n.redis_connection.connection_pool.connection_kwargs["socket_timeout"]
+        for n in client.get_nodes()
+    ), "a hung node must fail a call, not block it"
     prefix = airflow_env["prefix"]
     t = hook.traversal(table="events", key="seq", stream="kt_cluster", key_prefix=prefix)
     rnd = t.plan(max_ranges=3)
@@ -59,9 +69,14 @@ def test_hook_poke_and_trigger_on_a_cluster(airflow_env, cluster_conn, pg_engine
         t.traverse(rnd.round_id, spec.range_id, lambda chunk: None, chunk_size=50)
     t.close()
 
-    trigger = KeysetRoundTrigger(round_id=rnd.round_id, stream="kt_cluster",
-                                 redis_conn_id=cluster_conn, key_prefix=prefix, poll_interval=0.2,
-                                 deadline=time.time() + 30)
+    trigger = KeysetRoundTrigger(
+        round_id=rnd.round_id,
+        stream="kt_cluster",
+        redis_conn_id=cluster_conn,
+        key_prefix=prefix,
+        poll_interval=0.2,
+        deadline=time.time() + 30,
+    )
 
     async def first_event() -> Any:
         async for event in trigger.run():
@@ -70,8 +85,13 @@ def test_hook_poke_and_trigger_on_a_cluster(airflow_env, cluster_conn, pg_engine
 
     assert asyncio.run(first_event()) == {"status": "complete", "round_id": rnd.round_id}
 
-    done = BarrierSensor(task_id="barrier", round_id=rnd.round_id, stream="kt_cluster",
-                         redis_conn_id=cluster_conn, key_prefix=prefix).poke({})
+    done = BarrierSensor(
+        task_id="barrier",
+        round_id=rnd.round_id,
+        stream="kt_cluster",
+        redis_conn_id=cluster_conn,
+        key_prefix=prefix,
+    ).poke({})
     assert isinstance(done, PokeReturnValue) and done.is_done
     assert (done.xcom_value["done"], done.xcom_value["watermark"]) == (300, 300)
     for k in list(client.scan_iter(match=f"{prefix}:*")):

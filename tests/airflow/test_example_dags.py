@@ -27,8 +27,13 @@ pytestmark = pytest.mark.airflow
 def xcom(dr: Any, task_id: str, key: str = "return_value", map_index: int = -1) -> Any:
     with create_session() as session:
         row = session.scalars(
-            XComModel.get_many(run_id=dr.run_id, dag_ids=dr.dag_id, task_ids=task_id, key=key,
-                               map_indexes=map_index)
+            XComModel.get_many(
+                run_id=dr.run_id,
+                dag_ids=dr.dag_id,
+                task_ids=task_id,
+                key=key,
+                map_indexes=map_index,
+            )
         ).first()
         return None if row is None else XComModel.deserialize_value(row)
 
@@ -36,18 +41,25 @@ def xcom(dr: Any, task_id: str, key: str = "return_value", map_index: int = -1) 
 def states(dr: Any) -> dict[str, str]:
     with create_session() as session:
         dr = session.merge(dr)
-        return {(ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"): ti.state
-                for ti in dr.get_task_instances(session=session)}
+        return {
+            (ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"): ti.state
+            for ti in dr.get_task_instances(session=session)
+        }
 
 
 def control(env: dict[str, Any], stream: str) -> StreamControl:
-    return StreamControl(CursorStore(redis.Redis.from_url(env["redis_url"]), stream, prefix=env["prefix"]))
+    return StreamControl(
+        CursorStore(redis.Redis.from_url(env["redis_url"]), stream, prefix=env["prefix"])
+    )
 
 
 def insert_events(engine: sa.Engine, n: int) -> None:
     events = example_metadata().tables["im_events"]
     with engine.begin() as conn:
-        conn.execute(events.insert(), [{"user_id": i % 7, "kind": "msg", "payload": f"p{i}"} for i in range(n)])
+        conn.execute(
+            events.insert(),
+            [{"user_id": i % 7, "kind": "msg", "payload": f"p{i}"} for i in range(n)],
+        )
 
 
 def test_nightly_redispatch_chains_rounds_by_watermark(airflow_env, pg_engine):
@@ -61,11 +73,20 @@ def test_nightly_redispatch_chains_rounds_by_watermark(airflow_env, pg_engine):
     assert len(ranges) == 4 and ranges[0]["lo"] is None and ranges[-1]["hi"] == 430
     totals = xcom(dr, "barrier")
     assert totals | {"watermark": None} == {
-        "round_id": "r1", "start_key": None, "end_key": 430, "done": 430, "skipped": 0, "dead": 0,
-        "watermark": None, "stream": "nightly_event_redispatch"}
+        "round_id": "r1",
+        "start_key": None,
+        "end_key": 430,
+        "done": 430,
+        "skipped": 0,
+        "dead": 0,
+        "watermark": None,
+        "stream": "nightly_event_redispatch",
+    }
     assert totals["watermark"] == 430
     with pg_engine.connect() as conn:
-        assert conn.exec_driver_sql("SELECT count(*), count(DISTINCT event_seq) FROM im_outbox").one() == (430, 430)
+        assert conn.exec_driver_sql(
+            "SELECT count(*), count(DISTINCT event_seq) FROM im_outbox"
+        ).one() == (430, 430)
 
     # the next night processes only what arrived in between
     insert_events(pg_engine, 170)
@@ -74,7 +95,9 @@ def test_nightly_redispatch_chains_rounds_by_watermark(airflow_env, pg_engine):
     totals2 = xcom(dr2, "barrier")
     assert (totals2["round_id"], totals2["start_key"], totals2["end_key"]) == ("r2", 430, 600)
     assert (totals2["done"], totals2["skipped"], totals2["dead"]) == (170, 0, 0)
-    rows_read = sum(xcom(dr2, "traverse", map_index=i)["rows_read"] for i in range(len(xcom(dr2, "plan"))))
+    rows_read = sum(
+        xcom(dr2, "traverse", map_index=i)["rows_read"] for i in range(len(xcom(dr2, "plan")))
+    )
     assert rows_read == 170
     assert control(airflow_env, "nightly_event_redispatch").watermark() == 600
     with pg_engine.connect() as conn:
@@ -87,12 +110,16 @@ def test_nightly_redispatch_chains_rounds_by_watermark(airflow_env, pg_engine):
 def rendered_map_indexes(dr: Any, task_id: str) -> list[str]:
     with create_session() as session:
         dr = session.merge(dr)
-        tis = sorted((ti for ti in dr.get_task_instances(session=session) if ti.task_id == task_id),
-                     key=lambda ti: ti.map_index)
+        tis = sorted(
+            (ti for ti in dr.get_task_instances(session=session) if ti.task_id == task_id),
+            key=lambda ti: ti.map_index,
+        )
         return [ti.rendered_map_index for ti in tis]
 
 
-def test_order_timeout_cancel_traverses_exactly_the_shifted_data_interval(airflow_env, pg_engine, caplog):
+def test_order_timeout_cancel_traverses_exactly_the_shifted_data_interval(
+    airflow_env, pg_engine, caplog
+):
     import order_timeout_cancel as module
 
     create_example_tables(pg_engine)
@@ -121,9 +148,14 @@ def test_order_timeout_cancel_traverses_exactly_the_shifted_data_interval(airflo
     assert (totals["done"], totals["skipped"], totals["dead"]) == (pending, paid, 0)
     assert totals["start_key"] == [lo.isoformat(), 0] and totals["end_key"] == [hi.isoformat(), 0]
     with pg_engine.connect() as conn:
-        cancelled = conn.execute(sa.select(orders.c.created_at).where(orders.c.status == "CANCELLED")).scalars().all()
+        cancelled = (
+            conn.execute(sa.select(orders.c.created_at).where(orders.c.status == "CANCELLED"))
+            .scalars()
+            .all()
+        )
         still_pending = conn.execute(
-            sa.select(sa.func.count()).where(orders.c.status == "PENDING")).scalar()
+            sa.select(sa.func.count()).where(orders.c.status == "PENDING")
+        ).scalar()
     assert len(cancelled) == pending and all(lo <= c < hi for c in cancelled)
     assert still_pending == sum(r["status"] == "PENDING" for r in rows) - pending
 
@@ -142,8 +174,14 @@ def test_sharded_rollup_summary_sees_every_shard(airflow_env, pg_engine):
     sales = example_metadata().tables["sales"]
     regions = {"east": 160, "north": 40, "south": 230, "west": 70}  # skewed shard sizes
     with pg_engine.begin() as conn:
-        conn.execute(sales.insert(), [{"region": region, "id": i, "amount_cents": (i % 13) * 100 + 25}
-                                      for region, n in regions.items() for i in range(1, n + 1)])
+        conn.execute(
+            sales.insert(),
+            [
+                {"region": region, "id": i, "amount_cents": (i % 13) * 100 + 25}
+                for region, n in regions.items()
+                for i in range(1, n + 1)
+            ],
+        )
 
     dr = module.dag.test()
     assert dr.state == DagRunState.SUCCESS, states(dr)
@@ -151,9 +189,17 @@ def test_sharded_rollup_summary_sees_every_shard(airflow_env, pg_engine):
     assert (totals["done"], totals["skipped"], totals["dead"]) == (sum(regions.values()), 0, 0)
     summary = xcom(dr, "summary")
     with pg_engine.connect() as conn:
-        expected = {region: {"sales": n, "amount_cents": cents} for region, n, cents in conn.execute(
-            sa.select(sales.c.region, sa.func.count(), sa.func.sum(sales.c.amount_cents)).group_by(sales.c.region))}
-        stored = conn.exec_driver_sql("SELECT count(*) FROM sales_region_summary WHERE round_id = 'r1'").scalar()
+        expected = {
+            region: {"sales": n, "amount_cents": cents}
+            for region, n, cents in conn.execute(
+                sa.select(
+                    sales.c.region, sa.func.count(), sa.func.sum(sales.c.amount_cents)
+                ).group_by(sales.c.region)
+            )
+        }
+        stored = conn.exec_driver_sql(
+            "SELECT count(*) FROM sales_region_summary WHERE round_id = 'r1'"
+        ).scalar()
     assert summary == {"round_id": "r1", "sales": sum(regions.values()), "regions": expected}
     assert stored == len(regions)
     assert len(xcom(dr, "plan")) == 4

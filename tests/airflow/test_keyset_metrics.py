@@ -29,4 +29,6 @@ def test_metrics_reach_statsd(monkeypatch):
         initialize(factory=NoStatsLogger, export_legacy_names=False)
         sock.close()
     assert "airflow.keyset.rows.done:250|c" in packets
-    assert any(p.startswith("airflow.keyset.chunk.process:12.5") and p.endswith("|ms") for p in packets), packets
+    assert any(
+        p.startswith("airflow.keyset.chunk.process:12.5") and p.endswith("|ms") for p in packets
+    ), packets

@@ -24,7 +24,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "airflow_keyset_provider"
 PROVIDER = "airflow-keyset-provider"
 CLI_TIMEOUT_S = 120
 # conf.get("keyset", "opt", ...) / conf.getint(CONFIG_SECTION, "opt", ...) anywhere in the package
-CONF_READ = re.compile(r"conf\.get\w*\(\s*(?:\"keyset\"|'keyset'|CONFIG_SECTION)\s*,\s*[\"'](\w+)[\"']")
+CONF_READ = re.compile(
+    r"conf\.get\w*\(\s*(?:\"keyset\"|'keyset'|CONFIG_SECTION)\s*,\s*[\"'](\w+)[\"']"
+)
 
 
 def _airflow(*args: str, env: dict[str, str] | None = None) -> str:
@@ -32,9 +34,17 @@ def _airflow(*args: str, env: dict[str, str] | None = None) -> str:
     airflow_bin = Path(sys.executable).with_name("airflow")
     cmd = [str(airflow_bin)] if airflow_bin.exists() else [sys.executable, "-m", "airflow"]
     base = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__KEYSET__")}
-    proc = subprocess.run([*cmd, *args], env={**base, **(env or {})}, capture_output=True,
-                          text=True, timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, f"airflow {' '.join(args)}: {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    proc = subprocess.run(
+        [*cmd, *args],
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, (
+        f"airflow {' '.join(args)}: {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    )
     return proc.stdout
 
 
@@ -49,14 +59,17 @@ def test_provider_info_is_valid_and_declares_what_the_code_reads() -> None:
     schema = json.loads((resources.files("airflow") / "provider_info.schema.json").read_text())
     jsonschema.validate(info, schema)
 
-    assert info["plugins"] == [{"name": "keyset",
-                                "plugin-class": "airflow_keyset_provider.plugins.keyset.KeysetPlugin"}]
+    assert info["plugins"] == [
+        {"name": "keyset", "plugin-class": "airflow_keyset_provider.plugins.keyset.KeysetPlugin"}
+    ]
     from airflow_keyset_provider.plugins.keyset import KeysetPlugin
 
     assert KeysetPlugin.name == "keyset"
 
     options = info["config"]["keyset"]["options"]
-    read = {m.group(1) for path in PACKAGE.rglob("*.py") for m in CONF_READ.finditer(path.read_text())}
+    read = {
+        m.group(1) for path in PACKAGE.rglob("*.py") for m in CONF_READ.finditer(path.read_text())
+    }
     assert read, "no [keyset] option read found: is the pattern stale?"
     assert set(options) == read, f"declared {sorted(options)}, read by the code {sorted(read)}"
     for name, option in options.items():
@@ -74,8 +87,15 @@ def test_provider_info_is_valid_and_declares_what_the_code_reads() -> None:
 def test_airflow_cli_shows_the_config_section_and_the_provider() -> None:
     options = get_provider_info()["config"]["keyset"]["options"]
 
-    listing = _airflow("config", "list", "--section", "keyset", "--show-values",
-                       "--include-descriptions", "--include-examples")
+    listing = _airflow(
+        "config",
+        "list",
+        "--section",
+        "keyset",
+        "--show-values",
+        "--include-descriptions",
+        "--include-examples",
+    )
     assert "[keyset]" in listing, listing
     for name, option in options.items():
         assert f"\n{name} = {option['default']}\n" in listing, listing
@@ -84,8 +104,13 @@ def test_airflow_cli_shows_the_config_section_and_the_provider() -> None:
 
     assert _airflow("config", "get-value", "keyset", "redis_conn_id").strip() == "redis_default"
     # The option is the one the environment sets, as for any Airflow option.
-    overridden = _airflow("config", "get-value", "keyset", "key_prefix",
-                          env={"AIRFLOW__KEYSET__KEY_PREFIX": "from-env"})
+    overridden = _airflow(
+        "config",
+        "get-value",
+        "keyset",
+        "key_prefix",
+        env={"AIRFLOW__KEYSET__KEY_PREFIX": "from-env"},
+    )
     assert overridden.strip() == "from-env"
 
     full = _json_of(_airflow("providers", "get", PROVIDER, "--full", "-o", "json"))
@@ -104,8 +129,14 @@ def _plugin_import_errors(env: dict[str, str]) -> tuple[list[str], dict[str, str
         "print(json.dumps([[p.name for p in plugins], errors]))"
     )
     base = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__CORE__LAZY")}
-    proc = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True,
-                          text=True, timeout=CLI_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     names, errors = json.loads(proc.stdout.strip().splitlines()[-1])
     return names, errors

@@ -28,8 +28,9 @@ def _conn(url: str, extra: dict) -> str:
     return json.dumps({"conn_type": "redis", "host": "127.0.0.1", "port": port, "extra": extra})
 
 
-def test_unverified_policy_needs_the_connection_opt_in(airflow_env, silent_redis, pg_engine,
-                                                       monkeypatch):
+def test_unverified_policy_needs_the_connection_opt_in(
+    airflow_env, silent_redis, pg_engine, monkeypatch
+):
     """Scenario: the policy cannot be read. Without the extra the plan is refused (nothing
     written); with ``{"allow_unverified_eviction_policy": true}`` it plans."""
     from airflow_keyset_provider.hooks.keyset import KeysetHook
@@ -45,8 +46,9 @@ def test_unverified_policy_needs_the_connection_opt_in(airflow_env, silent_redis
     assert t.store.client.dbsize() == 0
     t.close()
 
-    monkeypatch.setenv("AIRFLOW_CONN_REDIS_SILENT",
-                       _conn(silent_redis, {"allow_unverified_eviction_policy": True}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_REDIS_SILENT", _conn(silent_redis, {"allow_unverified_eviction_policy": True})
+    )
     hook = KeysetHook(source_conn_id="keyset_examples_db", redis_conn_id="redis_silent")
     t = hook.traversal(table="events", key="seq", stream="kt_silent")
     assert t.plan().round_id == "r1"

@@ -30,11 +30,31 @@ def _expected_metrics() -> list[str]:
     return [m for _, names in GROUPS.values() for m in names]
 
 
-def test_suite_reports_every_metric_with_a_numeric_ratio(pg_url: str, redis_url: str, tmp_path: Path) -> None:
+def test_suite_reports_every_metric_with_a_numeric_ratio(
+    pg_url: str, redis_url: str, tmp_path: Path
+) -> None:
     schema = f"kbench_smoke_{uuid.uuid4().hex[:8]}"
-    cmd = [sys.executable, "-m", "benchmarks", "--rows", "20000", "--repeat", "1", "--wb-rows", "500",
-           "--schema", schema, "--drop-schema", "--json", "--results-dir", str(tmp_path),
-           "--pg-url", pg_url, "--redis-url", redis_url]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks",
+        "--rows",
+        "20000",
+        "--repeat",
+        "1",
+        "--wb-rows",
+        "500",
+        "--schema",
+        schema,
+        "--drop-schema",
+        "--json",
+        "--results-dir",
+        str(tmp_path),
+        "--pg-url",
+        pg_url,
+        "--redis-url",
+        redis_url,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

@@ -70,18 +70,28 @@ def celery_env(broker_url: str, broker_prefix: str, metadata_url: str) -> dict[s
 def postgres_conn(pg_url: str, schema: str) -> str:
     """``AIRFLOW_CONN_*`` JSON for the test database with ``search_path`` = ``schema``."""
     url = make_url(pg_url)
-    return json.dumps({
-        "conn_type": "postgres", "host": url.host, "port": url.port, "login": url.username,
-        "password": url.password, "schema": url.database,
-        "extra": {"sqlalchemy_query": {"options": f"-csearch_path={schema}"}},
-    })
+    return json.dumps(
+        {
+            "conn_type": "postgres",
+            "host": url.host,
+            "port": url.port,
+            "login": url.username,
+            "password": url.password,
+            "schema": url.database,
+            "extra": {"sqlalchemy_query": {"options": f"-csearch_path={schema}"}},
+        }
+    )
 
 
 def redis_conn(redis_url: str) -> str:
     """``AIRFLOW_CONN_*`` JSON for the test Redis."""
     parts = urlsplit(redis_url)
-    conn: dict[str, Any] = {"conn_type": "redis", "host": parts.hostname, "port": parts.port or 6379,
-                            "extra": {"db": int(parts.path.lstrip("/") or 0)}}
+    conn: dict[str, Any] = {
+        "conn_type": "redis",
+        "host": parts.hostname,
+        "port": parts.port or 6379,
+        "extra": {"db": int(parts.path.lstrip("/") or 0)},
+    }
     if parts.password:
         conn["password"] = unquote(parts.password)
     return json.dumps(conn)
@@ -90,36 +100,65 @@ def redis_conn(redis_url: str) -> str:
 # --------------------------------------------------------------------------- workers
 
 
-def start_workers(dep: ss.AirflowDeployment, names: list[str]) -> dict[str, subprocess.Popen[bytes]]:
+def start_workers(
+    dep: ss.AirflowDeployment, names: list[str]
+) -> dict[str, subprocess.Popen[bytes]]:
     """Start one Celery worker (concurrency 1) per name, all at once, and wait until each is
     ready to consume the queue (its log says ``<name>@keyset-celery ready.``)."""
     procs = {}
     for name in names:
         env = dict(dep.env)
-        env.update({
-            "AIRFLOW__CORE__HOSTNAME_CALLABLE": "worker_host.hostname",
-            "KEYSET_CELERY_WORKER_HOST": worker_host(name),
-            "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(HERE)) if p),
-        })
-        cmd = [*ss.AIRFLOW_CMD, "celery", "worker", "-H", f"{name}@keyset-celery", "-c", "1", "-s",
-               "--pid", str(dep.home / f"worker-{name}.pid"), "--without-gossip", "--without-mingle"]
+        env.update(
+            {
+                "AIRFLOW__CORE__HOSTNAME_CALLABLE": "worker_host.hostname",
+                "KEYSET_CELERY_WORKER_HOST": worker_host(name),
+                "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(HERE)) if p),
+            }
+        )
+        cmd = [
+            *ss.AIRFLOW_CMD,
+            "celery",
+            "worker",
+            "-H",
+            f"{name}@keyset-celery",
+            "-c",
+            "1",
+            "-s",
+            "--pid",
+            str(dep.home / f"worker-{name}.pid"),
+            "--without-gossip",
+            "--without-mingle",
+        ]
         with (dep.home / f"worker-{name}.out").open("wb") as out:
-            procs[name] = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True, cwd=dep.home)
-        dep.procs[f"worker-{name}"] = procs[name]  # stopped (and its session swept) with the deployment
+            procs[name] = subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=dep.home,
+            )
+        dep.procs[f"worker-{name}"] = procs[
+            name
+        ]  # stopped (and its session swept) with the deployment
     waiting = set(names)
     end = time.monotonic() + WORKER_READY_TIMEOUT_S
     while waiting and time.monotonic() < end:
         for name in sorted(waiting):
             out_path = dep.home / f"worker-{name}.out"
             if procs[name].poll() is not None:
-                pytest.fail(f"celery worker {name} exited {procs[name].returncode}\n{ss._tail(out_path, 4000)}")
+                pytest.fail(
+                    f"celery worker {name} exited {procs[name].returncode}\n{ss._tail(out_path, 4000)}"
+                )
             if f"{name}@keyset-celery ready." in out_path.read_text(errors="replace"):
                 waiting.discard(name)
         time.sleep(0.5)
     if waiting:
-        pytest.fail(f"celery workers {sorted(waiting)} not ready after {WORKER_READY_TIMEOUT_S} s\n"
-                    + "\n".join(ss._tail(dep.home / f"worker-{n}.out", 4000) for n in sorted(waiting)))
+        pytest.fail(
+            f"celery workers {sorted(waiting)} not ready after {WORKER_READY_TIMEOUT_S} s\n"
+            + "\n".join(ss._tail(dep.home / f"worker-{n}.out", 4000) for n in sorted(waiting))
+        )
     return procs
 
 
@@ -136,8 +175,12 @@ class MachineKill:
     observed: Any = None  # what ``between`` returned
 
 
-def kill_machine(proc: subprocess.Popen[bytes], worker: str, task_pid: int,
-                 between: Callable[[list[int]], Any] | None = None) -> MachineKill:
+def kill_machine(
+    proc: subprocess.Popen[bytes],
+    worker: str,
+    task_pid: int,
+    between: Callable[[list[int]], Any] | None = None,
+) -> MachineKill:
     """SIGKILL worker ``proc``'s whole process group, then every descendant that survived it.
 
     A machine failure takes every process of the worker with it. SIGKILL of the worker's process
@@ -150,7 +193,9 @@ def kill_machine(proc: subprocess.Popen[bytes], worker: str, task_pid: int,
     root = psutil.Process(proc.pid)
     pgid = os.getpgid(proc.pid)
     tree = [root, *root.children(recursive=True)]
-    assert task_pid in {p.pid for p in tree}, f"task process {task_pid} is not a descendant of worker {worker}"
+    assert task_pid in {p.pid for p in tree}, (
+        f"task process {task_pid} is not a descendant of worker {worker}"
+    )
     report = MachineKill(worker)
     for p in tree:
         with contextlib.suppress(psutil.Error, ProcessLookupError):
@@ -195,9 +240,13 @@ def unacked_messages(client: Any, broker_prefix: str) -> list[str]:
     return sorted(out)
 
 
-_EXECUTING = re.compile(r"\[([0-9a-f-]{36})\] Executing workload in Celery: .*?task_id='([^']+)'.*?"
-                        r"try_number=(\d+).*?map_index=(-?\d+)")
-_IGNORED = re.compile(r"\[([0-9a-f-]{36})\] Task already running elsewhere, ignoring redelivered message")
+_EXECUTING = re.compile(
+    r"\[([0-9a-f-]{36})\] Executing workload in Celery: .*?task_id='([^']+)'.*?"
+    r"try_number=(\d+).*?map_index=(-?\d+)"
+)
+_IGNORED = re.compile(
+    r"\[([0-9a-f-]{36})\] Task already running elsewhere, ignoring redelivered message"
+)
 
 
 @dataclass
@@ -207,7 +256,9 @@ class Delivery:
     worker: str
     celery_id: str
     task: str  # ``task_id[map_index] try N``
-    ignored: bool  # the worker logged "Task already running elsewhere, ignoring redelivered message"
+    ignored: (
+        bool  # the worker logged "Task already running elsewhere, ignoring redelivered message"
+    )
 
 
 def deliveries(dep: ss.AirflowDeployment, workers: list[str]) -> list[Delivery]:
@@ -217,7 +268,14 @@ def deliveries(dep: ss.AirflowDeployment, workers: list[str]) -> list[Delivery]:
         text = (dep.home / f"worker-{name}.out").read_text(errors="replace")
         ignored = set(_IGNORED.findall(text))
         for celery_id, task_id, try_number, map_index in _EXECUTING.findall(text):
-            out.append(Delivery(name, celery_id, f"{task_id}[{map_index}] try {try_number}", celery_id in ignored))
+            out.append(
+                Delivery(
+                    name,
+                    celery_id,
+                    f"{task_id}[{map_index}] try {try_number}",
+                    celery_id in ignored,
+                )
+            )
     return out
 
 

@@ -34,9 +34,16 @@ def _require_celery() -> None:
         for module in ("celery", "airflow.providers.celery.executors.celery_executor"):
             importlib.import_module(module)
     except Exception as exc:
-        reason = (f"Celery is not importable ({type(exc).__name__}: {exc}); install the extra: "
-                  "pip install -e '.[celery]'")
-        if os.environ.get("KEYSET_REQUIRE_SERVICES", "").strip().lower() in {"1", "true", "yes", "on"}:
+        reason = (
+            f"Celery is not importable ({type(exc).__name__}: {exc}); install the extra: "
+            "pip install -e '.[celery]'"
+        )
+        if os.environ.get("KEYSET_REQUIRE_SERVICES", "").strip().lower() in {
+            "1",
+            "true",
+            "yes",
+            "on",
+        }:
             pytest.fail(f"{reason} (KEYSET_REQUIRE_SERVICES=1 forbids skipping)")
         print(f"\nSKIP: {reason}")
         pytest.skip(reason)

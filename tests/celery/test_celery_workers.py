@@ -77,13 +77,21 @@ class Victim:
 
 def _create_tables(engine: sa.Engine, rows: int) -> None:
     with engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE celery_events (seq bigint PRIMARY KEY, payload text NOT NULL)")
-        conn.exec_driver_sql(f"INSERT INTO celery_events SELECT g, 'event ' || g FROM generate_series(1, {rows}) g")
-        conn.exec_driver_sql("CREATE TABLE celery_effects (seq bigint PRIMARY KEY, range_id int NOT NULL, "
-                             "processed int NOT NULL, tries int[] NOT NULL)")
-        conn.exec_driver_sql("CREATE TABLE celery_chunks (range_id int NOT NULL, try_number int NOT NULL, "
-                             "pid int NOT NULL, ppid int NOT NULL, worker text NOT NULL, first_key bigint NOT NULL, "
-                             "last_key bigint NOT NULL, n int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())")
+        conn.exec_driver_sql(
+            "CREATE TABLE celery_events (seq bigint PRIMARY KEY, payload text NOT NULL)"
+        )
+        conn.exec_driver_sql(
+            f"INSERT INTO celery_events SELECT g, 'event ' || g FROM generate_series(1, {rows}) g"
+        )
+        conn.exec_driver_sql(
+            "CREATE TABLE celery_effects (seq bigint PRIMARY KEY, range_id int NOT NULL, "
+            "processed int NOT NULL, tries int[] NOT NULL)"
+        )
+        conn.exec_driver_sql(
+            "CREATE TABLE celery_chunks (range_id int NOT NULL, try_number int NOT NULL, "
+            "pid int NOT NULL, ppid int NOT NULL, worker text NOT NULL, first_key bigint NOT NULL, "
+            "last_key bigint NOT NULL, n int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
         conn.exec_driver_sql("ANALYZE celery_events")
 
 
@@ -95,7 +103,9 @@ def _ti_path(run_id: str, task_id: str, map_index: int | None = None) -> str:
     return path if map_index is None else f"{path}/{map_index}"
 
 
-def _xcom(dep: AirflowDeployment, run_id: str, task_id: str, key: str, map_index: int | None = None) -> Any:
+def _xcom(
+    dep: AirflowDeployment, run_id: str, task_id: str, key: str, map_index: int | None = None
+) -> Any:
     query = f"?map_index={map_index}" if map_index is not None else ""
     return dep.get(f"{_ti_path(run_id, task_id)}/xcomEntries/{key}{query}")["value"]
 
@@ -120,18 +130,30 @@ def _tries(dep: AirflowDeployment, run_id: str, map_index: int) -> dict[int, dic
 
 def _task_pid(engine: sa.Engine, range_id: int) -> int:
     with engine.connect() as conn:
-        pids = conn.execute(sa.text("SELECT DISTINCT pid FROM celery_chunks WHERE range_id = :r AND try_number = 1"),
-                            {"r": range_id}).scalars().all()
+        pids = (
+            conn.execute(
+                sa.text(
+                    "SELECT DISTINCT pid FROM celery_chunks WHERE range_id = :r AND try_number = 1"
+                ),
+                {"r": range_id},
+            )
+            .scalars()
+            .all()
+        )
     assert len(pids) == 1, f"range {range_id}: try 1 ran in {len(pids)} processes: {pids}"
     return int(pids[0])
 
 
-def _pick_victim(dep: AirflowDeployment, run_id: str, status: list[dict[str, Any]]) -> tuple[int, str] | None:
+def _pick_victim(
+    dep: AirflowDeployment, run_id: str, status: list[dict[str, Any]]
+) -> tuple[int, str] | None:
     """(range, worker) to kill once both ranges run try 1 on different workers and the one that
     progressed least has committed KILL_AFTER_CHUNKS chunks; None while that is not yet so."""
     tis = {r: _get_or_none(dep, _ti_path(run_id, "traverse", r)) for r in range(MAX_RANGES)}
-    if any(ti is None or (ti["state"], ti["try_number"]) != ("running", 1) or not ti.get("hostname")
-           for ti in tis.values()):
+    if any(
+        ti is None or (ti["state"], ti["try_number"]) != ("running", 1) or not ti.get("hostname")
+        for ti in tis.values()
+    ):
         return None
     hosts = {r: ti["hostname"] for r, ti in tis.items()}
     assert len(set(hosts.values())) == MAX_RANGES, f"both ranges run on one worker: {hosts}"
@@ -146,8 +168,11 @@ def _pick_victim(dep: AirflowDeployment, run_id: str, status: list[dict[str, Any
 def _orphan_commits(ctl: StreamControl, round_id: str, range_id: int, alive: list[int]) -> int:
     """Chunks the range's orphaned task process commits after its worker's group was killed:
     waits (at most ORPHAN_WATCH_S) for one more committed chunk. -> chunks committed meanwhile."""
+
     def chunks() -> int:
-        return int(next(s for s in ctl.range_status(round_id) if int(s["range_id"]) == range_id)["chunks"])
+        return int(
+            next(s for s in ctl.range_status(round_id) if int(s["range_id"]) == range_id)["chunks"]
+        )
 
     before = chunks()
     end = time.monotonic() + ORPHAN_WATCH_S
@@ -156,8 +181,13 @@ def _orphan_commits(ctl: StreamControl, round_id: str, range_id: int, alive: lis
     return chunks() - before
 
 
-def _run_and_kill(dep: AirflowDeployment, workers: Mapping[str, subprocess.Popen[bytes]], engine: sa.Engine,
-                  ctl: StreamControl, run_id: str) -> tuple[str, Victim | None, float]:
+def _run_and_kill(
+    dep: AirflowDeployment,
+    workers: Mapping[str, subprocess.Popen[bytes]],
+    engine: sa.Engine,
+    ctl: StreamControl,
+    run_id: str,
+) -> tuple[str, Victim | None, float]:
     """Poll the run (REST) and the ranges (Redis) until the run ends; kill one worker machine
     mid-range (see ``_pick_victim``). -> (final state, victim, seconds)."""
     started = time.monotonic()
@@ -167,13 +197,19 @@ def _run_and_kill(dep: AirflowDeployment, workers: Mapping[str, subprocess.Popen
     while True:
         now = time.monotonic()
         if now - started > RUN_TIMEOUT_S:
-            pytest.fail(f"DAG run {run_id} not finished after {RUN_TIMEOUT_S:.0f} s (victim: {victim})\n"
-                        f"{cs.diagnostics(dep, DAG_ID)}")
+            pytest.fail(
+                f"DAG run {run_id} not finished after {RUN_TIMEOUT_S:.0f} s (victim: {victim})\n"
+                f"{cs.diagnostics(dep, DAG_ID)}"
+            )
         if now < next_poll:
             time.sleep(POLL_S)
             continue
         next_poll = now + (0.25 if victim is None else 1.0)
-        dead = [c for c in dep.dead_components() if not (victim and c.startswith(f"worker-{victim.worker}"))]
+        dead = [
+            c
+            for c in dep.dead_components()
+            if not (victim and c.startswith(f"worker-{victim.worker}"))
+        ]
         if dead:
             pytest.fail(f"Airflow components died: {dead}\n{cs.diagnostics(dep, DAG_ID)}")
         state = dep.get(f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
@@ -186,15 +222,19 @@ def _run_and_kill(dep: AirflowDeployment, workers: Mapping[str, subprocess.Popen
             continue
         status = ctl.range_status(round_id)
         if any(s["state"] == "complete" for s in status):
-            pytest.fail(f"a range completed before both ran at once and one was killed: {status}; make the "
-                        f"ranges longer\n{cs.diagnostics(dep, DAG_ID)}")
+            pytest.fail(
+                f"a range completed before both ran at once and one was killed: {status}; make the "
+                f"ranges longer\n{cs.diagnostics(dep, DAG_ID)}"
+            )
         picked = _pick_victim(dep, run_id, status)
         if picked is None:
             continue
         r, worker = picked
         pid = _task_pid(engine, r)
         ti = dep.get(_ti_path(run_id, "traverse", r))
-        assert ti["pid"] == pid, f"range {r}: REST shows pid {ti['pid']}, the processor ran in {pid}"
+        assert ti["pid"] == pid, (
+            f"range {r}: REST shows pid {ti['pid']}, the processor ran in {pid}"
+        )
         watch = functools.partial(_orphan_commits, ctl, round_id, r)
         kill = cs.kill_machine(workers[worker], worker, pid, between=watch)
         time.sleep(0.5)  # an advance the victim wrote to its socket just before dying lands first
@@ -210,28 +250,63 @@ def _effects(engine: sa.Engine, ranges: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"outside_range": 0, "rows_in_range": {}}
     with engine.connect() as conn:
         q = lambda sql, **kw: conn.execute(sa.text(sql), kw).all()  # noqa: E731
-        out["lost"] = q("SELECT count(*) FROM celery_events s WHERE NOT EXISTS "
-                        "(SELECT 1 FROM celery_effects e WHERE e.seq = s.seq)")[0][0]
-        out["lost_sample"] = [r[0] for r in q("SELECT seq FROM celery_events EXCEPT SELECT seq FROM celery_effects "
-                                              "ORDER BY 1 LIMIT 10")]
-        out["unknown"] = q("SELECT count(*) FROM celery_effects e WHERE NOT EXISTS "
-                           "(SELECT 1 FROM celery_events s WHERE s.seq = e.seq)")[0][0]
+        out["lost"] = q(
+            "SELECT count(*) FROM celery_events s WHERE NOT EXISTS "
+            "(SELECT 1 FROM celery_effects e WHERE e.seq = s.seq)"
+        )[0][0]
+        out["lost_sample"] = [
+            r[0]
+            for r in q(
+                "SELECT seq FROM celery_events EXCEPT SELECT seq FROM celery_effects "
+                "ORDER BY 1 LIMIT 10"
+            )
+        ]
+        out["unknown"] = q(
+            "SELECT count(*) FROM celery_effects e WHERE NOT EXISTS "
+            "(SELECT 1 FROM celery_events s WHERE s.seq = e.seq)"
+        )[0][0]
         for spec in ranges:
-            lo, hi, r = -1 if spec["lo"] is None else int(spec["lo"]), int(spec["hi"]), int(spec["range_id"])
-            out["outside_range"] += q("SELECT count(*) FROM celery_effects WHERE range_id = :r "
-                                      "AND NOT (seq > :lo AND seq <= :hi)", r=r, lo=lo, hi=hi)[0][0]
-            out["rows_in_range"][r] = q("SELECT count(*) FROM celery_events WHERE seq > :lo AND seq <= :hi",
-                                        lo=lo, hi=hi)[0][0]
-        out["replayed_keys"] = {int(r): int(n) for r, n in q(
-            "SELECT range_id, count(*) FROM celery_effects WHERE processed > 1 GROUP BY range_id")}
+            lo, hi, r = (
+                -1 if spec["lo"] is None else int(spec["lo"]),
+                int(spec["hi"]),
+                int(spec["range_id"]),
+            )
+            out["outside_range"] += q(
+                "SELECT count(*) FROM celery_effects WHERE range_id = :r "
+                "AND NOT (seq > :lo AND seq <= :hi)",
+                r=r,
+                lo=lo,
+                hi=hi,
+            )[0][0]
+            out["rows_in_range"][r] = q(
+                "SELECT count(*) FROM celery_events WHERE seq > :lo AND seq <= :hi", lo=lo, hi=hi
+            )[0][0]
+        out["replayed_keys"] = {
+            int(r): int(n)
+            for r, n in q(
+                "SELECT range_id, count(*) FROM celery_effects WHERE processed > 1 GROUP BY range_id"
+            )
+        }
         out["max_processed"] = q("SELECT coalesce(max(processed), 0) FROM celery_effects")[0][0]
-        out["tries"] = {int(r): sorted(t) for r, t in q(
-            "SELECT range_id, array_agg(DISTINCT try_number) FROM celery_chunks GROUP BY range_id")}
-        out["workers"] = {(int(r), int(t)): w for r, t, w in q(
-            "SELECT range_id, try_number, string_agg(DISTINCT worker, ',') FROM celery_chunks "
-            "GROUP BY range_id, try_number")}
-        out["resumed_at"] = {int(r): int(m) for r, m in q(
-            "SELECT range_id, min(first_key) FROM celery_chunks WHERE try_number = 2 GROUP BY range_id")}
+        out["tries"] = {
+            int(r): sorted(t)
+            for r, t in q(
+                "SELECT range_id, array_agg(DISTINCT try_number) FROM celery_chunks GROUP BY range_id"
+            )
+        }
+        out["workers"] = {
+            (int(r), int(t)): w
+            for r, t, w in q(
+                "SELECT range_id, try_number, string_agg(DISTINCT worker, ',') FROM celery_chunks "
+                "GROUP BY range_id, try_number"
+            )
+        }
+        out["resumed_at"] = {
+            int(r): int(m)
+            for r, m in q(
+                "SELECT range_id, min(first_key) FROM celery_chunks WHERE try_number = 2 GROUP BY range_id"
+            )
+        }
     return out
 
 
@@ -243,15 +318,22 @@ def _since(iso: str | None, epoch: float) -> float:
 
 def _heartbeat_timeouts(dep: AirflowDeployment, run_id: str) -> dict[tuple[int, int], str]:
     """(map_index, try_number) -> when, of the traverse tries failed for lack of heartbeat."""
-    logs = dep.get(f"/eventLogs?dag_id={DAG_ID}&run_id={run_id}&task_id=traverse&limit=100")["event_logs"]
-    return {(int(e["map_index"]), int(e["try_number"])): e["when"] for e in logs if e["event"] == "heartbeat timeout"}
+    logs = dep.get(f"/eventLogs?dag_id={DAG_ID}&run_id={run_id}&task_id=traverse&limit=100")[
+        "event_logs"
+    ]
+    return {
+        (int(e["map_index"]), int(e["try_number"])): e["when"]
+        for e in logs
+        if e["event"] == "heartbeat timeout"
+    }
 
 
 # --------------------------------------------------------------------------- the tests
 
 
-def _dag_env(pg_url: str, pg_schema: str, redis_url: str, key_prefix: str, stream: str,
-             max_ranges: int) -> dict[str, str]:
+def _dag_env(
+    pg_url: str, pg_schema: str, redis_url: str, key_prefix: str, stream: str, max_ranges: int
+) -> dict[str, str]:
     """Connections and DAG settings for every process of the deployment."""
     return {
         f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": cs.postgres_conn(pg_url, pg_schema),
@@ -271,12 +353,19 @@ def _dag_env(pg_url: str, pg_schema: str, redis_url: str, key_prefix: str, strea
 
 def test_round_survives_losing_one_of_two_celery_workers(
     celery_deployment: Callable[[Mapping[str, str], str], tuple[AirflowDeployment, dict]],
-    pg_url: str, pg_schema: str, pg_engine: sa.Engine, redis_url: str, redis_client: redis.Redis, key_prefix: str,
+    pg_url: str,
+    pg_schema: str,
+    pg_engine: sa.Engine,
+    redis_url: str,
+    redis_client: redis.Redis,
+    key_prefix: str,
 ) -> None:
     _create_tables(pg_engine, ROWS)
     stream = f"celery-{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()
-    dep, workers = celery_deployment(_dag_env(pg_url, pg_schema, redis_url, key_prefix, stream, MAX_RANGES), DAG_ID)
+    dep, workers = celery_deployment(
+        _dag_env(pg_url, pg_schema, redis_url, key_prefix, stream, MAX_RANGES), DAG_ID
+    )
     startup_s = time.monotonic() - t0
     ctl = StreamControl(CursorStore(redis_client, stream, prefix=key_prefix))
     run_id = f"celery_{uuid.uuid4().hex[:8]}"
@@ -299,7 +388,9 @@ def test_round_survives_losing_one_of_two_celery_workers(
     timeouts = _heartbeat_timeouts(dep, run_id)
     status = {int(s["range_id"]): s for s in ctl.range_status(round_id)}
     fx = _effects(pg_engine, ranges)
-    broker_keys = sorted(k.decode() for k in redis_client.scan_iter(match=f"{key_prefix}:celery:*", count=1000))
+    broker_keys = sorted(
+        k.decode() for k in redis_client.scan_iter(match=f"{key_prefix}:celery:*", count=1000)
+    )
     # The dead worker's message was never acknowledged (acks_late): the broker keeps it, to deliver
     # it again after visibility_timeout.
     unacked = cs.unacked_messages(redis_client, f"{key_prefix}:celery:")
@@ -308,47 +399,62 @@ def test_round_survives_losing_one_of_two_celery_workers(
     detect_s = _since(timeouts.get((v, 1)), victim.kill.killed_at)
     retry_start_s = _since(tries[v].get(2, {}).get("start_date"), victim.kill.killed_at)
     replayed = {r: fx["replayed_keys"].get(r, 0) for r in range(len(ranges))}
-    cs.FIGURES.extend([
-        f"run {run_id}: {state} in {seconds:.0f} s after the trigger (deployment + 2 workers ready in "
-        f"{startup_s:.0f} s); {ROWS} keys, {len(ranges)} ranges, chunk {CHUNK}, heartbeat timeout "
-        f"{cs.ss.HEARTBEAT_TIMEOUT_S} s",
-        f"  hostnames (range, try) -> host: {dict(sorted(hosts.items()))}",
-        f"  worker {victim.worker}'s processes: {victim.kill.names}",
-        f"  killed worker {victim.worker} mid range {v}: group {victim.kill.group} SIGKILLed; outside the group "
-        f"(pid -> pgid) {victim.kill.outside_group}; still alive after the group kill {victim.kill.survived_group_kill}"
-        f", which committed {victim.kill.observed} more chunk(s) before it was SIGKILLed too; committed cursor "
-        f"{victim.cursor} (done {victim.done})",
-        f"  heartbeat timeout found {detect_s:.1f} s after the kill; try 2 started {retry_start_s:.1f} s after it on "
-        f"{hosts.get((v, 2))}, resumed at key {fx['resumed_at'].get(v)}; takeovers {status[v]['takeovers']}",
-        f"  keys processed twice per range {replayed} (chunk {CHUNK}); max deliveries of one key "
-        f"{fx['max_processed']}; keys lost {fx['lost']}; outside their range {fx['outside_range']}",
-        f"  barrier totals done {totals['done']} skipped {totals['skipped']} dead {totals['dead']}; broker keys "
-        f"{[k.removeprefix(key_prefix + ':celery:') for k in broker_keys]} under {key_prefix}:celery:, "
-        f"unacked messages left {unacked}",
-        f"  deliveries (worker, task, ignored): {[(d.worker, d.task, d.ignored) for d in cs.deliveries(dep, list(workers))]}",
-    ])
+    cs.FIGURES.extend(
+        [
+            f"run {run_id}: {state} in {seconds:.0f} s after the trigger (deployment + 2 workers ready in "
+            f"{startup_s:.0f} s); {ROWS} keys, {len(ranges)} ranges, chunk {CHUNK}, heartbeat timeout "
+            f"{cs.ss.HEARTBEAT_TIMEOUT_S} s",
+            f"  hostnames (range, try) -> host: {dict(sorted(hosts.items()))}",
+            f"  worker {victim.worker}'s processes: {victim.kill.names}",
+            f"  killed worker {victim.worker} mid range {v}: group {victim.kill.group} SIGKILLed; outside the group "
+            f"(pid -> pgid) {victim.kill.outside_group}; still alive after the group kill {victim.kill.survived_group_kill}"
+            f", which committed {victim.kill.observed} more chunk(s) before it was SIGKILLed too; committed cursor "
+            f"{victim.cursor} (done {victim.done})",
+            f"  heartbeat timeout found {detect_s:.1f} s after the kill; try 2 started {retry_start_s:.1f} s after it on "
+            f"{hosts.get((v, 2))}, resumed at key {fx['resumed_at'].get(v)}; takeovers {status[v]['takeovers']}",
+            f"  keys processed twice per range {replayed} (chunk {CHUNK}); max deliveries of one key "
+            f"{fx['max_processed']}; keys lost {fx['lost']}; outside their range {fx['outside_range']}",
+            f"  barrier totals done {totals['done']} skipped {totals['skipped']} dead {totals['dead']}; broker keys "
+            f"{[k.removeprefix(key_prefix + ':celery:') for k in broker_keys]} under {key_prefix}:celery:, "
+            f"unacked messages left {unacked}",
+            f"  deliveries (worker, task, ignored): {[(d.worker, d.task, d.ignored) for d in cs.deliveries(dep, list(workers))]}",
+        ]
+    )
     print("\n".join(cs.FIGURES))
 
     # Both workers ran traverse tries; the retry of the killed range ran on the survivor.
-    assert {hosts[(r, 1)] for r in range(len(ranges))} == {cs.worker_host(n) for n in workers}, hosts
+    assert {hosts[(r, 1)] for r in range(len(ranges))} == {cs.worker_host(n) for n in workers}, (
+        hosts
+    )
     assert hosts[(v, 1)] == cs.worker_host(victim.worker)
     assert hosts.get((v, 2)) == cs.worker_host(survivor), hosts
     assert fx["workers"][(v, 2)] == cs.worker_host(survivor), fx["workers"]
     # The task process is not in the worker's process group: only a whole-machine kill stops it.
-    assert victim.pid in victim.kill.outside_group and victim.pid not in victim.kill.group, victim.kill
+    assert victim.pid in victim.kill.outside_group and victim.pid not in victim.kill.group, (
+        victim.kill
+    )
     assert victim.kill.survived_group_kill == [victim.pid], victim.kill
-    assert victim.kill.observed >= 1, f"the orphaned task process committed nothing after the group kill: {victim.kill}"
+    assert victim.kill.observed >= 1, (
+        f"the orphaned task process committed nothing after the group kill: {victim.kill}"
+    )
     # Airflow found the dead worker by heartbeat and retried the range once; the other ran once.
-    assert (v, 1) in timeouts, f"the scheduler never timed out the dead worker's try\n{diagnostics()}"
+    assert (v, 1) in timeouts, (
+        f"the scheduler never timed out the dead worker's try\n{diagnostics()}"
+    )
     for r, by_try in tries.items():
         want = 2 if r == v else 1
         final = by_try[max(by_try)]
-        assert (max(by_try), final["state"]) == (want, "success"), (r, {t: ti["state"] for t, ti in by_try.items()})
+        assert (max(by_try), final["state"]) == (want, "success"), (
+            r,
+            {t: ti["state"] for t, ti in by_try.items()},
+        )
     # The retry took the range over and resumed from the committed cursor.
     assert status[v]["takeovers"] >= 1 or fx["resumed_at"][v] == victim.cursor + 1, status[v]
     assert fx["resumed_at"][v] == victim.cursor + 1, (fx["resumed_at"], victim.cursor)
     lo = ranges[v]["lo"] or 0
-    assert victim.done == victim.cursor - lo, f"counter {victim.done} at cursor {victim.cursor} (lo {lo})"
+    assert victim.done == victim.cursor - lo, (
+        f"counter {victim.done} at cursor {victim.cursor} (lo {lo})"
+    )
     # Coverage: every key of (start, end] at least once, none outside its range.
     assert fx["lost"] == 0, f"{fx['lost']} key(s) never processed, e.g. {fx['lost_sample']}"
     assert (fx["unknown"], fx["outside_range"]) == (0, 0), fx
@@ -374,7 +480,12 @@ VISIBILITY_TIMEOUT_S = 10
 
 def test_traverse_running_past_visibility_timeout_is_redelivered_and_ignored(
     celery_deployment: Callable[[Mapping[str, str], str], tuple[AirflowDeployment, dict]],
-    pg_url: str, pg_schema: str, pg_engine: sa.Engine, redis_url: str, redis_client: redis.Redis, key_prefix: str,
+    pg_url: str,
+    pg_schema: str,
+    pg_engine: sa.Engine,
+    redis_url: str,
+    redis_client: redis.Redis,
+    key_prefix: str,
 ) -> None:
     """A traverse try that runs longer than the broker's ``visibility_timeout`` is delivered again.
 
@@ -391,11 +502,15 @@ def test_traverse_running_past_visibility_timeout_is_redelivered_and_ignored(
     _create_tables(pg_engine, REDELIVERY_ROWS)
     stream = f"celery-{uuid.uuid4().hex[:8]}"
     env = _dag_env(pg_url, pg_schema, redis_url, key_prefix, stream, 1)
-    env.update({
-        "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT_S),
-        "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__UNACKED_RESTORE_INTERVAL": "1",
-        "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__UNACKED_RESTORE_THROTTLE": "1",
-    })
+    env.update(
+        {
+            "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": str(
+                VISIBILITY_TIMEOUT_S
+            ),
+            "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__UNACKED_RESTORE_INTERVAL": "1",
+            "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__UNACKED_RESTORE_THROTTLE": "1",
+        }
+    )
     dep, workers = celery_deployment(env, DAG_ID)
     ctl = StreamControl(CursorStore(redis_client, stream, prefix=key_prefix))
     run_id = f"celery_{uuid.uuid4().hex[:8]}"
@@ -404,8 +519,10 @@ def test_traverse_running_past_visibility_timeout_is_redelivered_and_ignored(
     state = "queued"
     while state not in ("success", "failed"):
         if time.monotonic() - started > RUN_TIMEOUT_S or dep.dead_components():
-            pytest.fail(f"DAG run {run_id}: {state} after {time.monotonic() - started:.0f} s, dead components "
-                        f"{dep.dead_components()}\n{cs.diagnostics(dep, DAG_ID)}")
+            pytest.fail(
+                f"DAG run {run_id}: {state} after {time.monotonic() - started:.0f} s, dead components "
+                f"{dep.dead_components()}\n{cs.diagnostics(dep, DAG_ID)}"
+            )
         time.sleep(1)
         state = dep.get(f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
     seconds = time.monotonic() - started
@@ -420,28 +537,37 @@ def test_traverse_running_past_visibility_timeout_is_redelivered_and_ignored(
     runner = next(name for name in workers if cs.worker_host(name) == ti["hostname"])
     seen = cs.deliveries(dep, list(workers))
     traverse = [d for d in seen if d.task == "traverse[0] try 1"]
-    refused = sum(1 for line in (dep.home / "api-server.out").read_text(errors="replace").splitlines()
-                  if "Cannot start Task Instance in invalid state" in line and "previous_state=running" in line)
+    refused = sum(
+        1
+        for line in (dep.home / "api-server.out").read_text(errors="replace").splitlines()
+        if "Cannot start Task Instance in invalid state" in line
+        and "previous_state=running" in line
+    )
     fx = _effects(pg_engine, ranges)
     with pg_engine.connect() as conn:
         pids = conn.execute(sa.text("SELECT DISTINCT pid FROM celery_chunks")).scalars().all()
-    cs.FIGURES.extend([
-        f"run {run_id}: {state} in {seconds:.0f} s; 1 range of {REDELIVERY_ROWS} keys, chunk {CHUNK}, "
-        f"visibility_timeout {VISIBILITY_TIMEOUT_S} s; traverse ran {float(ti.get('duration') or 0):.0f} s on "
-        f"{ti['hostname']} (try {ti['try_number']}, {len(pids)} task process)",
-        f"  starts refused by the Execution API (409, running) {refused}; deliveries (worker, task, ignored) "
-        f"{[(d.worker, d.task, d.ignored) for d in seen]}; keys processed twice {sum(fx['replayed_keys'].values())};"
-        f" keys lost {fx['lost']}; barrier totals done {totals['done']} skipped {totals['skipped']} dead "
-        f"{totals['dead']}",
-    ])
+    cs.FIGURES.extend(
+        [
+            f"run {run_id}: {state} in {seconds:.0f} s; 1 range of {REDELIVERY_ROWS} keys, chunk {CHUNK}, "
+            f"visibility_timeout {VISIBILITY_TIMEOUT_S} s; traverse ran {float(ti.get('duration') or 0):.0f} s on "
+            f"{ti['hostname']} (try {ti['try_number']}, {len(pids)} task process)",
+            f"  starts refused by the Execution API (409, running) {refused}; deliveries (worker, task, ignored) "
+            f"{[(d.worker, d.task, d.ignored) for d in seen]}; keys processed twice {sum(fx['replayed_keys'].values())};"
+            f" keys lost {fx['lost']}; barrier totals done {totals['done']} skipped {totals['skipped']} dead "
+            f"{totals['dead']}",
+        ]
+    )
     print("\n".join(cs.FIGURES[-2:]))
 
     assert len(ranges) == 1, ranges
-    assert float(ti["duration"]) > VISIBILITY_TIMEOUT_S, f"the range ran only {ti['duration']} s; make it longer"
+    assert float(ti["duration"]) > VISIBILITY_TIMEOUT_S, (
+        f"the range ran only {ti['duration']} s; make it longer"
+    )
     # The duplicate reached the idle worker and was ignored there; the try was not disturbed.
     assert [d.worker for d in traverse if not d.ignored] == [runner], traverse
     assert any(d.ignored and d.worker != runner for d in traverse), (
-        f"the traverse message was not delivered again to the idle worker: {traverse}\n{diagnostics()}")
+        f"the traverse message was not delivered again to the idle worker: {traverse}\n{diagnostics()}"
+    )
     assert len({d.celery_id for d in traverse}) == 1, traverse
     assert refused >= 1, f"the Execution API never refused a second start\n{diagnostics()}"
     assert (list(tries), ti["state"]) == ([1], "success"), {t: x["state"] for t, x in tries.items()}

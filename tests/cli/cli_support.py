@@ -23,8 +23,13 @@ def make_events(url: str, n: int = ROWS) -> None:
     engine = sa.create_engine(url)
     try:
         with engine.begin() as c:
-            c.execute(sa.text("CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL)"))
-            c.execute(sa.text("INSERT INTO events VALUES (:s, :p)"), [{"s": k, "p": f"e{k}"} for k in range(1, n + 1)])
+            c.execute(
+                sa.text("CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL)")
+            )
+            c.execute(
+                sa.text("INSERT INTO events VALUES (:s, :p)"),
+                [{"s": k, "p": f"e{k}"} for k in range(1, n + 1)],
+            )
     finally:
         engine.dispose()
 
@@ -32,7 +37,9 @@ def make_events(url: str, n: int = ROWS) -> None:
 def poison_processor(chunk: Any) -> ChunkResult:
     """Fails keys divisible by POISON (bad items), skips keys divisible by SKIP."""
     failed = {k: f"poison: payload {k} is not JSON" for k in chunk.keys if k % POISON == 0}
-    return ChunkResult(failed=failed, skipped=[k for k in chunk.keys if k % SKIP == 0 and k not in failed])
+    return ChunkResult(
+        failed=failed, skipped=[k for k in chunk.keys if k % SKIP == 0 and k not in failed]
+    )
 
 
 @dataclass
@@ -51,7 +58,11 @@ class LiveRound:
     def cli(self, *argv: str) -> tuple[int, str, str]:
         """Run ``airflow-keyset`` in-process against this round's Redis and prefix."""
         out, err = io.StringIO(), io.StringIO()
-        code = main([*argv, "--redis-url", self.redis_url, "--key-prefix", self.key_prefix], stdout=out, stderr=err)
+        code = main(
+            [*argv, "--redis-url", self.redis_url, "--key-prefix", self.key_prefix],
+            stdout=out,
+            stderr=err,
+        )
         return code, out.getvalue(), err.getvalue()
 
     def cli_json(self, *argv: str) -> Any:
@@ -62,12 +73,25 @@ class LiveRound:
 
 def build_live_round(source_url: str, redis_url: str, key_prefix: str) -> LiveRound:
     make_events(source_url)
-    t = KeysetTraversal(source_url, "events", "seq", redis_url=redis_url, stream="events-nightly",
-                        key_prefix=key_prefix)
+    t = KeysetTraversal(
+        source_url,
+        "events",
+        "seq",
+        redis_url=redis_url,
+        stream="events-nightly",
+        key_prefix=key_prefix,
+    )
     rnd = t.plan(max_ranges=4)
     assert [r.hi for r in rnd.ranges] == [100, 200, 300, 400]
     for i in (0, 1):
-        t.traverse(rnd.round_id, i, poison_processor, chunk_size=25, item_retry_delay=0.0, backoff_base=0.01)
+        t.traverse(
+            rnd.round_id,
+            i,
+            poison_processor,
+            chunk_size=25,
+            item_retry_delay=0.0,
+            backoff_base=0.01,
+        )
     calls = []
 
     def stop_after_first_chunk(chunk: Any) -> None:

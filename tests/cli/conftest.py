@@ -9,7 +9,9 @@ from cli_support import LiveRound, build_live_round
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def live_round(request: pytest.FixtureRequest, redis_url: str, key_prefix: str) -> Iterator[LiveRound]:
+def live_round(
+    request: pytest.FixtureRequest, redis_url: str, key_prefix: str
+) -> Iterator[LiveRound]:
     url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_schema_url")
     lr = build_live_round(url, redis_url, key_prefix)
     yield lr

@@ -86,16 +86,23 @@ def test_every_snippet_block_equals_its_file() -> None:
         assert path.exists(), f"{doc.name}: snippet {ref} does not exist"
         assert body.rstrip() == path.read_text().rstrip(), (
             f"{doc.name}: the block of {ref} differs from the file; run "
-            "`python tests/cli/test_docs_snippets.py --write` (after checking the file is right)")
+            "`python tests/cli/test_docs_snippets.py --write` (after checking the file is right)"
+        )
 
 
 def test_every_snippet_file_is_shown_and_run() -> None:
     shown = {snippet_file(ref).resolve() for _, ref, _ in snippet_blocks()}
     files = {p.resolve() for p in SNIPPETS.glob("*.py")}
-    assert files - shown == set(), f"snippet files no doc shows: {sorted(p.name for p in files - shown)}"
-    assert {p.name for p in files} == set(RUN_BY_TESTS), "every snippet file needs a test that runs it"
+    assert files - shown == set(), (
+        f"snippet files no doc shows: {sorted(p.name for p in files - shown)}"
+    )
+    assert {p.name for p in files} == set(RUN_BY_TESTS), (
+        "every snippet file needs a test that runs it"
+    )
     for ref in {ref for _, ref, _ in snippet_blocks()} - {p.name for p in files}:
-        assert ref in RUN_ELSEWHERE, f"{ref} is shown in the docs; which test runs it? (RUN_ELSEWHERE)"
+        assert ref in RUN_ELSEWHERE, (
+            f"{ref} is shown in the docs; which test runs it? (RUN_ELSEWHERE)"
+        )
 
 
 def test_doc_links_point_at_existing_pages_and_anchors() -> None:
@@ -163,15 +170,25 @@ RUN_ELSEWHERE = {
 
 
 def run_snippet(name: str, env: dict[str, str], *args: str, timeout: float = 180) -> str:
-    proc = subprocess.run([sys.executable, str(SNIPPETS / name), *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(SNIPPETS), **env}, timeout=timeout, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(SNIPPETS / name), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SNIPPETS), **env},
+        timeout=timeout,
+        check=False,
+    )
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
 
 @pytest.fixture
 def snippet_env(pg_schema_url: str, redis_url: str, key_prefix: str) -> dict[str, str]:
-    return {"KEYSET_SOURCE_URL": pg_schema_url, "KEYSET_REDIS_URL": redis_url, "KEYSET_KEY_PREFIX": key_prefix}
+    return {
+        "KEYSET_SOURCE_URL": pg_schema_url,
+        "KEYSET_REDIS_URL": redis_url,
+        "KEYSET_KEY_PREFIX": key_prefix,
+    }
 
 
 def make_coupons(url: str) -> None:
@@ -179,11 +196,21 @@ def make_coupons(url: str) -> None:
     engine = sa.create_engine(url)
     try:
         with engine.begin() as c:
-            c.exec_driver_sql("CREATE TABLE coupons (id bigint PRIMARY KEY, currency text NOT NULL, "
-                              "status text NOT NULL)")
-            c.execute(sa.text("INSERT INTO coupons VALUES (:i, :c, :s)"),
-                      [{"i": i, "c": "XXX" if i in (13, 15) else "EUR", "s": "ACTIVE" if i % 2 else "EXPIRED"}
-                       for i in range(1, 201)])
+            c.exec_driver_sql(
+                "CREATE TABLE coupons (id bigint PRIMARY KEY, currency text NOT NULL, "
+                "status text NOT NULL)"
+            )
+            c.execute(
+                sa.text("INSERT INTO coupons VALUES (:i, :c, :s)"),
+                [
+                    {
+                        "i": i,
+                        "c": "XXX" if i in (13, 15) else "EUR",
+                        "s": "ACTIVE" if i % 2 else "EXPIRED",
+                    }
+                    for i in range(1, 201)
+                ],
+            )
     finally:
         engine.dispose()
 
@@ -196,26 +223,52 @@ def test_quickstart_engine(snippet_env: dict[str, str], pg_engine: sa.Engine) ->
     assert "round r1: (None, 400] in 4 ranges" in out
     assert "closed r1: done 398, skipped 0, dead 2; watermark 400" in out
     with pg_engine.begin() as c:
-        c.exec_driver_sql("INSERT INTO events SELECT seq + 400, payload FROM events WHERE seq <= 50")
+        c.exec_driver_sql(
+            "INSERT INTO events SELECT seq + 400, payload FROM events WHERE seq <= 50"
+        )
     out = run_snippet("quickstart_engine.py", snippet_env)
-    assert "round r2: (400, 450]" in out and "closed r2: done 49, skipped 0, dead 1; watermark 450" in out
+    assert (
+        "round r2: (400, 450]" in out
+        and "closed r2: done 49, skipped 0, dead 1; watermark 450" in out
+    )
 
 
-def test_processor_unit_test_snippet_passes(snippet_env: dict[str, str], pg_engine: sa.Engine) -> None:
+def test_processor_unit_test_snippet_passes(
+    snippet_env: dict[str, str], pg_engine: sa.Engine
+) -> None:
     make_coupons(snippet_env["KEYSET_SOURCE_URL"])
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(SNIPPETS / "processor_unit_test.py"), "-q", "-p", "no:cacheprovider",
-         "--rootdir", str(SNIPPETS), "-c", os.devnull],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(SNIPPETS), **snippet_env},
-        timeout=180, check=False)
-    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(SNIPPETS / "processor_unit_test.py"),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(SNIPPETS),
+            "-c",
+            os.devnull,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SNIPPETS), **snippet_env},
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-3000:]
+    )
     with pg_engine.connect() as c:
-        assert dict(c.exec_driver_sql("SELECT status, count(*) FROM coupons GROUP BY status").all()) == {
-            "EXPIRED": 198, "ACTIVE": 2}
+        assert dict(
+            c.exec_driver_sql("SELECT status, count(*) FROM coupons GROUP BY status").all()
+        ) == {"EXPIRED": 198, "ACTIVE": 2}
 
 
-def test_replay_dead_letters_snippet(snippet_env: dict[str, str], pg_engine: sa.Engine,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replay_dead_letters_snippet(
+    snippet_env: dict[str, str], pg_engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     make_coupons(snippet_env["KEYSET_SOURCE_URL"])
     monkeypatch.setenv("KEYSET_SOURCE_URL", snippet_env["KEYSET_SOURCE_URL"])
     monkeypatch.syspath_prepend(str(SNIPPETS))
@@ -224,13 +277,21 @@ def test_replay_dead_letters_snippet(snippet_env: dict[str, str], pg_engine: sa.
 
     from airflow_keyset_provider.core import KeysetTraversal
 
-    t = KeysetTraversal(snippet_env["KEYSET_SOURCE_URL"], "coupons", "id", columns=["currency"],
-                        stream="coupons-expiry", redis_url=snippet_env["KEYSET_REDIS_URL"],
-                        key_prefix=snippet_env["KEYSET_KEY_PREFIX"])
+    t = KeysetTraversal(
+        snippet_env["KEYSET_SOURCE_URL"],
+        "coupons",
+        "id",
+        columns=["currency"],
+        stream="coupons-expiry",
+        redis_url=snippet_env["KEYSET_REDIS_URL"],
+        key_prefix=snippet_env["KEYSET_KEY_PREFIX"],
+    )
     try:
         rnd = t.plan(max_ranges=2)
         for spec in rnd.ranges:
-            t.traverse(rnd.round_id, spec.range_id, coupon_processors.expire_coupons, item_retry_delay=0.0)
+            t.traverse(
+                rnd.round_id, spec.range_id, coupon_processors.expire_coupons, item_retry_delay=0.0
+            )
         assert sum(r["dead"] for r in t.range_status(rnd.round_id)) == 2
     finally:
         t.close()
@@ -239,25 +300,48 @@ def test_replay_dead_letters_snippet(snippet_env: dict[str, str], pg_engine: sa.
     with pg_engine.begin() as c:  # the fix: the currency is corrected at the source
         c.exec_driver_sql("UPDATE coupons SET currency = 'EUR' WHERE currency = 'XXX'")
     out = run_snippet("replay_dead_letters.py", {**snippet_env, "KEYSET_ROUND": "r1"})
-    assert "key 13: unknown currency 'XXX' (3 attempts)" in out and "key 15: unknown currency 'XXX'" in out
+    assert (
+        "key 13: unknown currency 'XXX' (3 attempts)" in out
+        and "key 15: unknown currency 'XXX'" in out
+    )
     assert re.search(r"range \d: done \d+, skipped \d+, dead 0", out)
     with pg_engine.connect() as c:
-        assert c.exec_driver_sql("SELECT count(*) FROM coupons WHERE status = 'ACTIVE'").scalar() == 0
+        assert (
+            c.exec_driver_sql("SELECT count(*) FROM coupons WHERE status = 'ACTIVE'").scalar() == 0
+        )
 
 
 def test_chunk_size_probe(sqlite_url: str, redis_url: str, tmp_path: Path) -> None:
     make_events(sqlite_url, 3000)
     (tmp_path / "probe_target.py").write_text("def noop(chunk):\n    return None\n")
-    out = run_snippet("chunk_size_probe.py", {"KEYSET_REDIS_URL": redis_url, "PYTHONPATH": str(tmp_path)},
-                      sqlite_url, "events", "seq", "probe_target:noop", "2000")
+    out = run_snippet(
+        "chunk_size_probe.py",
+        {"KEYSET_REDIS_URL": redis_url, "PYTHONPATH": str(tmp_path)},
+        sqlite_url,
+        "events",
+        "seq",
+        "probe_target:noop",
+        "2000",
+    )
     lines = out.strip().splitlines()
     assert lines[0].split() == ["chunk_size", "rows/s", "ms/chunk"]
-    assert [int(line.split()[0].replace(",", "")) for line in lines[1:]] == [100, 500, 1000, 5000, 10000]
+    assert [int(line.split()[0].replace(",", "")) for line in lines[1:]] == [
+        100,
+        500,
+        1000,
+        5000,
+        10000,
+    ]
 
 
 def _airflow_env(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "AIRFLOW_HOME": str(tmp), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp / 'airflow.db'}", "PYTHONPATH": str(SNIPPETS)}
+    return {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp / 'airflow.db'}",
+        "PYTHONPATH": str(SNIPPETS),
+    }
 
 
 def test_dag_with_pool_parses(tmp_path: Path) -> None:
@@ -273,13 +357,26 @@ print(json.dumps({{"tasks": sorted(dag.task_dict), "pool": t.partial_kwargs.get(
     "processor": t.partial_kwargs.get("processor"), "deferrable": b.deferrable,
     "max_dead": b.max_dead_letters, "upstream": sorted(b.upstream_task_ids)}}))
 """
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=_airflow_env(tmp_path),
-                          timeout=240, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=_airflow_env(tmp_path),
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got == {"tasks": ["barrier", "plan", "traverse"], "pool": "coupons_db_writers", "per_run": 4,
-                   "retries": 3, "processor": "coupon_processors:expire_coupons", "deferrable": True,
-                   "max_dead": 100, "upstream": ["traverse"]}
+    assert got == {
+        "tasks": ["barrier", "plan", "traverse"],
+        "pool": "coupons_db_writers",
+        "per_run": 4,
+        "retries": 3,
+        "processor": "coupon_processors:expire_coupons",
+        "deferrable": True,
+        "max_dead": 100,
+        "upstream": ["traverse"],
+    }
 
 
 # ------------------------------------------------------------------------------------ throwaway Redis servers
@@ -310,8 +407,10 @@ def _free_cluster_port() -> int:
 def _redis_server() -> str:
     found = shutil.which("redis-server")
     if not found:
-        pytest.fail("redis-server (with TLS support) is needed for the Redis TLS/Cluster docs tests; "
-                    "install the Debian package redis-server")
+        pytest.fail(
+            "redis-server (with TLS support) is needed for the Redis TLS/Cluster docs tests; "
+            "install the Debian package redis-server"
+        )
     return found
 
 
@@ -335,22 +434,91 @@ def tls_redis() -> Iterator[TlsRedis]:
     def sh(*args: str) -> None:
         subprocess.run([ssl, *args], cwd=tmp, check=True, capture_output=True, timeout=60)
 
-    sh("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-       "-subj", "/CN=keyset-test-ca")
-    sh("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
+    sh(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=keyset-test-ca",
+    )
+    sh(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    )
     (tmp / "ext.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    sh("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-       "-out", "server.crt", "-days", "2", "-extfile", "ext.cnf")
+    sh(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    )
     port, password = _free_port(), "s3cret"
     proc = subprocess.Popen(
-        [server, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1", "--tls-cert-file", "server.crt",
-         "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt", "--tls-auth-clients", "no",
-         "--requirepass", password, "--save", "", "--appendonly", "no", "--dir", str(tmp),
-         "--logfile", str(tmp / "redis.log")],
-        cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            server,
+            "--port",
+            "0",
+            "--tls-port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--tls-cert-file",
+            "server.crt",
+            "--tls-key-file",
+            "server.key",
+            "--tls-ca-cert-file",
+            "ca.crt",
+            "--tls-auth-clients",
+            "no",
+            "--requirepass",
+            password,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp),
+            "--logfile",
+            str(tmp / "redis.log"),
+        ],
+        cwd=tmp,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"rediss://:{password}@localhost:{port}/0"
     try:
-        _wait(lambda: redis.Redis.from_url(url, ssl_ca_certs=str(tmp / "ca.crt")).ping(), proc, tmp / "redis.log")
+        _wait(
+            lambda: redis.Redis.from_url(url, ssl_ca_certs=str(tmp / "ca.crt")).ping(),
+            proc,
+            tmp / "redis.log",
+        )
         yield TlsRedis(url, port, password, str(tmp / "ca.crt"))
     finally:
         proc.terminate()
@@ -373,11 +541,32 @@ def redis_cluster() -> Iterator[str]:
         for port in ports:
             node = tmp / str(port)
             node.mkdir()
-            procs.append(subprocess.Popen(
-                [server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                 "--cluster-config-file", "nodes.conf", "--save", "", "--appendonly", "no", "--dir", str(node),
-                 "--logfile", str(node / "redis.log")],
-                cwd=node, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        server,
+                        "--port",
+                        str(port),
+                        "--bind",
+                        "127.0.0.1",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--save",
+                        "",
+                        "--appendonly",
+                        "no",
+                        "--dir",
+                        str(node),
+                        "--logfile",
+                        str(node / "redis.log"),
+                    ],
+                    cwd=node,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         clients = [redis.Redis(port=p) for p in ports]
         for c, proc, port in zip(clients, procs, ports, strict=True):
             _wait(c.ping, proc, tmp / str(port) / "redis.log")
@@ -421,24 +610,45 @@ def _wait(check: Any, proc: subprocess.Popen[bytes], log: Path, timeout: float =
 
 def test_redis_tls_auth_snippet(tls_redis: TlsRedis, sqlite_url: str, key_prefix: str) -> None:
     make_events(sqlite_url, 50)
-    env = {"KEYSET_REDIS_URL": tls_redis.url, "KEYSET_REDIS_CA": tls_redis.ca, "KEYSET_SOURCE_URL": sqlite_url,
-           "KEYSET_KEY_PREFIX": key_prefix}
+    env = {
+        "KEYSET_REDIS_URL": tls_redis.url,
+        "KEYSET_REDIS_CA": tls_redis.ca,
+        "KEYSET_SOURCE_URL": sqlite_url,
+        "KEYSET_KEY_PREFIX": key_prefix,
+    }
     assert run_snippet("redis_tls_auth.py", env).strip() == "r1"
     wrong = {**env, "KEYSET_REDIS_URL": tls_redis.url.replace(tls_redis.password, "wrong")}
-    proc = subprocess.run([sys.executable, str(SNIPPETS / "redis_tls_auth.py")], capture_output=True, text=True,
-                          env={**os.environ, **wrong}, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(SNIPPETS / "redis_tls_auth.py")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **wrong},
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode != 0 and "AuthenticationError" in proc.stderr
     # the CLI reads the same server with the same URL (the CA as a URL query parameter)
     out, err = io.StringIO(), io.StringIO()
-    code = main(["status", "events-nightly", "--json", "--key-prefix", key_prefix,
-                 "--redis-url", f"{tls_redis.url}?ssl_ca_certs={tls_redis.ca}&ssl_cert_reqs=required"],
-                stdout=out, stderr=err)
+    code = main(
+        [
+            "status",
+            "events-nightly",
+            "--json",
+            "--key-prefix",
+            key_prefix,
+            "--redis-url",
+            f"{tls_redis.url}?ssl_ca_certs={tls_redis.ca}&ssl_cert_reqs=required",
+        ],
+        stdout=out,
+        stderr=err,
+    )
     assert code == 0, err.getvalue()
     assert json.loads(out.getvalue())["open_rounds"] == ["r1"]
 
 
-def test_airflow_redis_connection_snippet(tls_redis: TlsRedis, tmp_path: Path, sqlite_url: str,
-                                          key_prefix: str) -> None:
+def test_airflow_redis_connection_snippet(
+    tls_redis: TlsRedis, tmp_path: Path, sqlite_url: str, key_prefix: str
+) -> None:
     """The printed connection, pointed at the test server, works for the provider's hook and the CLI."""
     out = run_snippet("airflow_redis_connection.py", {})
     exported = re.fullmatch(r"export AIRFLOW_CONN_KEYSET_REDIS='(.*)'", out.strip())
@@ -448,28 +658,68 @@ def test_airflow_redis_connection_snippet(tls_redis: TlsRedis, tmp_path: Path, s
     conn.update(host="localhost", port=tls_redis.port)
     conn["extra"]["ssl_ca_certs"] = tls_redis.ca
     env = {**_airflow_env(tmp_path), "AIRFLOW_CONN_KEYSET_REDIS": json.dumps(conn)}
-    probe = ("from airflow_keyset_provider.hooks.keyset import KeysetHook\n"
-             "print(KeysetHook(redis_conn_id='keyset_redis').redis_client().ping())\n")
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=240,
-                          check=False)
+    probe = (
+        "from airflow_keyset_provider.hooks.keyset import KeysetHook\n"
+        "print(KeysetHook(redis_conn_id='keyset_redis').redis_client().ping())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("True"), proc.stderr[-3000:]
     cli = Path(sys.executable).parent / "airflow-keyset"
-    proc = subprocess.run([str(cli), "status", "--redis-conn-id", "keyset_redis", "--key-prefix", key_prefix],
-                          capture_output=True, text=True, env=env, timeout=240, check=False)
-    assert proc.returncode == 0 and "no streams under key prefix" in proc.stdout, proc.stderr[-3000:]
+    proc = subprocess.run(
+        [str(cli), "status", "--redis-conn-id", "keyset_redis", "--key-prefix", key_prefix],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0 and "no streams under key prefix" in proc.stdout, proc.stderr[
+        -3000:
+    ]
 
 
 def test_redis_cluster_snippet(redis_cluster: str, sqlite_url: str, key_prefix: str) -> None:
     make_events(sqlite_url, 120)
-    env = {"KEYSET_CLUSTER_URL": redis_cluster, "KEYSET_SOURCE_URL": sqlite_url, "KEYSET_KEY_PREFIX": key_prefix}
+    env = {
+        "KEYSET_CLUSTER_URL": redis_cluster,
+        "KEYSET_SOURCE_URL": sqlite_url,
+        "KEYSET_KEY_PREFIX": key_prefix,
+    }
     out = run_snippet("redis_cluster.py", env)
     totals = ast.literal_eval(out.strip())
-    assert {"watermark": 120} | totals == {"round_id": "r1", "start_key": None, "end_key": 120, "done": 120,
-                                          "skipped": 0, "dead": 0, "watermark": 120}  # watermark: newer engines
+    assert {"watermark": 120} | totals == {
+        "round_id": "r1",
+        "start_key": None,
+        "end_key": 120,
+        "done": 120,
+        "skipped": 0,
+        "dead": 0,
+        "watermark": 120,
+    }  # watermark: newer engines
     # the CLI finds the stream with SCAN on every node of the cluster
     buf = io.StringIO()
-    assert main(["status", "--cluster", "--redis-url", redis_cluster, "--key-prefix", key_prefix, "--json"],
-                stdout=buf) == 0
+    assert (
+        main(
+            [
+                "status",
+                "--cluster",
+                "--redis-url",
+                redis_cluster,
+                "--key-prefix",
+                key_prefix,
+                "--json",
+            ],
+            stdout=buf,
+        )
+        == 0
+    )
     [stream] = json.loads(buf.getvalue())["streams"]
     assert (stream["stream"], stream["watermark"]) == ("events-nightly", 120)
 
@@ -496,31 +746,48 @@ def _doc_tables() -> dict[str, list[list[str]]]:
     tables: dict[str, list[list[str]]] = {}
     for section in re.split(r"(?m)^## ", text)[1:]:
         title, _, body = section.partition("\n")
-        rows = [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-                for line in body.splitlines() if line.startswith("| `")]
+        rows = [
+            [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            for line in body.splitlines()
+            if line.startswith("| `")
+        ]
         tables[title.strip()] = rows
     return tables
 
 
 def test_operator_reference_matches_the_code(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", _SIGNATURES], capture_output=True, text=True,
-                          env=_airflow_env(tmp_path), timeout=240, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SIGNATURES],
+        capture_output=True,
+        text=True,
+        env=_airflow_env(tmp_path),
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     code = json.loads(proc.stdout.strip().splitlines()[-1])
     tables = _doc_tables()
     for cls, info in code.items():
         rows = tables[cls]
         documented = {row[0].strip("`"): row for row in rows}
-        assert list(documented) == list(info["params"]), f"{cls}: documented parameters differ from the signature"
+        assert list(documented) == list(info["params"]), (
+            f"{cls}: documented parameters differ from the signature"
+        )
         for name, default in info["params"].items():
             cell = documented[name][1]
             if default is None:
                 assert cell == "required", f"{cls}.{name} is required, the docs say {cell}"
             elif "default_deferrable" not in cell:
-                assert cell == f"`{default}`", f"{cls}.{name}: default {default}, the docs say {cell}"
+                assert cell == f"`{default}`", (
+                    f"{cls}.{name}: default {default}, the docs say {cell}"
+                )
             templated = documented[name][2] == "yes"
-            assert templated == (name in info["template_fields"]), f"{cls}.{name}: templated is {not templated}"
-        assert set(info["template_fields"]) <= set(documented), f"{cls}: undocumented template fields"
+            assert templated == (name in info["template_fields"]), (
+                f"{cls}.{name}: templated is {not templated}"
+            )
+        assert set(info["template_fields"]) <= set(documented), (
+            f"{cls}: undocumented template fields"
+        )
 
 
 # ------------------------------------------------------------------------------------ error texts
@@ -551,7 +818,11 @@ def _source_segments(path: Path) -> list[str]:
     out: list[str] = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.JoinedStr):
-            out.extend("".join(v.value if isinstance(v, ast.Constant) else "\x00" for v in node.values).split("\x00"))
+            out.extend(
+                "".join(
+                    v.value if isinstance(v, ast.Constant) else "\x00" for v in node.values
+                ).split("\x00")
+            )
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             out.append(node.value)
     return out
@@ -566,26 +837,36 @@ def _in_source(relpath: str, *phrases: str) -> None:
         assert phrase in doc, f"troubleshooting.md does not quote {phrase!r}"
 
 
-def test_troubleshooting_quotes_key_validation_errors(pg_schema_url: str, pg_engine: sa.Engine, redis_url: str,
-                                                     key_prefix: str) -> None:
+def test_troubleshooting_quotes_key_validation_errors(
+    pg_schema_url: str, pg_engine: sa.Engine, redis_url: str, key_prefix: str
+) -> None:
     from airflow_keyset_provider.core import KeysetTraversal
     from airflow_keyset_provider.core.source import _BYTE_ORDER_COLLATIONS
 
     # A collation that does not order by code point, if the server can use one (ICU or an OS
     # locale); a server built without ICU and without locales (the embedded one) has none at all.
     with pg_engine.connect() as c:
-        candidates = c.execute(sa.text(
-            "SELECT collname FROM pg_collation WHERE collencoding IN (-1, pg_char_to_encoding('UTF8')) "
-            "AND NOT collname = ANY(:byte_order) ORDER BY collname = 'en-US-x-icu' DESC, collname"),
-            {"byte_order": sorted(_BYTE_ORDER_COLLATIONS | {"default"})}).scalars().all()
+        candidates = (
+            c.execute(
+                sa.text(
+                    "SELECT collname FROM pg_collation WHERE collencoding IN (-1, pg_char_to_encoding('UTF8')) "
+                    "AND NOT collname = ANY(:byte_order) ORDER BY collname = 'en-US-x-icu' DESC, collname"
+                ),
+                {"byte_order": sorted(_BYTE_ORDER_COLLATIONS | {"default"})},
+            )
+            .scalars()
+            .all()
+        )
     other = None
     for name in [*candidates, None]:
         collate = f'COLLATE "{name}"' if name else ""
         try:
             with pg_engine.begin() as c:
-                c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL, "
-                                  "created_at timestamptz, score float8 NOT NULL UNIQUE, "
-                                  f"name text {collate} NOT NULL UNIQUE)")
+                c.exec_driver_sql(
+                    "CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL, "
+                    "created_at timestamptz, score float8 NOT NULL UNIQUE, "
+                    f"name text {collate} NOT NULL UNIQUE)"
+                )
         except sa.exc.DBAPIError:  # listed but unusable here (e.g. ICU in a build without ICU)
             continue
         other = name
@@ -593,43 +874,78 @@ def test_troubleshooting_quotes_key_validation_errors(pg_schema_url: str, pg_eng
     with pg_engine.begin() as c:
         c.exec_driver_sql("CREATE TABLE events_copy (seq bigint NOT NULL, payload text)")
         c.exec_driver_sql("CREATE INDEX ON events_copy (seq)")
-        c.exec_driver_sql("CREATE TABLE pairs (a bigint NOT NULL, b bigint NOT NULL, PRIMARY KEY (b, a))")
-        c.exec_driver_sql("INSERT INTO events SELECT g, 'p', now(), g, 'n' || g FROM generate_series(1, 100) g")
+        c.exec_driver_sql(
+            "CREATE TABLE pairs (a bigint NOT NULL, b bigint NOT NULL, PRIMARY KEY (b, a))"
+        )
+        c.exec_driver_sql(
+            "INSERT INTO events SELECT g, 'p', now(), g, 'n' || g FROM generate_series(1, 100) g"
+        )
 
     def plan(table: str, key: Any, **kw: Any) -> str:
-        t = KeysetTraversal(pg_schema_url, table, key, redis_url=redis_url, stream="errs", key_prefix=key_prefix)
+        t = KeysetTraversal(
+            pg_schema_url, table, key, redis_url=redis_url, stream="errs", key_prefix=key_prefix
+        )
         try:
             return _raised(lambda: t.plan(**kw))
         finally:
             t.close()
 
-    _quoted(plan("nope", "seq"), "does not exist (dialect postgresql). Check the name and schema ('schema.table'), "
-            "and that the connection points at the right database.")
-    _quoted(plan("events", "nope"), "column 'nope' does not exist in '",
-            "'; its columns are ['created_at', 'name', 'payload', 'score', 'seq']")
-    _quoted(plan("events", "created_at"), "key column 'created_at' of '",
-            "' is nullable: NULL keys have no place in the order and would be skipped. Fix: ALTER TABLE ",
-            " ALTER COLUMN created_at SET NOT NULL (after filling NULLs).")
-    _quoted(plan("events_copy", "seq"), "' is not unique: no primary key, unique constraint or unique index covers "
-            "it, so two rows could share a cursor position and one would be skipped. Fix: CREATE UNIQUE INDEX ON ",
-            " (seq), or add the primary key as the last key column, e.g. key=['created_at', 'id'].")
-    _quoted(plan("pairs", ["a", "b"]), "' starts with the key columns (a, b) in that order; every chunk would scan "
-            "the table. Fix: CREATE INDEX ON ")
-    _quoted(plan("events", "score"), "key column 'score' has type DOUBLE PRECISION, whose values are not exact or "
-            "not unique enough to order by. Use an integer, text, timestamp, date, UUID or numeric column.")
-    collation_tail = ("which does not order by code point, so cursors compared in Redis would disagree with the "
-                      "database. Fix: ALTER TABLE ")
+    _quoted(
+        plan("nope", "seq"),
+        "does not exist (dialect postgresql). Check the name and schema ('schema.table'), "
+        "and that the connection points at the right database.",
+    )
+    _quoted(
+        plan("events", "nope"),
+        "column 'nope' does not exist in '",
+        "'; its columns are ['created_at', 'name', 'payload', 'score', 'seq']",
+    )
+    _quoted(
+        plan("events", "created_at"),
+        "key column 'created_at' of '",
+        "' is nullable: NULL keys have no place in the order and would be skipped. Fix: ALTER TABLE ",
+        " ALTER COLUMN created_at SET NOT NULL (after filling NULLs).",
+    )
+    _quoted(
+        plan("events_copy", "seq"),
+        "' is not unique: no primary key, unique constraint or unique index covers "
+        "it, so two rows could share a cursor position and one would be skipped. Fix: CREATE UNIQUE INDEX ON ",
+        " (seq), or add the primary key as the last key column, e.g. key=['created_at', 'id'].",
+    )
+    _quoted(
+        plan("pairs", ["a", "b"]),
+        "' starts with the key columns (a, b) in that order; every chunk would scan "
+        "the table. Fix: CREATE INDEX ON ",
+    )
+    _quoted(
+        plan("events", "score"),
+        "key column 'score' has type DOUBLE PRECISION, whose values are not exact or "
+        "not unique enough to order by. Use an integer, text, timestamp, date, UUID or numeric column.",
+    )
+    collation_tail = (
+        "which does not order by code point, so cursors compared in Redis would disagree with the "
+        "database. Fix: ALTER TABLE "
+    )
     if other:
-        _quoted(plan("events", "name"), f"text key column 'name' uses collation '{other}', {collation_tail}",
-                " ALTER COLUMN name TYPE text COLLATE \"C\" (or page by another key).")
+        _quoted(
+            plan("events", "name"),
+            f"text key column 'name' uses collation '{other}', {collation_tail}",
+            ' ALTER COLUMN name TYPE text COLLATE "C" (or page by another key).',
+        )
     else:  # every collation here orders by code point: the refusal cannot happen, so check its text
         _in_source("core/source.py", collation_tail)
-    _quoted(plan("events", "seq", start_key=50, end_key=10), "start_key 50 is above end_key 10: a round is start < key <= end")
-    _quoted(plan("events", "seq", start_key="x"), "start_key='x' (str) does not fit a int key column")
+    _quoted(
+        plan("events", "seq", start_key=50, end_key=10),
+        "start_key 50 is above end_key 10: a round is start < key <= end",
+    )
+    _quoted(
+        plan("events", "seq", start_key="x"), "start_key='x' (str) does not fit a int key column"
+    )
 
 
-def test_troubleshooting_quotes_runtime_errors(pg_schema_url: str, pg_engine: sa.Engine, pg_url: str, redis_url: str,
-                                              key_prefix: str) -> None:
+def test_troubleshooting_quotes_runtime_errors(
+    pg_schema_url: str, pg_engine: sa.Engine, pg_url: str, redis_url: str, key_prefix: str
+) -> None:
     import threading
 
     import psycopg2
@@ -640,18 +956,30 @@ def test_troubleshooting_quotes_runtime_errors(pg_schema_url: str, pg_engine: sa
     make_events(pg_schema_url, 100)
 
     def traversal(**kw: Any) -> KeysetTraversal:
-        return KeysetTraversal(pg_schema_url, "events", "seq", redis_url=redis_url, stream="events-nightly",
-                               key_prefix=key_prefix, **kw)
+        return KeysetTraversal(
+            pg_schema_url,
+            "events",
+            "seq",
+            redis_url=redis_url,
+            stream="events-nightly",
+            key_prefix=key_prefix,
+            **kw,
+        )
 
     # commit order: a session inserts and stays idle in its transaction
     dsn = sa.make_url(pg_url)
-    conn = psycopg2.connect(host=dsn.host, port=dsn.port, user=dsn.username, password=dsn.password, dbname=dsn.database)
+    conn = psycopg2.connect(
+        host=dsn.host, port=dsn.port, user=dsn.username, password=dsn.password, dbname=dsn.database
+    )
     try:
         conn.cursor().execute("SELECT txid_current()")  # opens a transaction and keeps it open
         t = traversal(commit_wait_timeout=0.5)
-        _quoted(_raised(t.plan), " transaction(s) open when the upper bound of '",
-                "(idle in transaction). A key they hold could fall inside the round, so no round was saved. Let them "
-                "finish (or terminate them), or raise commit_wait_timeout.")
+        _quoted(
+            _raised(t.plan),
+            " transaction(s) open when the upper bound of '",
+            "(idle in transaction). A key they hold could fall inside the round, so no round was saved. Let them "
+            "finish (or terminate them), or raise commit_wait_timeout.",
+        )
         t.close()
     finally:
         conn.rollback()
@@ -663,14 +991,24 @@ def test_troubleshooting_quotes_runtime_errors(pg_schema_url: str, pg_engine: sa
     def down(chunk: Any) -> None:
         raise RetryableError("HTTP 503 from dispatch-api")
 
-    _quoted(_raised(lambda: t.traverse(rnd.round_id, 0, down, max_chunk_attempts=2, backoff_base=0.001)),
-            "round r1 range 0: the processor's dependency failed ",
-            " times in a row (last: RetryableError: HTTP 503 from dispatch-api); the cursor stays at ",
-            ", nothing was skipped. An Airflow retry (or a new traverse) resumes from there.")
-    _quoted(_raised(lambda: t.traverse(rnd.round_id, 0, lambda chunk: {"failed": {}})),
-            "processor returned dict; it must return ChunkResult or None. Nothing of round r1 range 0 was committed.")
-    _quoted(_raised(lambda: t.traverse(rnd.round_id, 0, lambda chunk: ChunkResult(failed={99999: "x"}))),
-            "ChunkResult.failed names key 99999, which is not in the chunk")
+    _quoted(
+        _raised(
+            lambda: t.traverse(rnd.round_id, 0, down, max_chunk_attempts=2, backoff_base=0.001)
+        ),
+        "round r1 range 0: the processor's dependency failed ",
+        " times in a row (last: RetryableError: HTTP 503 from dispatch-api); the cursor stays at ",
+        ", nothing was skipped. An Airflow retry (or a new traverse) resumes from there.",
+    )
+    _quoted(
+        _raised(lambda: t.traverse(rnd.round_id, 0, lambda chunk: {"failed": {}})),
+        "processor returned dict; it must return ChunkResult or None. Nothing of round r1 range 0 was committed.",
+    )
+    _quoted(
+        _raised(
+            lambda: t.traverse(rnd.round_id, 0, lambda chunk: ChunkResult(failed={99999: "x"}))
+        ),
+        "ChunkResult.failed names key 99999, which is not in the chunk",
+    )
 
     # a live owner holds range 1
     inside, release = threading.Event(), threading.Event()
@@ -680,16 +1018,30 @@ def test_troubleshooting_quotes_runtime_errors(pg_schema_url: str, pg_engine: sa
         inside.set()
         assert release.wait(60)
 
-    worker = threading.Thread(target=holder.traverse, args=(rnd.round_id, 1, block), kwargs={"lease_seconds": 60})
+    worker = threading.Thread(
+        target=holder.traverse, args=(rnd.round_id, 1, block), kwargs={"lease_seconds": 60}
+    )
     worker.start()
     try:
         assert inside.wait(30)
-        _quoted(_raised(lambda: t.traverse(rnd.round_id, 1, lambda chunk: None, claim_timeout=0.5, lease_seconds=1)),
-                "round r1 range 1 is held by live owner ",
-                " (lease renewed by heartbeats); gave up after ",
-                " s. If that worker is gone, its lease expires by itself; otherwise let it finish.")
-        _quoted(_raised(lambda: t.traverse(rnd.round_id, 1, lambda chunk: None, claim_timeout=0.2, lease_seconds=100)),
-                "round r1 range 1 is still held by ")
+        _quoted(
+            _raised(
+                lambda: t.traverse(
+                    rnd.round_id, 1, lambda chunk: None, claim_timeout=0.5, lease_seconds=1
+                )
+            ),
+            "round r1 range 1 is held by live owner ",
+            " (lease renewed by heartbeats); gave up after ",
+            " s. If that worker is gone, its lease expires by itself; otherwise let it finish.",
+        )
+        _quoted(
+            _raised(
+                lambda: t.traverse(
+                    rnd.round_id, 1, lambda chunk: None, claim_timeout=0.2, lease_seconds=100
+                )
+            ),
+            "round r1 range 1 is still held by ",
+        )
         msg = _raised(lambda: t.close_round(rnd.round_id))
         _quoted(msg, "round r1: 2 range(s) not complete: range 0 at ", "range 1 at ", " (running, ")
     finally:
@@ -701,54 +1053,107 @@ def test_troubleshooting_quotes_runtime_errors(pg_schema_url: str, pg_engine: sa
     store = t.store
     claim = store.claim(rnd.round_id, 0, "a#1", "", 60_000)
     assert not isinstance(claim, tuple)
-    _quoted(_raised(lambda: store.advance(rnd.round_id, 0, "b#2", claim.cursor, claim.cursor, done=0, skipped=0,
-                                          lease_ms=1000, max_item_attempts=3)),
-            " of round r1 (stream 'events-nightly') is now owned by ",
-            "; this worker lost its lease and its advance was refused (fencing)")
+    _quoted(
+        _raised(
+            lambda: store.advance(
+                rnd.round_id,
+                0,
+                "b#2",
+                claim.cursor,
+                claim.cursor,
+                done=0,
+                skipped=0,
+                lease_ms=1000,
+                max_item_attempts=3,
+            )
+        ),
+        " of round r1 (stream 'events-nightly') is now owned by ",
+        "; this worker lost its lease and its advance was refused (fencing)",
+    )
     store.release(rnd.round_id, 0, "a#1")
     store.claim(rnd.round_id, 0, "c#3", "", 1)
     time.sleep(0.01)  # let the 1 ms lease run out
-    _quoted(_raised(lambda: store.advance(rnd.round_id, 0, "c#3", claim.cursor, claim.cursor, done=0, skipped=0,
-                                          lease_ms=1000, max_item_attempts=3)),
-            "the lease on range ", " of round r1 (stream 'events-nightly') expired before the advance; refused (fencing)")
+    _quoted(
+        _raised(
+            lambda: store.advance(
+                rnd.round_id,
+                0,
+                "c#3",
+                claim.cursor,
+                claim.cursor,
+                done=0,
+                skipped=0,
+                lease_ms=1000,
+                max_item_attempts=3,
+            )
+        ),
+        "the lease on range ",
+        " of round r1 (stream 'events-nightly') expired before the advance; refused (fencing)",
+    )
     _in_source("core/range_run.py", "lease lost; chunk not committed")
 
     # lost state
     store.client.delete(store.range_key(rnd.round_id, 0))
-    _quoted(_raised(lambda: t.traverse(rnd.round_id, 0, lambda chunk: None)),
-            "range 0 of round r1 (stream 'events-nightly') has no state in Redis; it was lost, not finished. "
-            "Re-plan or restore from the checkpoint mirror.")
+    _quoted(
+        _raised(lambda: t.traverse(rnd.round_id, 0, lambda chunk: None)),
+        "range 0 of round r1 (stream 'events-nightly') has no state in Redis; it was lost, not finished. "
+        "Re-plan or restore from the checkpoint mirror.",
+    )
     store.client.delete(store.round_key(rnd.round_id))
-    _quoted(_raised(lambda: t.traverse(rnd.round_id, 0, lambda chunk: None)),
-            "round r1 of stream 'events-nightly' has no state in Redis (flushed, evicted or restarted without "
-            "persistence). Nothing was read as complete. Re-plan the round or restore it from its checkpoint mirror "
-            "(see docs/reliability.md).")
+    _quoted(
+        _raised(lambda: t.traverse(rnd.round_id, 0, lambda chunk: None)),
+        "round r1 of stream 'events-nightly' has no state in Redis (flushed, evicted or restarted without "
+        "persistence). Nothing was read as complete. Re-plan the round or restore it from its checkpoint mirror "
+        "(see docs/reliability.md).",
+    )
     t.close()
 
     # a traverse with another where than the plan's
     t = traversal()
     rnd2 = t.plan(max_ranges=1, start_key=0, end_key=10)
-    other = KeysetTraversal(pg_schema_url, "events", "seq", redis_url=redis_url, stream="events-nightly",
-                            key_prefix=key_prefix, where="payload <> ''")
-    _quoted(_raised(lambda: other.traverse(rnd2.round_id, 0, lambda chunk: None)),
-            " was planned over {", "; traverse it with the same table, key and where")
+    other = KeysetTraversal(
+        pg_schema_url,
+        "events",
+        "seq",
+        redis_url=redis_url,
+        stream="events-nightly",
+        key_prefix=key_prefix,
+        where="payload <> ''",
+    )
+    _quoted(
+        _raised(lambda: other.traverse(rnd2.round_id, 0, lambda chunk: None)),
+        " was planned over {",
+        "; traverse it with the same table, key and where",
+    )
     other.close()
     t.close()
 
-    unreachable = KeysetTraversal(pg_schema_url, "events", "seq", redis_url="redis://127.0.0.1:1/0", stream="x")
-    _quoted(_raised(unreachable.plan), "Redis is unreachable (Error 111 connecting to 127.0.0.1:",
-            "); nothing was written. Check the Redis connection (host, port, password, TLS) and that the server is "
-            "running.")
+    unreachable = KeysetTraversal(
+        pg_schema_url, "events", "seq", redis_url="redis://127.0.0.1:1/0", stream="x"
+    )
+    _quoted(
+        _raised(unreachable.plan),
+        "Redis is unreachable (Error 111 connecting to 127.0.0.1:",
+        "); nothing was written. Check the Redis connection (host, port, password, TLS) and that the server is "
+        "running.",
+    )
     unreachable.close()
 
 
 def test_troubleshooting_quotes_the_airflow_adapters() -> None:
-    _in_source("sensors/keyset.py", " is not complete after ", " s. Lagging ranges: ",
-               ". The round stays open and the watermark did not move. Inspect the dead letters "
-               "(StreamControl.dead_letters), then raise the limit and clear this task, or reset the round to "
-               "traverse it again.")
-    _in_source("hooks/keyset.py", " is not defined. Create it in the Airflow UI (Admin > Connections, type ",
-               "; it must be of type ")
+    _in_source(
+        "sensors/keyset.py",
+        " is not complete after ",
+        " s. Lagging ranges: ",
+        ". The round stays open and the watermark did not move. Inspect the dead letters "
+        "(StreamControl.dead_letters), then raise the limit and clear this task, or reset the round to "
+        "traverse it again.",
+    )
+    _in_source(
+        "hooks/keyset.py",
+        " is not defined. Create it in the Airflow UI (Admin > Connections, type ",
+        "; it must be of type ",
+    )
     _in_source("core/range_claim.py", " s more; waiting")
 
 

@@ -40,8 +40,9 @@ def _keys_under(client: redis.Redis, prefix: str) -> list[bytes]:
     return list(client.scan_iter(match=f"{prefix}:*", count=1000))
 
 
-def test_run_processor_returns_totals_and_dead_letters(events_url: str, redis_url: str, redis_client: redis.Redis,
-                                                        run_prefix: str) -> None:
+def test_run_processor_returns_totals_and_dead_letters(
+    events_url: str, redis_url: str, redis_client: redis.Redis, run_prefix: str
+) -> None:
     during: list[int] = []
 
     def processor(chunk):  # type: ignore[no-untyped-def]
@@ -65,45 +66,64 @@ def test_where_rows_and_bounds_restrict_the_round(events_url: str, redis_url: st
     def record(chunk):  # type: ignore[no-untyped-def]
         seen.extend(chunk.keys)
 
-    run = run_processor(record, events_url, "events", "seq", redis_url=redis_url, where="seq % 2 = 0",
-                        rows=10, max_ranges=3, chunk_size=4)
+    run = run_processor(
+        record,
+        events_url,
+        "events",
+        "seq",
+        redis_url=redis_url,
+        where="seq % 2 = 0",
+        rows=10,
+        max_ranges=3,
+        chunk_size=4,
+    )
     assert seen == list(range(2, 21, 2)) and run.done == 10 and run.end_key == 20
     seen.clear()
     run = run_processor(record, events_url, "events", "seq", redis_url=redis_url, start_key=390)
     assert seen == list(range(391, 401)) and run.done == 10
     seen.clear()
-    run = run_processor(record, events_url, "events", "seq", redis_url=redis_url, start_key=100, end_key=105)
+    run = run_processor(
+        record, events_url, "events", "seq", redis_url=redis_url, start_key=100, end_key=105
+    )
     assert seen == [101, 102, 103, 104, 105]
     seen.clear()
     run = run_processor(record, events_url, "events", "seq", redis_url=redis_url, rows=0)
     assert seen == [] and run.items == 0
 
 
-def test_errors_propagate_and_keys_are_still_cleaned_up(events_url: str, redis_url: str, redis_client: redis.Redis,
-                                                        run_prefix: str) -> None:
+def test_errors_propagate_and_keys_are_still_cleaned_up(
+    events_url: str, redis_url: str, redis_client: redis.Redis, run_prefix: str
+) -> None:
     def down(chunk):  # type: ignore[no-untyped-def]
         raise RetryableError("downstream API answers 503")
 
     with pytest.raises(DependencyFailedError, match="downstream API answers 503"):
         run_processor(down, events_url, "events", "seq", redis_url=redis_url, max_chunk_attempts=2)
     with pytest.raises(ProcessorContractError):
-        run_processor(lambda chunk: {"failed": []}, events_url, "events", "seq", redis_url=redis_url)
+        run_processor(
+            lambda chunk: {"failed": []}, events_url, "events", "seq", redis_url=redis_url
+        )
     with pytest.raises(KeyValidationError, match="payload"):
         run_processor(lambda chunk: None, events_url, "events", "payload", redis_url=redis_url)
     with pytest.raises(ConfigurationError, match="rows or end_key"):
-        run_processor(lambda chunk: None, events_url, "events", "seq", redis_url=redis_url, rows=3, end_key=9)
+        run_processor(
+            lambda chunk: None, events_url, "events", "seq", redis_url=redis_url, rows=3, end_key=9
+        )
     assert _keys_under(redis_client, run_prefix) == []
 
 
-def test_processor_given_as_a_dotted_path_and_no_airflow_import(sqlite_url: str, redis_url: str,
-                                                                tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_processor_given_as_a_dotted_path_and_no_airflow_import(
+    sqlite_url: str, redis_url: str, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
     make_events(sqlite_url, 30)
-    (tmp_path / "my_dag_processors.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_dag_processors.py").write_text(
+        textwrap.dedent("""
         from airflow_keyset_provider import ChunkResult
 
         def enrich(chunk):
             return ChunkResult(skipped=[k for k in chunk.keys if k > 25])
-    """))
+    """)
+    )
     probe = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(tmp_path)!r})
@@ -113,5 +133,7 @@ def test_processor_given_as_a_dotted_path_and_no_airflow_import(sqlite_url: str,
         assert not [m for m in sys.modules if m == "airflow" or m.startswith("airflow.")]
         print("ok")
     """)
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]

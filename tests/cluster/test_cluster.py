@@ -44,8 +44,15 @@ def events(pg_engine: sa.Engine) -> int:
 
 
 def _traversal(pg_schema_url: str, cluster_url: str, prefix: str, **kw: Any) -> KeysetTraversal:
-    return KeysetTraversal(pg_schema_url, "events", "seq", redis_url=cluster_url,
-                           stream="events-cluster", key_prefix=prefix, **kw)
+    return KeysetTraversal(
+        pg_schema_url,
+        "events",
+        "seq",
+        redis_url=cluster_url,
+        stream="events-cluster",
+        key_prefix=prefix,
+        **kw,
+    )
 
 
 def _poison(chunk: Any) -> Any:
@@ -60,8 +67,14 @@ def test_round_end_to_end_on_a_cluster(events, pg_schema_url, cluster_url, prefi
     rnd = t.plan(max_ranges=4)
     assert len(rnd.ranges) == 4
     for spec in rnd.ranges:
-        res = t.traverse(rnd.round_id, spec.range_id, _poison, chunk_size=50,
-                         max_item_attempts=1, item_retry_delay=0)
+        res = t.traverse(
+            rnd.round_id,
+            spec.range_id,
+            _poison,
+            chunk_size=50,
+            max_item_attempts=1,
+            item_retry_delay=0,
+        )
         assert res.complete
     check = t.control.check_round(rnd.round_id)
     assert check.complete
@@ -83,12 +96,19 @@ def test_mirror_restore_and_partial_loss_on_a_cluster(events, pg_schema_url, clu
     """Redis loses the whole round: the barrier's check restores it from the mirror and the
     round closes. A range's dead list lost on its own is detected (RoundStateLostError) and
     restored from the mirror."""
-    t = _traversal(pg_schema_url, cluster_url, prefix, checkpoint_url=pg_schema_url,
-                   checkpoint_seconds=0)
+    t = _traversal(
+        pg_schema_url, cluster_url, prefix, checkpoint_url=pg_schema_url, checkpoint_seconds=0
+    )
     rnd = t.plan(max_ranges=2)
     for spec in rnd.ranges:
-        t.traverse(rnd.round_id, spec.range_id, _poison, chunk_size=100, max_item_attempts=1,
-                   item_retry_delay=0)
+        t.traverse(
+            rnd.round_id,
+            spec.range_id,
+            _poison,
+            chunk_size=100,
+            max_item_attempts=1,
+            item_retry_delay=0,
+        )
     client = t.store.client
     for k in list(client.scan_iter(match=f"{prefix}:*")):
         client.delete(k)
@@ -96,8 +116,9 @@ def test_mirror_restore_and_partial_loss_on_a_cluster(events, pg_schema_url, clu
     bare = StreamControl(CursorStore(client, "events-cluster", prefix=prefix))
     with pytest.raises(RoundStateLostError):
         bare.check_round(rnd.round_id)
-    ctl = StreamControl(CursorStore(client, "events-cluster", prefix=prefix),
-                        CheckpointMirror(pg_schema_url))
+    ctl = StreamControl(
+        CursorStore(client, "events-cluster", prefix=prefix), CheckpointMirror(pg_schema_url)
+    )
     assert ctl.check_round(rnd.round_id).complete
 
     client.delete(t.store.dead_key(rnd.round_id, 1))  # one piece lost on its own
@@ -135,8 +156,9 @@ def test_stream_listing_iterates_every_primary(cluster_url, cluster_ports, prefi
     client.close()
 
 
-def test_eviction_policy_is_checked_on_every_primary(events, pg_schema_url, cluster_url,
-                                                      cluster_ports, prefix):
+def test_eviction_policy_is_checked_on_every_primary(
+    events, pg_schema_url, cluster_url, cluster_ports, prefix
+):
     """One primary of three runs allkeys-lru: the plan is refused, naming the policy."""
     node = redis.Redis(port=cluster_ports[-1])
     node.config_set("maxmemory-policy", "allkeys-lru")

@@ -29,12 +29,28 @@ def test_engine_emits_counters_and_timings(pg_engine, pg_schema_url, redis_url, 
         c.execute(sa.text("CREATE TABLE events (seq bigint PRIMARY KEY)"))
         c.execute(sa.text("INSERT INTO events SELECT generate_series(1, 1000)"))
     sink = Recording()
-    t = KeysetTraversal(pg_schema_url, table="events", key="seq", redis_url=redis_url, stream="m",
-                        key_prefix=key_prefix, metrics=sink)
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="events",
+        key="seq",
+        redis_url=redis_url,
+        stream="m",
+        key_prefix=key_prefix,
+        metrics=sink,
+    )
     rnd = t.plan(max_ranges=1)
-    t.traverse(rnd.round_id, 0, lambda ch: ChunkResult(failed={5: "bad"}, skipped=[6]) if 5 in ch.keys else None,
-               chunk_size=100, max_item_attempts=1)
-    assert sink.counts["rows.done"] == 998 and sink.counts["rows.skipped"] == 1 and sink.counts["rows.dead"] == 1
+    t.traverse(
+        rnd.round_id,
+        0,
+        lambda ch: ChunkResult(failed={5: "bad"}, skipped=[6]) if 5 in ch.keys else None,
+        chunk_size=100,
+        max_item_attempts=1,
+    )
+    assert (
+        sink.counts["rows.done"] == 998
+        and sink.counts["rows.skipped"] == 1
+        and sink.counts["rows.dead"] == 1
+    )
     assert sink.counts["chunks"] == 10
     assert sink.timings["chunk.process"] == 10 and sink.timings["chunk.commit"] == 10
     assert sink.tags == {(("stream", "m"),)}

@@ -18,8 +18,14 @@ def test_on_progress_sees_committed_monotonic_states_and_the_final_one(
     t = traversal(pg_schema_url, redis_url, key_prefix)
     rnd = t.plan(max_ranges=1)
     seen = []
-    res = t.traverse(rnd.round_id, 0, lambda chunk: None, chunk_size=30, on_progress=seen.append,
-                     progress_every_seconds=0)
+    res = t.traverse(
+        rnd.round_id,
+        0,
+        lambda chunk: None,
+        chunk_size=30,
+        on_progress=seen.append,
+        progress_every_seconds=0,
+    )
     assert res.complete and res.done == 100
     cursors = [s.cursor for s in seen]
     assert cursors == sorted(set(cursors)), cursors  # forward only, one state per commit
@@ -55,7 +61,13 @@ def test_a_failing_callback_does_not_stop_the_range(
     def broken(state):
         raise RuntimeError("metadata DB down")
 
-    res = t.traverse(rnd.round_id, 0, lambda chunk: None, chunk_size=10, on_progress=broken,
-                     progress_every_seconds=0)
+    res = t.traverse(
+        rnd.round_id,
+        0,
+        lambda chunk: None,
+        chunk_size=10,
+        on_progress=broken,
+        progress_every_seconds=0,
+    )
     assert res.complete and res.done == 50
     assert t.close_round(rnd.round_id).done == 50

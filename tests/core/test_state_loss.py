@@ -29,9 +29,17 @@ def events(pg_engine):
     return pg_engine
 
 
-def test_lost_round_is_an_error_never_complete(events, pg_schema_url, redis_url, key_prefix, redis_client):
-    t = KeysetTraversal(pg_schema_url, table="events", key="seq", redis_url=redis_url, stream="s",
-                        key_prefix=key_prefix)
+def test_lost_round_is_an_error_never_complete(
+    events, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="events",
+        key="seq",
+        redis_url=redis_url,
+        stream="s",
+        key_prefix=key_prefix,
+    )
     rnd = t.plan(max_ranges=2)
     t.traverse(rnd.round_id, 0, lambda c: None, chunk_size=500)
     _flush_prefix(redis_client, key_prefix)
@@ -41,11 +49,20 @@ def test_lost_round_is_an_error_never_complete(events, pg_schema_url, redis_url,
         t.close_round(rnd.round_id)
 
 
-def test_mirror_restores_lost_round_with_bounded_replay(events, pg_schema_url, redis_url, key_prefix, redis_client,
-                                                        caplog):
+def test_mirror_restores_lost_round_with_bounded_replay(
+    events, pg_schema_url, redis_url, key_prefix, redis_client, caplog
+):
     seen: Counter = Counter()
-    t = KeysetTraversal(pg_schema_url, table="events", key="seq", redis_url=redis_url, stream="s",
-                        key_prefix=key_prefix, checkpoint_url=pg_schema_url, checkpoint_seconds=0)
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="events",
+        key="seq",
+        redis_url=redis_url,
+        stream="s",
+        key_prefix=key_prefix,
+        checkpoint_url=pg_schema_url,
+        checkpoint_seconds=0,
+    )
 
     class Flush(BaseException):
         pass
@@ -61,7 +78,9 @@ def test_mirror_restores_lost_round_with_bounded_replay(events, pg_schema_url, r
 
     flushed: list[int] = []
     rnd = t.plan(max_ranges=2)  # ranges (-inf, 2000], (2000, 4000]
-    res = t.traverse(rnd.round_id, 0, proc, chunk_size=250, max_item_attempts=2, item_retry_delay=0.01)
+    res = t.traverse(
+        rnd.round_id, 0, proc, chunk_size=250, max_item_attempts=2, item_retry_delay=0.01
+    )
     # the advance of chunk (1500, 1750] found no state: the round was restored from the mirror at the
     # last checkpoint (cursor 1500, checkpoint_seconds=0) and the traversal went on from there
     assert res.complete and (res.done, res.dead) == (1999, 1)
@@ -79,10 +98,18 @@ def test_mirror_restores_lost_round_with_bounded_replay(events, pg_schema_url, r
     assert nxt.start_key == 4000 and nxt.round_id != rnd.round_id
 
 
-def test_incomplete_restored_round_still_refuses_to_close(events, pg_schema_url, redis_url, key_prefix,
-                                                          redis_client):
-    t = KeysetTraversal(pg_schema_url, table="events", key="seq", redis_url=redis_url, stream="s",
-                        key_prefix=key_prefix, checkpoint_url=pg_schema_url)
+def test_incomplete_restored_round_still_refuses_to_close(
+    events, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="events",
+        key="seq",
+        redis_url=redis_url,
+        stream="s",
+        key_prefix=key_prefix,
+        checkpoint_url=pg_schema_url,
+    )
     rnd = t.plan(max_ranges=2)
     t.traverse(rnd.round_id, 0, lambda c: None, chunk_size=500)
     _flush_prefix(redis_client, key_prefix)
@@ -92,9 +119,17 @@ def test_incomplete_restored_round_still_refuses_to_close(events, pg_schema_url,
     assert t.close_round(rnd.round_id).done == 4000
 
 
-def test_retention_floor_is_lowest_open_cursor_else_watermark(events, pg_schema_url, redis_url, key_prefix):
-    t = KeysetTraversal(pg_schema_url, table="events", key="seq", redis_url=redis_url, stream="s",
-                        key_prefix=key_prefix)
+def test_retention_floor_is_lowest_open_cursor_else_watermark(
+    events, pg_schema_url, redis_url, key_prefix
+):
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="events",
+        key="seq",
+        redis_url=redis_url,
+        stream="s",
+        key_prefix=key_prefix,
+    )
     assert t.retention_floor() is None
     rnd = t.plan(max_ranges=2)  # (-inf, 2000], (2000, 4000]
     assert t.retention_floor() is None  # range 0 has read nothing yet: keep everything
@@ -103,27 +138,44 @@ def test_retention_floor_is_lowest_open_cursor_else_watermark(events, pg_schema_
         def proc(chunk):
             if chunk.keys[-1] >= n:
                 t.request_stop()
+
         return proc
 
     t.traverse(rnd.round_id, 1, lambda c: None)
     assert t.traverse(rnd.round_id, 0, stop_after(750), chunk_size=250).stopped
-    t = KeysetTraversal(pg_schema_url, table="events", key="seq", redis_url=redis_url, stream="s",
-                        key_prefix=key_prefix)  # a stop request is final for its traversal object
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="events",
+        key="seq",
+        redis_url=redis_url,
+        stream="s",
+        key_prefix=key_prefix,
+    )  # a stop request is final for its traversal object
     assert t.retention_floor() == 750
     t.traverse(rnd.round_id, 0, lambda c: None)
     t.close_round(rnd.round_id)
     assert t.retention_floor() == 4000
 
 
-def test_retention_past_a_cursor_makes_the_round_unrecoverable(events, pg_schema_url, redis_url, key_prefix):
+def test_retention_past_a_cursor_makes_the_round_unrecoverable(
+    events, pg_schema_url, redis_url, key_prefix
+):
     with events.begin() as c:
         c.execute(sa.text("CREATE TABLE retention (deleted_through bigint)"))
         c.execute(sa.text("INSERT INTO retention VALUES (NULL)"))
-    kw = {"table": "events", "key": "seq", "redis_url": redis_url, "stream": "s", "key_prefix": key_prefix,
-          "retention_sql": "SELECT deleted_through FROM retention"}
+    kw = {
+        "table": "events",
+        "key": "seq",
+        "redis_url": redis_url,
+        "stream": "s",
+        "key_prefix": key_prefix,
+        "retention_sql": "SELECT deleted_through FROM retention",
+    }
     t = KeysetTraversal(pg_schema_url, **kw)
     rnd = t.plan(max_ranges=2)  # (-inf, 2000], (2000, 4000]
-    t.traverse(rnd.round_id, 0, lambda ch: t.request_stop() if ch.keys[-1] >= 750 else None, chunk_size=250)
+    t.traverse(
+        rnd.round_id, 0, lambda ch: t.request_stop() if ch.keys[-1] >= 750 else None, chunk_size=250
+    )
     assert t.retention_floor() == 750
     with events.begin() as c:  # a retention job deletes at the floor: harmless
         c.execute(sa.text("DELETE FROM events WHERE seq <= 750"))
@@ -132,7 +184,9 @@ def test_retention_past_a_cursor_makes_the_round_unrecoverable(events, pg_schema
     with events.begin() as c:  # then past it: rows range 0 has not read are gone
         c.execute(sa.text("DELETE FROM events WHERE seq <= 1200"))
         c.execute(sa.text("UPDATE retention SET deleted_through = 1200"))
-    with pytest.raises(RetentionError, match=r"retention boundary 1200 passed range 0's cursor 750"):
+    with pytest.raises(
+        RetentionError, match=r"retention boundary 1200 passed range 0's cursor 750"
+    ):
         t.traverse(rnd.round_id, 0, lambda ch: None)
     with pytest.raises(RetentionError, match="unrecoverable"):
         t.close_round(rnd.round_id)

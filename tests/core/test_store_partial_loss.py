@@ -64,11 +64,13 @@ def test_plan_refuses_a_server_that_may_evict_any_key(server, pg_engine, pg_sche
     t = traversal(pg_schema_url, url, "kst")
     with pytest.raises(EvictionPolicyError, match=policy) as err:
         t.plan(max_ranges=2)
-    _quoted(str(err.value).replace(policy, "allkeys-lru"),
-            "the Redis server's maxmemory-policy is allkeys-lru, which may evict any key, "
-            "including the stream's cursors and dead letters. Set `CONFIG SET maxmemory-policy "
-            "noeviction` "
-            "(and in redis.conf), or give the cursor store a dedicated Redis. Nothing was written.")
+    _quoted(
+        str(err.value).replace(policy, "allkeys-lru"),
+        "the Redis server's maxmemory-policy is allkeys-lru, which may evict any key, "
+        "including the stream's cursors and dead letters. Set `CONFIG SET maxmemory-policy "
+        "noeviction` "
+        "(and in redis.conf), or give the cursor store a dedicated Redis. Nothing was written.",
+    )
     assert redis.Redis.from_url(url).dbsize() == 0, "a refused plan writes nothing"
     t.close()
 
@@ -83,8 +85,14 @@ def test_plan_accepts_policies_that_never_evict_keys_without_ttl(
     url = server("--maxmemory-policy", policy)
     t = traversal(pg_schema_url, url, "kst", checkpoint_url=pg_schema_url)
     rnd = t.plan(max_ranges=2)
-    t.traverse(rnd.round_id, 0, lambda c: ChunkResult(failed={c.keys[0]: "bad"}), chunk_size=10,
-               max_item_attempts=1, item_retry_delay=0)
+    t.traverse(
+        rnd.round_id,
+        0,
+        lambda c: ChunkResult(failed={c.keys[0]: "bad"}),
+        chunk_size=10,
+        max_item_attempts=1,
+        item_retry_delay=0,
+    )
     client = redis.Redis.from_url(url)
     keys = list(client.scan_iter("kst:*"))
     assert len(keys) >= 6  # round, ranges, dead list, seq, open, ...
@@ -112,8 +120,11 @@ def test_unreadable_policy_is_refused_unless_explicitly_allowed(server, pg_engin
     with pytest.raises(EvictionPolicyError, match="could not read") as err:
         t.plan()
     assert "allow_unverified_eviction_policy=True" in str(err.value)
-    _quoted(str(err.value), "could not read the Redis server's maxmemory-policy (CONFIG GET and "
-            "INFO memory were both refused)")
+    _quoted(
+        str(err.value),
+        "could not read the Redis server's maxmemory-policy (CONFIG GET and "
+        "INFO memory were both refused)",
+    )
     t.close()
     t = traversal(pg_schema_url, url, "kst", allow_unverified_eviction_policy=True)
     assert t.plan().round_id == "r1"
@@ -140,8 +151,9 @@ def _evict_once(client: redis.Redis, key: str, when: Any) -> Any:
     return proc
 
 
-def test_lost_retry_hash_never_closes_short(pg_engine, pg_schema_url, redis_url, key_prefix,
-                                            redis_client):
+def test_lost_retry_hash_never_closes_short(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client
+):
     """Scenario: key 5 fails once and waits in the range's retry hash; mid-range the retry hash
     is evicted. Before the fix the range reached hi with no retries left and the round closed
     with done+skipped+dead = 99 of 100. Now the next advance sees the range's ``retries`` count
@@ -152,9 +164,12 @@ def test_lost_retry_hash_never_closes_short(pg_engine, pg_schema_url, redis_url,
     proc = _evict_once(redis_client, t.store.retry_key(rnd.round_id, 0), 51)
     with pytest.raises(RoundStateLostError, match="lost") as err:
         t.traverse(rnd.round_id, 0, proc, chunk_size=10, item_retry_delay=0)
-    _quoted(str(err.value), "lost state in Redis (its range hash, retry hash or dead list is "
-            "missing or does not match the counts it keeps: flushed, evicted or deleted); nothing "
-            "was committed.")
+    _quoted(
+        str(err.value),
+        "lost state in Redis (its range hash, retry hash or dead list is "
+        "missing or does not match the counts it keeps: flushed, evicted or deleted); nothing "
+        "was committed.",
+    )
     with pytest.raises(RoundStateLostError):
         t.close_round(rnd.round_id)
     with pytest.raises(RoundStateLostError):
@@ -162,13 +177,15 @@ def test_lost_retry_hash_never_closes_short(pg_engine, pg_schema_url, redis_url,
     t.close()
 
 
-def test_lost_retry_hash_is_restored_from_the_mirror(pg_engine, pg_schema_url, redis_url,
-                                                     key_prefix, redis_client):
+def test_lost_retry_hash_is_restored_from_the_mirror(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client
+):
     """Scenario: as above, with a checkpoint mirror. The damaged range (only it) is rebuilt from
     its last checkpoint, key 5 gets its retry, and the round closes with all 100 keys."""
     make_events(pg_engine, list(range(1, 101)))
-    t = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url,
-                  checkpoint_seconds=0)
+    t = traversal(
+        pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url, checkpoint_seconds=0
+    )
     rnd = t.plan(max_ranges=1)
     proc = _evict_once(redis_client, t.store.retry_key(rnd.round_id, 0), 51)
     res = t.traverse(rnd.round_id, 0, proc, chunk_size=10, item_retry_delay=0)
@@ -180,14 +197,16 @@ def test_lost_retry_hash_is_restored_from_the_mirror(pg_engine, pg_schema_url, r
     t.close()
 
 
-def test_lost_dead_list_of_a_complete_range_is_detected(pg_engine, pg_schema_url, redis_url,
-                                                        key_prefix, redis_client):
+def test_lost_dead_list_of_a_complete_range_is_detected(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client
+):
     """Scenario: a range completes with one dead letter, then its dead list is evicted. Before
     the fix the round closed with dead=1 and no letter to list or replay; now the close (and the
     barrier's check) raise RoundStateLostError."""
     make_events(pg_engine, list(range(1, 51)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
     rnd = t.plan(max_ranges=1)
+
     def proc(c: Any) -> Any:
         return ChunkResult(failed={3: "poison"}) if 3 in c.keys else None
 
@@ -203,8 +222,9 @@ def test_lost_dead_list_of_a_complete_range_is_detected(pg_engine, pg_schema_url
 # ---------------------------------------------------------------- 5c: a lost round counter
 
 
-def test_lost_round_counter_never_overwrites_a_live_round(pg_engine, pg_schema_url, redis_url,
-                                                          key_prefix, redis_client):
+def test_lost_round_counter_never_overwrites_a_live_round(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client
+):
     """Scenario: round r1 is live (range 0 traversed), then the ``seq`` key is lost. Before the
     fix the next plan got id r1 again and CREATE_ROUND overwrote the live round (cursors back at
     lo, counters zero). Now the used id is refused, the counter is re-derived from the stream's
@@ -226,8 +246,9 @@ def test_lost_round_counter_never_overwrites_a_live_round(pg_engine, pg_schema_u
 # ---------------------------------------------------------------- 6: dead letters are never dropped
 
 
-def test_dead_letters_past_the_cap_are_never_dropped(pg_engine, pg_schema_url, redis_url,
-                                                     key_prefix):
+def test_dead_letters_past_the_cap_are_never_dropped(
+    pg_engine, pg_schema_url, redis_url, key_prefix
+):
     """Scenario: 2,000 poison keys in one range, default dead_cap 1000. Before the fix the list
     was trimmed: dead=2000 but only 1,000 letters listable or replayable. Now the advance that
     would pass the cap is refused (DeadLetterCapError, nothing of it committed) and ``dead``
@@ -243,8 +264,11 @@ def test_dead_letters_past_the_cap_are_never_dropped(pg_engine, pg_schema_url, r
     opts = {"chunk_size": 300, "max_item_attempts": 1, "item_retry_delay": 0}
     with pytest.raises(DeadLetterCapError, match="dead_cap=1000") as err:
         t.traverse(rid, 0, poison, **opts)
-    _quoted(str(err.value), "dead letter(s) and this step would add 100, more than dead_cap=1000. "
-            "Dead letters are never dropped, so nothing of it was committed")
+    _quoted(
+        str(err.value),
+        "dead letter(s) and this step would add 100, more than dead_cap=1000. "
+        "Dead letters are never dropped, so nothing of it was committed",
+    )
     rng = t.store.range(rid, 0)
     assert int(rng["dead"]) == 1000 == len(t.dead_letters(rid, 0, limit=10**6))
     assert t.decode(rng["cursor"]) == 3000  # ten chunks committed, the eleventh refused
@@ -266,8 +290,9 @@ def test_dead_letters_past_the_cap_are_never_dropped(pg_engine, pg_schema_url, r
 
 def _completed_round(pg_engine, pg_schema_url, redis_url, key_prefix) -> Any:
     make_events(pg_engine, list(range(1, 201)))
-    t = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url,
-                  checkpoint_seconds=0)
+    t = traversal(
+        pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url, checkpoint_seconds=0
+    )
     rnd = t.plan(max_ranges=2)
     for r in rnd.ranges:
         t.traverse(rnd.round_id, r.range_id, lambda c: None, chunk_size=50)
@@ -289,8 +314,10 @@ def test_check_round_restores_a_lost_completed_round_from_the_mirror(
     t, rnd = _completed_round(pg_engine, pg_schema_url, redis_url, key_prefix)
     t.close()
     _flush(redis_client, key_prefix)
-    ctl = StreamControl(CursorStore(redis_client, "events-nightly", prefix=key_prefix),
-                        CheckpointMirror(pg_schema_url))
+    ctl = StreamControl(
+        CursorStore(redis_client, "events-nightly", prefix=key_prefix),
+        CheckpointMirror(pg_schema_url),
+    )
     check = ctl.check_round(rnd.round_id)
     assert check.complete and check.lagging == []
     totals = ctl.close_round(rnd.round_id)
@@ -301,8 +328,9 @@ def test_check_round_restores_a_lost_completed_round_from_the_mirror(
     assert check.complete and check.state == "closed"
 
 
-def test_check_round_without_mirror_still_raises(pg_engine, pg_schema_url, redis_url, key_prefix,
-                                                 redis_client):
+def test_check_round_without_mirror_still_raises(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client
+):
     """Scenario: the same loss with no mirror: the check raises RoundStateLostError, never
     reports the round complete."""
     t, rnd = _completed_round(pg_engine, pg_schema_url, redis_url, key_prefix)
@@ -313,16 +341,19 @@ def test_check_round_without_mirror_still_raises(pg_engine, pg_schema_url, redis
         ctl.check_round(rnd.round_id)
 
 
-def test_mirror_table_is_unchanged_by_a_check(pg_engine, pg_schema_url, redis_url, key_prefix,
-                                              redis_client):
+def test_mirror_table_is_unchanged_by_a_check(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client
+):
     """The check only reads the mirror: a restore writes Redis, never the mirror's rows."""
     t, rnd = _completed_round(pg_engine, pg_schema_url, redis_url, key_prefix)
     t.close()
     with pg_engine.connect() as c:
         before = c.execute(sa.text("SELECT range_id, doc FROM keyset_checkpoints ORDER BY 1")).all()
     _flush(redis_client, key_prefix)
-    ctl = StreamControl(CursorStore(redis_client, "events-nightly", prefix=key_prefix),
-                        CheckpointMirror(pg_schema_url))
+    ctl = StreamControl(
+        CursorStore(redis_client, "events-nightly", prefix=key_prefix),
+        CheckpointMirror(pg_schema_url),
+    )
     assert ctl.check_round(rnd.round_id).complete
     with pg_engine.connect() as c:
         after = c.execute(sa.text("SELECT range_id, doc FROM keyset_checkpoints ORDER BY 1")).all()

@@ -107,15 +107,37 @@ class EffectsProcessor:
         with self.engine.begin() as conn:
             candidates = [e for e in encoded if e in self.flaky]
             if candidates:
-                seen_fail = {r[0] for r in conn.execute(
-                    sa.text("SELECT DISTINCT k FROM effects WHERE NOT ok AND k = ANY(:ks)"), {"ks": candidates})}
-                failed = {by_enc[e]: f"flaky item {e}: first delivery fails" for e in candidates if e not in seen_fail}
+                seen_fail = {
+                    r[0]
+                    for r in conn.execute(
+                        sa.text("SELECT DISTINCT k FROM effects WHERE NOT ok AND k = ANY(:ks)"),
+                        {"ks": candidates},
+                    )
+                }
+                failed = {
+                    by_enc[e]: f"flaky item {e}: first delivery fails"
+                    for e in candidates
+                    if e not in seen_fail
+                }
             failed_enc = {encode_key(as_tuple(k, self.arity)) for k in failed}
             conn.execute(
-                sa.text("INSERT INTO effects (k, round_id, range_id, pid, worker, batch, chunk_attempt, ok) "
-                        "VALUES (:k, :r, :i, :p, :w, :b, :a, :ok)"),
-                [{"k": e, "r": chunk.round_id, "i": chunk.range_id, "p": self.pid, "w": self.spec["worker"],
-                  "b": batch, "a": chunk.attempt, "ok": e not in failed_enc} for e in encoded],
+                sa.text(
+                    "INSERT INTO effects (k, round_id, range_id, pid, worker, batch, chunk_attempt, ok) "
+                    "VALUES (:k, :r, :i, :p, :w, :b, :a, :ok)"
+                ),
+                [
+                    {
+                        "k": e,
+                        "r": chunk.round_id,
+                        "i": chunk.range_id,
+                        "p": self.pid,
+                        "w": self.spec["worker"],
+                        "b": batch,
+                        "a": chunk.attempt,
+                        "ok": e not in failed_enc,
+                    }
+                    for e in encoded
+                ],
             )
         self.crash.reach("processor_after_effect")
         return ChunkResult(failed=failed)
@@ -131,8 +153,14 @@ def run_worker(spec: dict[str, Any]) -> None:
     """Entry point of a worker process (see the module docstring for ``spec``)."""
     crash = CrashPlan(spec.get("crash"))
     engine = sa.create_engine(spec["db_url"], pool_size=1)
-    t = KeysetTraversal(spec["db_url"], table=spec["table"], key=spec["key"], redis_url=spec["redis_url"],
-                        stream=spec["stream"], key_prefix=spec["key_prefix"])
+    t = KeysetTraversal(
+        spec["db_url"],
+        table=spec["table"],
+        key=spec["key"],
+        redis_url=spec["redis_url"],
+        stream=spec["stream"],
+        key_prefix=spec["key_prefix"],
+    )
     tokens: list[str] = []
     committed: list[str] = []
 
@@ -164,19 +192,36 @@ def run_worker(spec: dict[str, Any]) -> None:
     outcome: dict[str, Any] = {"pid": os.getpid(), "worker": spec["worker"]}
     try:
         res = t.traverse(
-            spec["round_id"], spec["range_id"], EffectsProcessor(engine, spec, crash),
-            chunk_size=spec["chunk_size"], lease_seconds=spec["lease_seconds"],
-            owner_lineage=spec.get("lineage", ""), claim_timeout=spec.get("claim_timeout", 60.0),
-            max_item_attempts=spec.get("max_item_attempts", 3), item_retry_delay=0.01,
-            backoff_base=0.05, backoff_max=0.2, log_every_seconds=3600,
-            **({"group_commit_chunks": spec["group_commit_chunks"]} if spec.get("group_commit_chunks") else {}),
+            spec["round_id"],
+            spec["range_id"],
+            EffectsProcessor(engine, spec, crash),
+            chunk_size=spec["chunk_size"],
+            lease_seconds=spec["lease_seconds"],
+            owner_lineage=spec.get("lineage", ""),
+            claim_timeout=spec.get("claim_timeout", 60.0),
+            max_item_attempts=spec.get("max_item_attempts", 3),
+            item_retry_delay=0.01,
+            backoff_base=0.05,
+            backoff_max=0.2,
+            log_every_seconds=3600,
+            **(
+                {"group_commit_chunks": spec["group_commit_chunks"]}
+                if spec.get("group_commit_chunks")
+                else {}
+            ),
         )
-        outcome.update(status="complete" if res.complete else "returned", result=res.as_dict(),
-                       cursor=res.cursor, takeover=res.takeover)
+        outcome.update(
+            status="complete" if res.complete else "returned",
+            result=res.as_dict(),
+            cursor=res.cursor,
+            takeover=res.takeover,
+        )
     except LeaseLostError as exc:
         outcome.update(status="lease_lost", error=str(exc))
     except Exception as exc:  # reported to the parent, which fails the test with it
-        outcome.update(status="error", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
+        outcome.update(
+            status="error", error=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc()
+        )
     outcome["token"] = tokens[-1] if tokens else None
     outcome["committed"] = committed
     if spec.get("stale_probe") and outcome["token"]:
@@ -186,22 +231,44 @@ def run_worker(spec: dict[str, Any]) -> None:
     engine.dispose()
 
 
-def stale_probes(t: KeysetTraversal, spec: dict[str, Any], token: str, committed: list[str]) -> list[dict[str, Any]]:
+def stale_probes(
+    t: KeysetTraversal, spec: dict[str, Any], token: str, committed: list[str]
+) -> list[dict[str, Any]]:
     """After losing the range, try to advance it with the old token in every way that could hurt:
     to ``hi``, from the last cursor this worker committed, from the range's current cursor, and
     backwards. Every attempt must be refused with ``LeaseLostError``."""
     store = t.store
     rng = store.ranges(spec["round_id"])[spec["range_id"]]
     mine = committed[-1] if committed else rng["lo"]
-    attempts = [(mine, rng["hi"]), (rng["cursor"], rng["hi"]), (rng["cursor"], rng["cursor"]),
-                (mine, mine), (rng["cursor"], rng["lo"])]
+    attempts = [
+        (mine, rng["hi"]),
+        (rng["cursor"], rng["hi"]),
+        (rng["cursor"], rng["cursor"]),
+        (mine, mine),
+        (rng["cursor"], rng["lo"]),
+    ]
     out = []
     for expected, new in attempts:
         try:
-            store.advance(spec["round_id"], spec["range_id"], token, expected, new, done=1, skipped=0,
-                          lease_ms=60_000, max_item_attempts=3)
+            store.advance(
+                spec["round_id"],
+                spec["range_id"],
+                token,
+                expected,
+                new,
+                done=1,
+                skipped=0,
+                lease_ms=60_000,
+                max_item_attempts=3,
+            )
             out.append({"expected": expected, "new": new, "refused": False, "error": None})
         except Exception as exc:
-            out.append({"expected": expected, "new": new, "refused": True,
-                        "error": f"{type(exc).__name__}: {exc}"})
+            out.append(
+                {
+                    "expected": expected,
+                    "new": new,
+                    "refused": True,
+                    "error": f"{type(exc).__name__}: {exc}",
+                }
+            )
     return out

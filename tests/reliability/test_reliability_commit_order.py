@@ -47,8 +47,14 @@ class HeldTransactions:
     def __init__(self, engine: sa.Engine, n: int) -> None:
         self.conns = [engine.connect() for _ in range(n)]
         self.txs = [c.begin() for c in self.conns]
-        self.keys = [int(c.execute(sa.text("INSERT INTO ev (payload) VALUES ('held') RETURNING seq")).scalar_one())
-                     for c in self.conns]
+        self.keys = [
+            int(
+                c.execute(
+                    sa.text("INSERT INTO ev (payload) VALUES ('held') RETURNING seq")
+                ).scalar_one()
+            )
+            for c in self.conns
+        ]
         self.open = n
         self.committed: list[int] = []
 
@@ -68,7 +74,9 @@ class HeldTransactions:
 
 def _traverse_round(t: KeysetTraversal, rnd: Round, proc: Collector) -> None:
     for r in rnd.ranges:
-        res = t.traverse(rnd.round_id, r.range_id, proc, chunk_size=rnd_chunk(r.range_id), lease_seconds=5)
+        res = t.traverse(
+            rnd.round_id, r.range_id, proc, chunk_size=rnd_chunk(r.range_id), lease_seconds=5
+        )
         assert res.complete
 
 
@@ -77,15 +85,26 @@ def rnd_chunk(i: int) -> int:
 
 
 def test_plan_waits_for_a_lower_key_committed_after_the_bound_is_read(
-        pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str) -> None:
+    pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
     """The textbook case: 100 held uncommitted, 101 committed, the plan must wait for 100."""
     _make_table(pg_engine)
     engine = sa.create_engine(pg_schema_url, poolclass=NullPool)
-    t = KeysetTraversal(pg_schema_url, table="ev", key="seq", redis_url=redis_url, stream="order-basic",
-                        key_prefix=key_prefix)
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="ev",
+        key="seq",
+        redis_url=redis_url,
+        stream="order-basic",
+        key_prefix=key_prefix,
+    )
     held = HeldTransactions(engine, 1)
     with pg_engine.begin() as c:
-        high = int(c.execute(sa.text("INSERT INTO ev (payload) VALUES ('high') RETURNING seq")).scalar_one())
+        high = int(
+            c.execute(
+                sa.text("INSERT INTO ev (payload) VALUES ('high') RETURNING seq")
+            ).scalar_one()
+        )
     out: dict[str, Any] = {}
 
     def plan() -> None:
@@ -111,15 +130,23 @@ def test_plan_waits_for_a_lower_key_committed_after_the_bound_is_read(
     engine.dispose()
 
 
-def test_randomized_commit_order_never_misses_a_key(pg_engine: sa.Engine, pg_schema_url: str, redis_url: str,
-                                                    key_prefix: str) -> None:
+def test_randomized_commit_order_never_misses_a_key(
+    pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     _make_table(pg_engine)
     engine = sa.create_engine(pg_schema_url, poolclass=NullPool)
     writer_engine = sa.create_engine(pg_schema_url, pool_size=4)
-    t = KeysetTraversal(pg_schema_url, table="ev", key="seq", redis_url=redis_url, stream="order",
-                        key_prefix=key_prefix, commit_wait_timeout=120)
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="ev",
+        key="seq",
+        redis_url=redis_url,
+        stream="order",
+        key_prefix=key_prefix,
+        commit_wait_timeout=120,
+    )
     committed: set[int] = set()
     aborted: set[int] = set()
     lock = threading.Lock()
@@ -130,9 +157,15 @@ def test_randomized_commit_order_never_misses_a_key(pg_engine: sa.Engine, pg_sch
         while not stop.is_set():
             with writer_engine.connect() as conn:
                 tx = conn.begin()
-                ks = [int(x) for x in conn.execute(sa.text(
-                    "INSERT INTO ev (payload) SELECT 'w' FROM generate_series(1, :n) RETURNING seq"),
-                    {"n": r.randint(1, 3)}).scalars()]
+                ks = [
+                    int(x)
+                    for x in conn.execute(
+                        sa.text(
+                            "INSERT INTO ev (payload) SELECT 'w' FROM generate_series(1, :n) RETURNING seq"
+                        ),
+                        {"n": r.randint(1, 3)},
+                    ).scalars()
+                ]
                 time.sleep(r.uniform(0.0, 0.02))
                 if r.random() < 0.9:
                     tx.commit()
@@ -154,7 +187,11 @@ def test_randomized_commit_order_never_misses_a_key(pg_engine: sa.Engine, pg_sch
         for _trial in range(n_trials):
             held = HeldTransactions(engine, rng.randint(1, 3))
             with pg_engine.begin() as c:
-                high = int(c.execute(sa.text("INSERT INTO ev (payload) VALUES ('high') RETURNING seq")).scalar_one())
+                high = int(
+                    c.execute(
+                        sa.text("INSERT INTO ev (payload) VALUES ('high') RETURNING seq")
+                    ).scalar_one()
+                )
             with lock:
                 committed.add(high)
             out: dict[str, Any] = {}
@@ -191,14 +228,30 @@ def test_randomized_commit_order_never_misses_a_key(pg_engine: sa.Engine, pg_sch
     seen = set(proc.seen)
     lost = committed - seen
     bounds = {r.round_id: (r.start_key or 0, r.end_key or 0) for r in rounds}
-    outside = [k for k, rids in proc.seen.items() for rid in rids if not bounds[rid][0] < k <= bounds[rid][1]]
+    outside = [
+        k
+        for k, rids in proc.seen.items()
+        for rid in rids
+        if not bounds[rid][0] < k <= bounds[rid][1]
+    ]
     twice = [k for k, rids in proc.seen.items() if len(rids) > 1]
-    rs.record("7 commit order", trials=n_trials, keys_lost=len(lost), counter_errors=len(outside) + len(twice),
-              note=f"{len(committed)} committed keys, {len(aborted)} rolled back, {len(rounds)} chained rounds")
+    rs.record(
+        "7 commit order",
+        trials=n_trials,
+        keys_lost=len(lost),
+        counter_errors=len(outside) + len(twice),
+        note=f"{len(committed)} committed keys, {len(aborted)} rolled back, {len(rounds)} chained rounds",
+    )
     assert not lost, f"seed {seed}: committed keys never traversed: {sorted(lost)[:20]}"
-    assert plan_returned_early == 0, f"seed {seed}: plan returned {plan_returned_early} time(s) with a lower key open"
-    assert not seen & aborted, f"seed {seed}: rolled-back keys traversed: {sorted(seen & aborted)[:20]}"
-    assert not outside and not twice, f"seed {seed}: keys outside their round {outside[:10]} or in two {twice[:10]}"
+    assert plan_returned_early == 0, (
+        f"seed {seed}: plan returned {plan_returned_early} time(s) with a lower key open"
+    )
+    assert not seen & aborted, (
+        f"seed {seed}: rolled-back keys traversed: {sorted(seen & aborted)[:20]}"
+    )
+    assert not outside and not twice, (
+        f"seed {seed}: keys outside their round {outside[:10]} or in two {twice[:10]}"
+    )
     t.close()
     engine.dispose()
     writer_engine.dispose()

@@ -32,8 +32,15 @@ import sqlalchemy as sa
 from airflow_keyset_provider.core import KeysetTraversal, RoundIncompleteError
 from airflow_keyset_provider.core.keys import decode_key
 
-POINTS = ["fetch", "processor_before_effect", "processor_after_effect", "advance_before",
-          "advance_after", "retry_pass", "timer"]
+POINTS = [
+    "fetch",
+    "processor_before_effect",
+    "processor_after_effect",
+    "advance_before",
+    "advance_after",
+    "retry_pass",
+    "timer",
+]
 
 # variant -> (table kind, group_commit_chunks): with group commit the bound is one group per crash
 VARIANTS = {"bigint": ("bigint", 1), "composite": ("composite", 1), "bigint-group3": ("bigint", 3)}
@@ -50,11 +57,17 @@ def _make_table(engine: sa.Engine, kind: str, rng: random.Random, n: int) -> Non
             ids = sorted(rng.sample(range(1, n * 5), n))  # sequence gaps
             c.execute(sa.text("INSERT INTO items VALUES (:i, 'p')"), [{"i": i} for i in ids])
         else:
-            c.execute(sa.text("CREATE TABLE orders (created_at timestamptz NOT NULL, id bigint NOT NULL, "
-                              "payload text NOT NULL, PRIMARY KEY (created_at, id))"))
+            c.execute(
+                sa.text(
+                    "CREATE TABLE orders (created_at timestamptz NOT NULL, id bigint NOT NULL, "
+                    "payload text NOT NULL, PRIMARY KEY (created_at, id))"
+                )
+            )
             base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-            c.execute(sa.text("INSERT INTO orders VALUES (:t, :i, 'p')"),
-                      [{"t": base + dt.timedelta(seconds=i // 3), "i": i} for i in range(n)])
+            c.execute(
+                sa.text("INSERT INTO orders VALUES (:t, :i, 'p')"),
+                [{"t": base + dt.timedelta(seconds=i // 3), "i": i} for i in range(n)],
+            )
 
 
 def _grow(engine: sa.Engine, kind: str, stop: threading.Event) -> None:
@@ -66,8 +79,13 @@ def _grow(engine: sa.Engine, kind: str, stop: threading.Event) -> None:
             if kind == "bigint":
                 c.execute(sa.text("INSERT INTO items SELECT max(id) + 1, 'late' FROM items"))
             else:
-                c.execute(sa.text("INSERT INTO orders SELECT max(created_at) + interval '1 s', :j, 'late' "
-                                  "FROM orders"), {"j": 10_000_000 + j})
+                c.execute(
+                    sa.text(
+                        "INSERT INTO orders SELECT max(created_at) + interval '1 s', :j, 'late' "
+                        "FROM orders"
+                    ),
+                    {"j": 10_000_000 + j},
+                )
 
 
 @dataclass
@@ -105,20 +123,40 @@ class CrashTrial:
 
         def run(point: str | None) -> None:
             n = len(history)
-            spec = dict(self.env, range_id=range_id, chunk_size=self.chunk_size, group_commit_chunks=self.group,
-                        worker=f"{lineage}/w{n}",
-                        result_path=str(self.tmp_path / f"{self.env['stream']}-{range_id}-{n}.json"),
-                        lineage=f"{lineage}/a{n}" if expire else lineage, lease_seconds=1 if expire else 30,
-                        crash=None if point in (None, "timer") else
-                        {"point": point, "nth": r.randint(1, 2 if point == "retry_pass" else n_chunks)})
+            spec = dict(
+                self.env,
+                range_id=range_id,
+                chunk_size=self.chunk_size,
+                group_commit_chunks=self.group,
+                worker=f"{lineage}/w{n}",
+                result_path=str(self.tmp_path / f"{self.env['stream']}-{range_id}-{n}.json"),
+                lineage=f"{lineage}/a{n}" if expire else lineage,
+                lease_seconds=1 if expire else 30,
+                crash=None
+                if point in (None, "timer")
+                else {
+                    "point": point,
+                    "nth": r.randint(1, 2 if point == "retry_pass" else n_chunks),
+                },
+            )
             w = rs.Worker(spec)
             if point == "timer":
                 time.sleep(r.uniform(0.0, 0.25))
                 w.kill()
             w.join()
             out = w.outcome or {}
-            history.append(Run(spec["worker"], point, w.crashed, w.process.exitcode, out.get("status"),
-                               out.get("error"), bool(out.get("takeover")), expire))
+            history.append(
+                Run(
+                    spec["worker"],
+                    point,
+                    w.crashed,
+                    w.process.exitcode,
+                    out.get("status"),
+                    out.get("error"),
+                    bool(out.get("takeover")),
+                    expire,
+                )
+            )
 
         for _ in range(r.randint(1, 3)):  # workers planned to die (the hook may not be reached)
             run(r.choice(POINTS))
@@ -137,20 +175,32 @@ class CrashTrial:
                 allowed = self.group if i > 0 and history[i - 1].crashed else 0
                 got = report.per_worker.get(h.worker, 0)
                 if got > allowed:
-                    tally.fail(f"trial {self.trial} range {range_id}: {h.worker} replayed {got} chunk(s) after "
-                               f"{history[i - 1] if i else 'nothing'}")
+                    tally.fail(
+                        f"trial {self.trial} range {range_id}: {h.worker} replayed {got} chunk(s) after "
+                        f"{history[i - 1] if i else 'nothing'}"
+                    )
             crashed = sum(h.crashed for h in history)
             if report.duplicates > crashed * self.chunk_size * self.group:
-                tally.fail(f"trial {self.trial} range {range_id}: {report.duplicates} duplicate deliveries for "
-                           f"{crashed} crash(es) of chunk_size {self.chunk_size} x group {self.group}")
+                tally.fail(
+                    f"trial {self.trial} range {range_id}: {report.duplicates} duplicate deliveries for "
+                    f"{crashed} crash(es) of chunk_size {self.chunk_size} x group {self.group}"
+                )
             if history[-1].status != "complete":
-                tally.fail(f"trial {self.trial} range {range_id}: the last worker did not finish; workers: "
-                           + "; ".join(map(str, history)))
+                tally.fail(
+                    f"trial {self.trial} range {range_id}: the last worker did not finish; workers: "
+                    + "; ".join(map(str, history))
+                )
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_crash_anywhere_then_resume(variant: str, pg_engine: sa.Engine, pg_schema_url: str, redis_url: str,
-                                    key_prefix: str, tmp_path: Path) -> None:
+def test_crash_anywhere_then_resume(
+    variant: str,
+    pg_engine: sa.Engine,
+    pg_schema_url: str,
+    redis_url: str,
+    key_prefix: str,
+    tmp_path: Path,
+) -> None:
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     kind, group = VARIANTS[variant]
@@ -166,21 +216,45 @@ def test_crash_anywhere_then_resume(variant: str, pg_engine: sa.Engine, pg_schem
         with pg_engine.begin() as c:
             c.execute(sa.text("TRUNCATE effects"))
         stream = f"crash-{variant}-{trial}"
-        t = KeysetTraversal(pg_schema_url, table=table, key=key, redis_url=redis_url, stream=stream,
-                            key_prefix=key_prefix)
+        t = KeysetTraversal(
+            pg_schema_url,
+            table=table,
+            key=key,
+            redis_url=redis_url,
+            stream=stream,
+            key_prefix=key_prefix,
+        )
         rnd = t.plan(max_ranges=4, end_key=end_key)  # rows the writer adds land above the end
-        keys = [k for k in rs.encoded_keys(pg_engine, table, key) if rnd.start_encoded < k <= rnd.end_encoded]
+        keys = [
+            k
+            for k in rs.encoded_keys(pg_engine, table, key)
+            if rnd.start_encoded < k <= rnd.end_encoded
+        ]
         assert len(keys) == 480
-        env = {"db_url": pg_schema_url, "redis_url": redis_url, "key_prefix": key_prefix, "stream": stream,
-               "table": table, "key": key, "round_id": rnd.round_id, "sleep_per_chunk": 0.004,
-               "flaky": rng.sample(keys, len(keys) // 30)}  # items that fail once on their own
+        env = {
+            "db_url": pg_schema_url,
+            "redis_url": redis_url,
+            "key_prefix": key_prefix,
+            "stream": stream,
+            "table": table,
+            "key": key,
+            "round_id": rnd.round_id,
+            "sleep_per_chunk": 0.004,
+            "flaky": rng.sample(keys, len(keys) // 30),
+        }  # items that fail once on their own
         ct = CrashTrial(env, tmp_path, rng, trial, rng.choice([7, 10, 16]), group)
         stop = threading.Event()
         writer = threading.Thread(target=_grow, args=(pg_engine, kind, stop), daemon=True)
         with rs.CursorWatcher(redis_url, t.store, rnd.round_id, len(rnd.ranges)) as watcher:
             writer.start()
             with ThreadPoolExecutor(len(rnd.ranges)) as pool:
-                list(pool.map(ct.drive, [r.range_id for r in rnd.ranges], [rng.random() for _ in rnd.ranges]))
+                list(
+                    pool.map(
+                        ct.drive,
+                        [r.range_id for r in rnd.ranges],
+                        [rng.random() for _ in rnd.ranges],
+                    )
+                )
             stop.set()
             writer.join()
         tally.trials += 1
@@ -203,44 +277,94 @@ def test_crash_anywhere_then_resume(variant: str, pg_engine: sa.Engine, pg_schem
     points = ", ".join(f"{p} {n}" for p, n in sorted(by_point.items()))
     if odd_exits:
         points += f"; {odd_exits} death(s) reported with an exit code other than -9"
-    scenario = "1 crash anywhere" if group == 1 else f"1 crash anywhere, group commit of {group} chunks"
-    tally.record(scenario, note=f"{variant} key: {sum(by_point.values())} SIGKILLs ({points}), "
-                                          f"{expired_takeovers} lease-expiry takeovers")
+    scenario = (
+        "1 crash anywhere" if group == 1 else f"1 crash anywhere, group commit of {group} chunks"
+    )
+    tally.record(
+        scenario,
+        note=f"{variant} key: {sum(by_point.values())} SIGKILLs ({points}), "
+        f"{expired_takeovers} lease-expiry takeovers",
+    )
     assert not tally.failures, tally.verdict(seed)
     assert sum(by_point.values()) > 0
 
 
-def test_resume_takes_over_at_once_for_the_same_lineage(pg_engine: sa.Engine, pg_schema_url: str,
-                                                        redis_url: str, key_prefix: str,
-                                                        tmp_path: Path) -> None:
+def test_resume_takes_over_at_once_for_the_same_lineage(
+    pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
     """A killed worker's lease is long (60 s); a new attempt of the same lineage must not wait for
     it, and a worker of another lineage must (it is refused within its claim timeout)."""
     _make_table(pg_engine, "bigint", random.Random(7), 200)
     rs.create_effects_table(pg_engine)
-    t = KeysetTraversal(pg_schema_url, table="items", key="id", redis_url=redis_url, stream="lineage",
-                        key_prefix=key_prefix)
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="items",
+        key="id",
+        redis_url=redis_url,
+        stream="lineage",
+        key_prefix=key_prefix,
+    )
     rnd = t.plan(max_ranges=1)
-    base = {"db_url": pg_schema_url, "redis_url": redis_url, "key_prefix": key_prefix, "stream": "lineage",
-            "table": "items", "key": "id", "round_id": rnd.round_id, "range_id": 0, "chunk_size": 10,
-            "lease_seconds": 60}
-    w = rs.Worker(dict(base, worker="a", lineage="dag/run/task/0", result_path=str(tmp_path / "a.json"),
-                       crash={"point": "processor_after_effect", "nth": 3}))
+    base = {
+        "db_url": pg_schema_url,
+        "redis_url": redis_url,
+        "key_prefix": key_prefix,
+        "stream": "lineage",
+        "table": "items",
+        "key": "id",
+        "round_id": rnd.round_id,
+        "range_id": 0,
+        "chunk_size": 10,
+        "lease_seconds": 60,
+    }
+    w = rs.Worker(
+        dict(
+            base,
+            worker="a",
+            lineage="dag/run/task/0",
+            result_path=str(tmp_path / "a.json"),
+            crash={"point": "processor_after_effect", "nth": 3},
+        )
+    )
     w.join()
     assert w.crashed
-    other = rs.Worker(dict(base, worker="b", lineage="another/lineage", claim_timeout=0.5,
-                           result_path=str(tmp_path / "b.json")))
+    other = rs.Worker(
+        dict(
+            base,
+            worker="b",
+            lineage="another/lineage",
+            claim_timeout=0.5,
+            result_path=str(tmp_path / "b.json"),
+        )
+    )
     other.join()
     assert other.outcome is not None and other.outcome["status"] == "error"
-    assert "LeaseHeldError" in other.outcome["error"] and "dag/run/task/0#" in other.outcome["error"]
-    again = rs.Worker(dict(base, worker="c", lineage="dag/run/task/0", claim_timeout=0.5,
-                           result_path=str(tmp_path / "c.json")))
+    assert (
+        "LeaseHeldError" in other.outcome["error"] and "dag/run/task/0#" in other.outcome["error"]
+    )
+    again = rs.Worker(
+        dict(
+            base,
+            worker="c",
+            lineage="dag/run/task/0",
+            claim_timeout=0.5,
+            result_path=str(tmp_path / "c.json"),
+        )
+    )
     again.join()
     assert again.outcome is not None and again.outcome["status"] == "complete", again.outcome
     assert again.outcome["takeover"] is True
-    cov = rs.check_round(pg_engine, t.store, rnd.round_id, rs.encoded_keys(pg_engine, "items", "id"))
+    cov = rs.check_round(
+        pg_engine, t.store, rnd.round_id, rs.encoded_keys(pg_engine, "items", "id")
+    )
     report = rs.replay_report(rs.effects(pg_engine, rnd.round_id))
-    rs.record("1 crash anywhere", trials=1, keys_lost=len(cov.lost), max_replay=report.max_batches,
-              counter_errors=len(cov.counter_errors))
+    rs.record(
+        "1 crash anywhere",
+        trials=1,
+        keys_lost=len(cov.lost),
+        max_replay=report.max_batches,
+        counter_errors=len(cov.counter_errors),
+    )
     assert not cov.lost and not cov.counter_errors
     assert report.per_worker == {"c": 1} and report.duplicates == 10  # exactly the chunk in hand
     t.close()

@@ -59,7 +59,9 @@ class AckService:
         self.server = socketserver.ThreadingTCPServer(("127.0.0.1", self.port), AckHandler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        ).start()
 
     def stop(self) -> None:
         assert self.server is not None
@@ -82,7 +84,9 @@ class OutageProcessor:
     propagates as is; ``items``: the chunk is reported as every item failed.
     """
 
-    def __init__(self, engine: sa.Engine, t: KeysetTraversal, mode: str, service: AckService | None) -> None:
+    def __init__(
+        self, engine: sa.Engine, t: KeysetTraversal, mode: str, service: AckService | None
+    ) -> None:
         self.engine, self.t, self.mode, self.service = engine, t, mode, service
         self.failures: list[tuple[int, tuple[Any, ...], float]] = []
         self.lock = threading.Lock()
@@ -95,12 +99,26 @@ class OutageProcessor:
                 self.service.ack(len(encoded))
             with self.engine.begin() as conn:
                 conn.execute(sa.text("SET LOCAL lock_timeout = '50ms'"))
-                conn.execute(sa.text("INSERT INTO effects (k, round_id, range_id, pid, worker, batch, chunk_attempt, "
-                                     "ok) VALUES (:k, :r, :i, 0, 'w', :b, :a, true)"),
-                             [{"k": e, "r": chunk.round_id, "i": chunk.range_id, "b": f"{id(chunk)}-{time.time()}",
-                               "a": chunk.attempt} for e in encoded])
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO effects (k, round_id, range_id, pid, worker, batch, chunk_attempt, "
+                        "ok) VALUES (:k, :r, :i, 0, 'w', :b, :a, true)"
+                    ),
+                    [
+                        {
+                            "k": e,
+                            "r": chunk.round_id,
+                            "i": chunk.range_id,
+                            "b": f"{id(chunk)}-{time.time()}",
+                            "a": chunk.attempt,
+                        }
+                        for e in encoded
+                    ],
+                )
         except (sa.exc.OperationalError, OSError) as exc:
-            snap = self.t.store.client.hmget(self.t.store.range_key(chunk.round_id, chunk.range_id), "cursor", "chunks")
+            snap = self.t.store.client.hmget(
+                self.t.store.range_key(chunk.round_id, chunk.range_id), "cursor", "chunks"
+            )
             with self.lock:
                 self.failures.append((chunk.range_id, tuple(snap), time.monotonic()))
             if self.mode == "tcp":
@@ -138,26 +156,54 @@ def _rows(engine: sa.Engine) -> int:
         return int(c.execute(sa.text("SELECT count(*) FROM effects")).scalar() or 0)
 
 
-def _outage_trial(engine: sa.Engine, url: str, redis_url: str, prefix: str, keys: list[str], mode: str,
-                  service: AckService | None, trial: int, rng: random.Random, tally: rs.Tally) -> int:
+def _outage_trial(
+    engine: sa.Engine,
+    url: str,
+    redis_url: str,
+    prefix: str,
+    keys: list[str],
+    mode: str,
+    service: AckService | None,
+    trial: int,
+    rng: random.Random,
+    tally: rs.Tally,
+) -> int:
     """Two ranges traversed in parallel; the dependency goes down for 0.3-0.8 s somewhere in the
     middle. Returns the number of failed chunk attempts the outage caused."""
     with engine.begin() as c:
         c.execute(sa.text("TRUNCATE effects"))
-    t = KeysetTraversal(url, table="items", key="id", redis_url=redis_url, stream=f"outage-{trial}", key_prefix=prefix)
+    t = KeysetTraversal(
+        url,
+        table="items",
+        key="id",
+        redis_url=redis_url,
+        stream=f"outage-{trial}",
+        key_prefix=prefix,
+    )
     rnd = t.plan(max_ranges=2)
     proc = OutageProcessor(engine, t, mode, service)
     results: dict[int, Any] = {}
 
     def run(range_id: int) -> None:
         try:
-            results[range_id] = t.traverse(rnd.round_id, range_id, proc, chunk_size=10, max_chunk_attempts=1000,
-                                           backoff_base=0.02, backoff_max=0.1, lease_seconds=5)
+            results[range_id] = t.traverse(
+                rnd.round_id,
+                range_id,
+                proc,
+                chunk_size=10,
+                max_chunk_attempts=1000,
+                backoff_base=0.02,
+                backoff_max=0.1,
+                lease_seconds=5,
+            )
         except Exception as exc:
             results[range_id] = exc
 
     def committed() -> list[tuple[bytes, bytes]]:
-        return [tuple(t.store.client.hmget(t.store.range_key(rnd.round_id, i), "cursor", "chunks")) for i in (0, 1)]
+        return [
+            tuple(t.store.client.hmget(t.store.range_key(rnd.round_id, i), "cursor", "chunks"))
+            for i in (0, 1)
+        ]
 
     with rs.CursorWatcher(redis_url, t.store, rnd.round_id, 2) as watcher:
         threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in (0, 1)]
@@ -182,13 +228,17 @@ def _outage_trial(engine: sa.Engine, url: str, redis_url: str, prefix: str, keys
     for i in (0, 1):
         snaps = {snap for r, snap, _ in proc.failures if r == i}
         if len(snaps) > 1 or (snaps and snaps != {during[i]}):
-            tally.fail(f"trial {trial} range {i}: the cursor moved during the outage: {snaps} / {during[i]}")
+            tally.fail(
+                f"trial {trial} range {i}: the cursor moved during the outage: {snaps} / {during[i]}"
+            )
     for i, res in sorted(results.items()):
         if isinstance(res, Exception) or not res.complete:
             tally.fail(f"trial {trial} range {i}: did not finish after recovery: {res!r}")
     dead = [d for i in (0, 1) for d in t.dead_letters(rnd.round_id, i)]
     if dead:
-        tally.fail(f"trial {trial}: {len(dead)} item(s) dead-lettered because of the outage: {dead[:3]}")
+        tally.fail(
+            f"trial {trial}: {len(dead)} item(s) dead-lettered because of the outage: {dead[:3]}"
+        )
     if not proc.failures:
         tally.fail(f"trial {trial}: the outage never hit the processor; the trial proved nothing")
     tally.replay(rs.replay_report(rs.effects(engine, rnd.round_id)).max_batches)
@@ -198,8 +248,9 @@ def _outage_trial(engine: sa.Engine, url: str, redis_url: str, prefix: str, keys
 
 
 @pytest.mark.parametrize("mode", ["lock", "tcp", "items"])
-def test_outage_keeps_the_cursor_and_the_range_finishes(mode: str, pg_engine: sa.Engine, pg_schema_url: str,
-                                                        redis_url: str, key_prefix: str) -> None:
+def test_outage_keeps_the_cursor_and_the_range_finishes(
+    mode: str, pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     keys = _setup(pg_engine)
@@ -208,24 +259,44 @@ def test_outage_keeps_the_cursor_and_the_range_finishes(mode: str, pg_engine: sa
     failed_attempts = 0
     try:
         for trial in range(rs.trials(1, 30)):
-            failed_attempts += _outage_trial(pg_engine, pg_schema_url, redis_url, key_prefix, keys, mode, service,
-                                             trial, rng, tally)
+            failed_attempts += _outage_trial(
+                pg_engine,
+                pg_schema_url,
+                redis_url,
+                key_prefix,
+                keys,
+                mode,
+                service,
+                trial,
+                rng,
+                tally,
+            )
             if tally.failures:
                 break
     finally:
         if service is not None and service.server is not None:
             service.stop()
-    tally.record("4 dependency outage", note=f"{mode}: {failed_attempts} failed chunk attempts, no dead letter")
+    tally.record(
+        "4 dependency outage",
+        note=f"{mode}: {failed_attempts} failed chunk attempts, no dead letter",
+    )
     assert not tally.failures, tally.verdict(seed)
 
 
 def test_outage_longer_than_the_budget_raises_then_a_new_traverse_finishes(
-        pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str) -> None:
+    pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
     keys = _setup(pg_engine)
 
     def traversal() -> KeysetTraversal:
-        return KeysetTraversal(pg_schema_url, table="items", key="id", redis_url=redis_url, stream="budget",
-                               key_prefix=key_prefix)
+        return KeysetTraversal(
+            pg_schema_url,
+            table="items",
+            key="id",
+            redis_url=redis_url,
+            stream="budget",
+            key_prefix=key_prefix,
+        )
 
     t1 = traversal()
     rnd = t1.plan(max_ranges=1)
@@ -236,22 +307,43 @@ def test_outage_longer_than_the_budget_raises_then_a_new_traverse_finishes(
             t1.request_stop()
         return proc(chunk)
 
-    assert t1.traverse(rnd.round_id, 0, five_chunks_then_stop, chunk_size=10, lease_seconds=5).stopped
+    assert t1.traverse(
+        rnd.round_id, 0, five_chunks_then_stop, chunk_size=10, lease_seconds=5
+    ).stopped
     before = t1.range_status(rnd.round_id)[0]
     assert before["cursor"] == 50 and before["done"] == 50
     t2 = traversal()
     with rs.CursorWatcher(redis_url, t2.store, rnd.round_id, 1) as watcher:
         with table_locked(pg_schema_url):
             with pytest.raises(DependencyFailedError) as err:
-                t2.traverse(rnd.round_id, 0, proc, chunk_size=10, max_chunk_attempts=3, backoff_base=0.01,
-                            backoff_max=0.02, lease_seconds=5)
+                t2.traverse(
+                    rnd.round_id,
+                    0,
+                    proc,
+                    chunk_size=10,
+                    max_chunk_attempts=3,
+                    backoff_base=0.01,
+                    backoff_max=0.02,
+                    lease_seconds=5,
+                )
             during = t2.range_status(rnd.round_id)[0]
-        done = traversal().traverse(rnd.round_id, 0, proc, chunk_size=10, max_chunk_attempts=3, lease_seconds=5)
+        done = traversal().traverse(
+            rnd.round_id, 0, proc, chunk_size=10, max_chunk_attempts=3, lease_seconds=5
+        )
     msg = str(err.value)
     cov = rs.check_round(pg_engine, t2.store, rnd.round_id, keys)
-    rs.record("4 dependency outage", trials=1, keys_lost=len(cov.lost), counter_errors=len(cov.counter_errors),
-              note="budget exhausted -> DependencyFailedError at the kept cursor, a new traverse finished")
-    assert "failed 3 times in a row" in msg and "cursor stays at 50" in msg and "nothing was skipped" in msg
+    rs.record(
+        "4 dependency outage",
+        trials=1,
+        keys_lost=len(cov.lost),
+        counter_errors=len(cov.counter_errors),
+        note="budget exhausted -> DependencyFailedError at the kept cursor, a new traverse finished",
+    )
+    assert (
+        "failed 3 times in a row" in msg
+        and "cursor stays at 50" in msg
+        and "nothing was skipped" in msg
+    )
     assert (during["cursor"], during["done"], during["dead"], during["retries"]) == (50, 50, 0, 0)
     assert during["state"] == "pending" and during["owner"] == ""  # released, not left running
     assert done.complete and (done.done, done.skipped, done.dead) == (N_ROWS, 0, 0)
@@ -259,16 +351,23 @@ def test_outage_longer_than_the_budget_raises_then_a_new_traverse_finishes(
     assert not watcher.violations
 
 
-def test_outage_during_item_retries_dead_letters_nothing(pg_engine: sa.Engine, pg_schema_url: str,
-                                                         redis_url: str, key_prefix: str) -> None:
+def test_outage_during_item_retries_dead_letters_nothing(
+    pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
     """Items that failed on their own wait in the retry set; the sink goes down while their retry
     passes run and the processor reports every item of the pass as failed, for a new reason. The
     outage must not use up their attempts: like a chunk where more than ``outage_failure_ratio``
     of the items failed, such a pass is a dependency failure. (Poison items that keep failing for
     their own reason are still dead-lettered: ``test_reliability_poison.py``.)"""
     keys = _setup(pg_engine)
-    t = KeysetTraversal(pg_schema_url, table="items", key="id", redis_url=redis_url, stream="retry-outage",
-                        key_prefix=key_prefix)
+    t = KeysetTraversal(
+        pg_schema_url,
+        table="items",
+        key="id",
+        redis_url=redis_url,
+        stream="retry-outage",
+        key_prefix=key_prefix,
+    )
     rnd = t.plan(max_ranges=1)
     flaky = {7, 70, 140, 190}
     proc = OutageProcessor(pg_engine, t, "items", None)
@@ -277,8 +376,16 @@ def test_outage_during_item_retries_dead_letters_nothing(pg_engine: sa.Engine, p
         if chunk.attempt == 1 and len(chunk) == 10:  # main pass: the flaky items fail on their own
             bad = {k: "flaky" for k in chunk.keys if k in flaky}
             ok = [k for k in chunk.keys if k not in flaky]
-            res = proc(Chunk(chunk.round_id, chunk.range_id, chunk.columns,
-                             [v for v in chunk.values if v[0] in ok], chunk.key_of, chunk.attempt))
+            res = proc(
+                Chunk(
+                    chunk.round_id,
+                    chunk.range_id,
+                    chunk.columns,
+                    [v for v in chunk.values if v[0] in ok],
+                    chunk.key_of,
+                    chunk.attempt,
+                )
+            )
             if res is not None:  # every item failed: pass the outage on as it is
                 return ChunkResult(failed={**dict(res.failed), **bad})
             return ChunkResult(failed=bad)
@@ -288,8 +395,11 @@ def test_outage_during_item_retries_dead_letters_nothing(pg_engine: sa.Engine, p
     release = threading.Event()
 
     def lock_when_main_pass_is_done() -> None:
-        rs.wait_for(lambda: t.range_status(rnd.round_id)[0]["cursor_encoded"] == rnd.ranges[0].hi_encoded,
-                    timeout=60, what="the main pass")
+        rs.wait_for(
+            lambda: t.range_status(rnd.round_id)[0]["cursor_encoded"] == rnd.ranges[0].hi_encoded,
+            timeout=60,
+            what="the main pass",
+        )
         with table_locked(pg_schema_url):
             locked.set()
             release.wait(10)
@@ -300,24 +410,42 @@ def test_outage_during_item_retries_dead_letters_nothing(pg_engine: sa.Engine, p
 
     def run() -> None:
         try:
-            result["r"] = t.traverse(rnd.round_id, 0, processor, chunk_size=10, max_item_attempts=3,
-                                     item_retry_delay=0.5, backoff_base=0.05, backoff_max=0.2, lease_seconds=5)
+            result["r"] = t.traverse(
+                rnd.round_id,
+                0,
+                processor,
+                chunk_size=10,
+                max_item_attempts=3,
+                item_retry_delay=0.5,
+                backoff_base=0.05,
+                backoff_max=0.2,
+                lease_seconds=5,
+            )
         except Exception as exc:
             result["r"] = exc
 
     runner = threading.Thread(target=run, daemon=True)
     runner.start()
     locked.wait(60)
-    rs.wait_for(lambda: len(proc.failures) >= 3 or not runner.is_alive(), timeout=30, what="failed retry passes")
+    rs.wait_for(
+        lambda: len(proc.failures) >= 3 or not runner.is_alive(),
+        timeout=30,
+        what="failed retry passes",
+    )
     release.set()
     locker.join(30)
     runner.join(120)
     dead = t.dead_letters(rnd.round_id, 0)
     status = t.range_status(rnd.round_id)[0]
-    rs.record("4 dependency outage", trials=1,
-              note=f"outage during item retries: {len(dead)} item(s) dead-lettered by the outage (expected 0)")
-    assert not dead, (f"{len(dead)} item(s) dead-lettered because the sink was down during their retry passes: "
-                      f"{[(d['key'], d['error']) for d in dead]}")
+    rs.record(
+        "4 dependency outage",
+        trials=1,
+        note=f"outage during item retries: {len(dead)} item(s) dead-lettered by the outage (expected 0)",
+    )
+    assert not dead, (
+        f"{len(dead)} item(s) dead-lettered because the sink was down during their retry passes: "
+        f"{[(d['key'], d['error']) for d in dead]}"
+    )
     assert proc.failures, "the outage never hit a retry pass; the test proved nothing"
     assert not isinstance(result["r"], Exception) and result["r"].complete, result["r"]
     assert status["state"] == "complete"

@@ -63,7 +63,9 @@ FIGURES: list[str] = []  # lines printed in the terminal summary (the measured f
 def _free_ports(n: int) -> list[int]:
     """``n`` distinct ports free on 127.0.0.1 right now (all held open until all are picked)."""
     with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        socks = [
+            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)
+        ]
         for s in socks:
             s.bind(("127.0.0.1", 0))
         return [int(s.getsockname()[1]) for s in socks]
@@ -90,8 +92,12 @@ class AirflowDeployment:
     def request(self, method: str, path: str, body: Any = None, timeout: float = 30.0) -> Any:
         """``method`` ``/api/v2<path>`` with a JSON body; returns the decoded JSON answer."""
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.api_url}/api/v2{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+        req = urllib.request.Request(
+            f"{self.api_url}/api/v2{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read() or b"null")
 
@@ -121,7 +127,11 @@ class AirflowDeployment:
         return out
 
     def dead_components(self) -> list[str]:
-        return [f"{name} (exit {p.returncode})" for name, p in self.procs.items() if p.poll() is not None]
+        return [
+            f"{name} (exit {p.returncode})"
+            for name, p in self.procs.items()
+            if p.poll() is not None
+        ]
 
     def stop(self) -> None:
         """SIGTERM each component's group, wait, then SIGKILL everything left in its sessions."""
@@ -149,41 +159,53 @@ class AirflowDeployment:
         """Tails of every component's output and of every task (and trigger) log of ``dag_id``."""
         parts = [f"dead components: {self.dead_components() or 'none'}"]
         for name in COMPONENTS:
-            parts.append(f"----- {name} (last {chars} chars)\n{_tail(self.home / f'{name}.out', chars)}")
+            parts.append(
+                f"----- {name} (last {chars} chars)\n{_tail(self.home / f'{name}.out', chars)}"
+            )
         pattern = f"dag_id={dag_id}/**/*.log*" if dag_id else "dag_id=*/**/*.log*"
         for path in sorted((self.home / "logs").glob(pattern)):
-            parts.append(f"----- task log {path.relative_to(self.home / 'logs')}\n{_tail(path, chars)}")
+            parts.append(
+                f"----- task log {path.relative_to(self.home / 'logs')}\n{_tail(path, chars)}"
+            )
         return "\n".join(parts)
 
 
-def _component_env(home: Path, db_url: str, ports: list[int], extra_env: Mapping[str, str]) -> dict[str, str]:
+def _component_env(
+    home: Path, db_url: str, ports: list[int], extra_env: Mapping[str, str]
+) -> dict[str, str]:
     api_port, worker_log_port, trigger_log_port = ports
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_", "AIRFLOW__", "KEYSET_"))}
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db_url,
-        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__PARALLELISM": "2",
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_DIR),
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
-        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
-        "AIRFLOW__API__HOST": "127.0.0.1",
-        "AIRFLOW__API__PORT": str(api_port),
-        "AIRFLOW__API__WORKERS": "1",
-        "AIRFLOW__API__SECRET_KEY": secrets.token_hex(32),
-        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(64),
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(worker_log_port),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(trigger_log_port),
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
-        # a worker that dies silently is detected within ~HEARTBEAT_TIMEOUT_S
-        "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "2",
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
-        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
-        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-    })
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIRFLOW_", "AIRFLOW__", "KEYSET_"))
+    }
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db_url,
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "2",
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_DIR),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(api_port),
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__SECRET_KEY": secrets.token_hex(32),
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(64),
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(worker_log_port),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(trigger_log_port),
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            # a worker that dies silently is detected within ~HEARTBEAT_TIMEOUT_S
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "2",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT_S),
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        }
+    )
     env.update(extra_env)
     return env
 
@@ -198,8 +220,11 @@ def _wait_ready(dep: AirflowDeployment, dag_id: str) -> None:
             break
         try:
             health = dep.get("/monitor/health")
-            unhealthy = [k for k in ("metadatabase", "scheduler", "triggerer", "dag_processor")
-                         if (health.get(k) or {}).get("status") != "healthy"]
+            unhealthy = [
+                k
+                for k in ("metadatabase", "scheduler", "triggerer", "dag_processor")
+                if (health.get(k) or {}).get("status") != "healthy"
+            ]
             if unhealthy:
                 last = f"not healthy yet: {unhealthy}"
             else:
@@ -216,13 +241,18 @@ def _wait_ready(dep: AirflowDeployment, dag_id: str) -> None:
         except (OSError, ValueError) as exc:
             last = f"{type(exc).__name__}: {exc}"
         time.sleep(1)
-    pytest.fail(f"Airflow deployment not ready after {READY_TIMEOUT_S} s ({last})\n{dep.diagnostics()}")
+    pytest.fail(
+        f"Airflow deployment not ready after {READY_TIMEOUT_S} s ({last})\n{dep.diagnostics()}"
+    )
 
 
-
-
-def start_deployment(home: Path, db_url: str, extra_env: Mapping[str, str], dag_id: str,
-                     started: list[AirflowDeployment]) -> AirflowDeployment:
+def start_deployment(
+    home: Path,
+    db_url: str,
+    extra_env: Mapping[str, str],
+    dag_id: str,
+    started: list[AirflowDeployment],
+) -> AirflowDeployment:
     """Migrate ``db_url`` (an empty database), start the components in ``home`` and wait until
     ``dag_id`` is ready. The deployment is appended to ``started`` before any process starts,
     so the caller can stop it even when this fails."""
@@ -231,14 +261,28 @@ def start_deployment(home: Path, db_url: str, extra_env: Mapping[str, str], dag_
     env = _component_env(home, db_url, ports, extra_env)
     dep = AirflowDeployment(home=home, api_url=f"http://127.0.0.1:{ports[0]}", env=env)
     started.append(dep)
-    migrate = subprocess.run([*AIRFLOW_CMD, "db", "migrate"], env=env, capture_output=True, text=True,
-                             timeout=MIGRATE_TIMEOUT_S, check=False)
+    migrate = subprocess.run(
+        [*AIRFLOW_CMD, "db", "migrate"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=MIGRATE_TIMEOUT_S,
+        check=False,
+    )
     if migrate.returncode != 0:
-        pytest.fail(f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}")
+        pytest.fail(
+            f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}"
+        )
     for name in COMPONENTS:
         with (home / f"{name}.out").open("wb") as out:
-            dep.procs[name] = subprocess.Popen([*AIRFLOW_CMD, name], env=env, stdout=out,
-                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                               start_new_session=True, cwd=home)
+            dep.procs[name] = subprocess.Popen(
+                [*AIRFLOW_CMD, name],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=home,
+            )
     _wait_ready(dep, dag_id)
     return dep

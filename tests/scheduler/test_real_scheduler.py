@@ -80,18 +80,28 @@ class Kill:
 
 def _postgres_conn(pg_url: str, schema: str) -> str:
     url = make_url(pg_url)
-    return json.dumps({
-        "conn_type": "postgres", "host": url.host, "port": url.port, "login": url.username,
-        "password": url.password, "schema": url.database,
-        "extra": {"sqlalchemy_query": {"options": f"-csearch_path={schema}"}},
-    })
+    return json.dumps(
+        {
+            "conn_type": "postgres",
+            "host": url.host,
+            "port": url.port,
+            "login": url.username,
+            "password": url.password,
+            "schema": url.database,
+            "extra": {"sqlalchemy_query": {"options": f"-csearch_path={schema}"}},
+        }
+    )
 
 
 def _redis_conn(redis_url: str) -> str:
     parts = urlsplit(redis_url)
     db = int(parts.path.lstrip("/") or 0)
-    conn: dict[str, Any] = {"conn_type": "redis", "host": parts.hostname, "port": parts.port or 6379,
-                            "extra": {"db": db}}
+    conn: dict[str, Any] = {
+        "conn_type": "redis",
+        "host": parts.hostname,
+        "port": parts.port or 6379,
+        "extra": {"db": db},
+    }
     if parts.password:
         conn["password"] = unquote(parts.password)
     return json.dumps(conn)
@@ -99,8 +109,12 @@ def _redis_conn(redis_url: str) -> str:
 
 def _create_tables(engine: sa.Engine) -> None:
     with engine.begin() as conn:
-        conn.exec_driver_sql("CREATE TABLE sched_events (seq bigint PRIMARY KEY, payload text NOT NULL)")
-        conn.exec_driver_sql(f"INSERT INTO sched_events SELECT g, 'event ' || g FROM generate_series(1, {ROWS}) g")
+        conn.exec_driver_sql(
+            "CREATE TABLE sched_events (seq bigint PRIMARY KEY, payload text NOT NULL)"
+        )
+        conn.exec_driver_sql(
+            f"INSERT INTO sched_events SELECT g, 'event ' || g FROM generate_series(1, {ROWS}) g"
+        )
         conn.exec_driver_sql(
             "CREATE TABLE sched_effects (seq bigint NOT NULL, range_id int NOT NULL, try_number int NOT NULL, "
             "pid int NOT NULL, ppid int NOT NULL, chunk_first bigint NOT NULL, "
@@ -117,7 +131,9 @@ def _ti_path(run_id: str, task_id: str, map_index: int | None = None) -> str:
     return path if map_index is None else f"{path}/{map_index}"
 
 
-def _xcom(dep: AirflowDeployment, run_id: str, task_id: str, key: str, map_index: int | None = None) -> Any:
+def _xcom(
+    dep: AirflowDeployment, run_id: str, task_id: str, key: str, map_index: int | None = None
+) -> Any:
     query = f"?map_index={map_index}" if map_index is not None else ""
     return dep.get(f"{_ti_path(run_id, task_id)}/xcomEntries/{key}{query}")["value"]
 
@@ -136,15 +152,24 @@ def _xcom_or_none(dep: AirflowDeployment, run_id: str, task_id: str, key: str) -
 
 def _first_try_process(engine: sa.Engine, range_id: int) -> tuple[int, int]:
     with engine.connect() as conn:
-        rows = conn.execute(sa.text(
-            "SELECT DISTINCT pid, ppid FROM sched_effects WHERE range_id = :r AND try_number = 1"
-        ), {"r": range_id}).all()
+        rows = conn.execute(
+            sa.text(
+                "SELECT DISTINCT pid, ppid FROM sched_effects WHERE range_id = :r AND try_number = 1"
+            ),
+            {"r": range_id},
+        ).all()
     assert len(rows) == 1, f"range {range_id}: try 1 ran in {len(rows)} processes: {rows}"
     return int(rows[0][0]), int(rows[0][1])
 
 
-def _kill(dep: AirflowDeployment, engine: sa.Engine, ctl: StreamControl, run_id: str, round_id: str,
-          range_id: int) -> Kill:
+def _kill(
+    dep: AirflowDeployment,
+    engine: sa.Engine,
+    ctl: StreamControl,
+    run_id: str,
+    round_id: str,
+    range_id: int,
+) -> Kill:
     """Kill ``range_id``'s first try as ``KILLS`` says, after checking that the processes are that
     task instance's and belong to this deployment; then read the range's committed cursor."""
     kind = KILLS[range_id]
@@ -156,7 +181,9 @@ def _kill(dep: AirflowDeployment, engine: sa.Engine, ctl: StreamControl, run_id:
     )
     assert dep.owns(pid) and dep.owns(ppid), f"pid {pid}/{ppid} is not a process of this deployment"
     assert psutil.Process(pid).ppid() == ppid, f"pid {pid}'s parent is not the supervisor {ppid}"
-    victims = [psutil.Process(pid)] if kind == "task" else [psutil.Process(ppid), psutil.Process(pid)]
+    victims = (
+        [psutil.Process(pid)] if kind == "task" else [psutil.Process(ppid), psutil.Process(pid)]
+    )
     killed_at = time.time()
     if kind == "task":
         os.kill(pid, signal.SIGKILL)
@@ -170,8 +197,9 @@ def _kill(dep: AirflowDeployment, engine: sa.Engine, ctl: StreamControl, run_id:
     return Kill(range_id, kind, pid, ppid, int(after["cursor"]), int(after["done"]), killed_at)
 
 
-def _run_and_kill(dep: AirflowDeployment, engine: sa.Engine, ctl: StreamControl, run_id: str) -> tuple[
-        str, dict[int, Kill], float]:
+def _run_and_kill(
+    dep: AirflowDeployment, engine: sa.Engine, ctl: StreamControl, run_id: str
+) -> tuple[str, dict[int, Kill], float]:
     """Poll the run (REST) and the ranges (Redis) until the run ends; kill each range of ``KILLS``
     once its first try has committed ``KILL_AFTER_CHUNKS`` chunks. -> (state, kills, seconds)."""
     started = time.monotonic()
@@ -181,12 +209,16 @@ def _run_and_kill(dep: AirflowDeployment, engine: sa.Engine, ctl: StreamControl,
     while True:
         now = time.monotonic()
         if now - started > RUN_TIMEOUT_S:
-            pytest.fail(f"DAG run {run_id} not finished after {RUN_TIMEOUT_S:.0f} s (kills: {kills})\n"
-                        f"{dep.diagnostics(DAG_ID)}")
+            pytest.fail(
+                f"DAG run {run_id} not finished after {RUN_TIMEOUT_S:.0f} s (kills: {kills})\n"
+                f"{dep.diagnostics(DAG_ID)}"
+            )
         if now >= next_state_poll:
             next_state_poll = now + 1.0
             if dep.dead_components():
-                pytest.fail(f"Airflow components died: {dep.dead_components()}\n{dep.diagnostics(DAG_ID)}")
+                pytest.fail(
+                    f"Airflow components died: {dep.dead_components()}\n{dep.diagnostics(DAG_ID)}"
+                )
             state = dep.get(f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"]
             if state in ("success", "failed"):
                 return state, kills, time.monotonic() - started
@@ -198,8 +230,10 @@ def _run_and_kill(dep: AirflowDeployment, engine: sa.Engine, ctl: StreamControl,
                 if range_id not in KILLS or range_id in kills:
                     continue
                 if status["state"] == "complete":
-                    pytest.fail(f"range {range_id} completed before it could be killed; make it longer\n"
-                                f"{dep.diagnostics(DAG_ID)}")
+                    pytest.fail(
+                        f"range {range_id} completed before it could be killed; make it longer\n"
+                        f"{dep.diagnostics(DAG_ID)}"
+                    )
                 if status["done"] >= KILL_AFTER_CHUNKS * CHUNK:
                     kills[range_id] = _kill(dep, engine, ctl, run_id, round_id, range_id)
         time.sleep(POLL_S)
@@ -213,35 +247,60 @@ def _effects(engine: sa.Engine, ranges: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with engine.connect() as conn:
         q = lambda sql, **kw: conn.execute(sa.text(sql), kw).all()  # noqa: E731
-        out["lost"] = q("SELECT count(*) FROM sched_events s "
-                        "WHERE NOT EXISTS (SELECT 1 FROM sched_effects e WHERE e.seq = s.seq)")[0][0]
-        out["lost_sample"] = [r[0] for r in q("SELECT seq FROM sched_events EXCEPT SELECT seq FROM sched_effects "
-                                               "ORDER BY 1 LIMIT 10")]
-        out["unknown"] = q("SELECT count(*) FROM sched_effects e "
-                           "WHERE NOT EXISTS (SELECT 1 FROM sched_events s WHERE s.seq = e.seq)")[0][0]
-        out["twice_in_one_try"] = q("SELECT count(*) - count(DISTINCT (seq, range_id, try_number)) "
-                                    "FROM sched_effects")[0][0]
+        out["lost"] = q(
+            "SELECT count(*) FROM sched_events s "
+            "WHERE NOT EXISTS (SELECT 1 FROM sched_effects e WHERE e.seq = s.seq)"
+        )[0][0]
+        out["lost_sample"] = [
+            r[0]
+            for r in q(
+                "SELECT seq FROM sched_events EXCEPT SELECT seq FROM sched_effects "
+                "ORDER BY 1 LIMIT 10"
+            )
+        ]
+        out["unknown"] = q(
+            "SELECT count(*) FROM sched_effects e "
+            "WHERE NOT EXISTS (SELECT 1 FROM sched_events s WHERE s.seq = e.seq)"
+        )[0][0]
+        out["twice_in_one_try"] = q(
+            "SELECT count(*) - count(DISTINCT (seq, range_id, try_number)) FROM sched_effects"
+        )[0][0]
         out["outside_range"] = 0
         out["rows_in_range"] = {}
         for spec in ranges:
             lo = -1 if spec["lo"] is None else int(spec["lo"])
             hi = int(spec["hi"])
             r = int(spec["range_id"])
-            out["outside_range"] += q("SELECT count(*) FROM sched_effects WHERE range_id = :r "
-                                      "AND NOT (seq > :lo AND seq <= :hi)", r=r, lo=lo, hi=hi)[0][0]
-            out["rows_in_range"][r] = q("SELECT count(*) FROM sched_events WHERE seq > :lo AND seq <= :hi",
-                                        lo=lo, hi=hi)[0][0]
-        out["tries"] = {int(r): sorted(t) for r, t in q(
-            "SELECT range_id, array_agg(DISTINCT try_number) FROM sched_effects GROUP BY range_id")}
+            out["outside_range"] += q(
+                "SELECT count(*) FROM sched_effects WHERE range_id = :r "
+                "AND NOT (seq > :lo AND seq <= :hi)",
+                r=r,
+                lo=lo,
+                hi=hi,
+            )[0][0]
+            out["rows_in_range"][r] = q(
+                "SELECT count(*) FROM sched_events WHERE seq > :lo AND seq <= :hi", lo=lo, hi=hi
+            )[0][0]
+        out["tries"] = {
+            int(r): sorted(t)
+            for r, t in q(
+                "SELECT range_id, array_agg(DISTINCT try_number) FROM sched_effects GROUP BY range_id"
+            )
+        }
         # A replayed chunk: a chunk of a later try holding a key that an earlier try delivered.
         replay = q(
             "SELECT e.range_id, count(DISTINCT (e.try_number, e.chunk_first)), count(*) FROM sched_effects e "
             "WHERE EXISTS (SELECT 1 FROM sched_effects p WHERE p.seq = e.seq AND p.range_id = e.range_id "
-            "AND p.try_number < e.try_number) GROUP BY e.range_id")
+            "AND p.try_number < e.try_number) GROUP BY e.range_id"
+        )
         out["replayed_chunks"] = {int(r): int(c) for r, c, _ in replay}
         out["replayed_keys"] = {int(r): int(k) for r, _, k in replay}
-        out["resumed_at"] = {int(r): int(m) for r, m in q(
-            "SELECT range_id, min(seq) FROM sched_effects WHERE try_number = 2 GROUP BY range_id")}
+        out["resumed_at"] = {
+            int(r): int(m)
+            for r, m in q(
+                "SELECT range_id, min(seq) FROM sched_effects WHERE try_number = 2 GROUP BY range_id"
+            )
+        }
     return out
 
 
@@ -249,9 +308,18 @@ def _first_try_beyond(engine: sa.Engine, kills: Mapping[int, Kill]) -> dict[int,
     """Per killed range: keys its first try delivered past the committed cursor (the chunk in
     hand when it died; the retry must deliver exactly these again)."""
     with engine.connect() as conn:
-        return {r: int(conn.execute(sa.text(
-            "SELECT count(*) FROM sched_effects WHERE range_id = :r AND try_number = 1 AND seq > :c"
-        ), {"r": r, "c": k.cursor}).scalar() or 0) for r, k in kills.items()}
+        return {
+            r: int(
+                conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM sched_effects WHERE range_id = :r AND try_number = 1 AND seq > :c"
+                    ),
+                    {"r": r, "c": k.cursor},
+                ).scalar()
+                or 0
+            )
+            for r, k in kills.items()
+        }
 
 
 def _since(iso: str | None, epoch: float) -> float:
@@ -263,8 +331,14 @@ def _since(iso: str | None, epoch: float) -> float:
 
 def _heartbeat_timeouts(dep: AirflowDeployment, run_id: str) -> set[tuple[int, int]]:
     """(map_index, try_number) of the traverse tries the scheduler failed for lack of heartbeat."""
-    logs = dep.get(f"/eventLogs?dag_id={DAG_ID}&run_id={run_id}&task_id=traverse&limit=100")["event_logs"]
-    return {(int(e["map_index"]), int(e["try_number"])) for e in logs if e["event"] == "heartbeat timeout"}
+    logs = dep.get(f"/eventLogs?dag_id={DAG_ID}&run_id={run_id}&task_id=traverse&limit=100")[
+        "event_logs"
+    ]
+    return {
+        (int(e["map_index"]), int(e["try_number"]))
+        for e in logs
+        if e["event"] == "heartbeat timeout"
+    }
 
 
 def _trigger_fired(dep: AirflowDeployment, run_id: str, round_id: str) -> bool:
@@ -280,24 +354,32 @@ def _trigger_fired(dep: AirflowDeployment, run_id: str, round_id: str) -> bool:
 
 def test_sigkilled_traverse_tasks_are_retried_and_lose_nothing(
     airflow_deployment: Callable[[Mapping[str, str], str], AirflowDeployment],
-    pg_url: str, pg_schema: str, pg_engine: sa.Engine, redis_url: str, redis_client: redis.Redis, key_prefix: str,
+    pg_url: str,
+    pg_schema: str,
+    pg_engine: sa.Engine,
+    redis_url: str,
+    redis_client: redis.Redis,
+    key_prefix: str,
 ) -> None:
     _create_tables(pg_engine)
     stream = f"sched-{uuid.uuid4().hex[:8]}"
-    dep = airflow_deployment({
-        f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": _postgres_conn(pg_url, pg_schema),
-        f"AIRFLOW_CONN_{REDIS_CONN.upper()}": _redis_conn(redis_url),
-        "KEYSET_SCHED_SOURCE_CONN": SOURCE_CONN,
-        "KEYSET_SCHED_REDIS_CONN": REDIS_CONN,
-        "KEYSET_SCHED_KEY_PREFIX": key_prefix,
-        "KEYSET_SCHED_STREAM": stream,
-        "KEYSET_SCHED_MAX_RANGES": str(MAX_RANGES),
-        "KEYSET_SCHED_CHUNK_SIZE": str(CHUNK),
-        "KEYSET_SCHED_SLEEP_S": "0.05",
-        "KEYSET_SCHED_RETRIES": str(RETRIES),
-        "KEYSET_SCHED_RETRY_DELAY_S": "3",
-        "KEYSET_SCHED_BARRIER_TIMEOUT_S": str(int(RUN_TIMEOUT_S)),
-    }, DAG_ID)
+    dep = airflow_deployment(
+        {
+            f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": _postgres_conn(pg_url, pg_schema),
+            f"AIRFLOW_CONN_{REDIS_CONN.upper()}": _redis_conn(redis_url),
+            "KEYSET_SCHED_SOURCE_CONN": SOURCE_CONN,
+            "KEYSET_SCHED_REDIS_CONN": REDIS_CONN,
+            "KEYSET_SCHED_KEY_PREFIX": key_prefix,
+            "KEYSET_SCHED_STREAM": stream,
+            "KEYSET_SCHED_MAX_RANGES": str(MAX_RANGES),
+            "KEYSET_SCHED_CHUNK_SIZE": str(CHUNK),
+            "KEYSET_SCHED_SLEEP_S": "0.05",
+            "KEYSET_SCHED_RETRIES": str(RETRIES),
+            "KEYSET_SCHED_RETRY_DELAY_S": "3",
+            "KEYSET_SCHED_BARRIER_TIMEOUT_S": str(int(RUN_TIMEOUT_S)),
+        },
+        DAG_ID,
+    )
     ctl = StreamControl(CursorStore(redis_client, stream, prefix=key_prefix))
     run_id = f"kill_{uuid.uuid4().hex[:8]}"
     dep.request("POST", f"/dags/{DAG_ID}/dagRuns", {"dag_run_id": run_id, "logical_date": None})
@@ -312,31 +394,44 @@ def test_sigkilled_traverse_tasks_are_retried_and_lose_nothing(
     round_id = _xcom(dep, run_id, "plan", "round_id")
     ranges = _xcom(dep, run_id, "plan", "return_value")
     totals = _xcom(dep, run_id, "barrier", "return_value")
-    per_range = {r: _xcom(dep, run_id, "traverse", "return_value", map_index=r) for r in range(len(ranges))}
+    per_range = {
+        r: _xcom(dep, run_id, "traverse", "return_value", map_index=r) for r in range(len(ranges))
+    }
     tis = {r: dep.get(_ti_path(run_id, "traverse", r)) for r in range(len(ranges))}
     barrier_ti = dep.get(_ti_path(run_id, "barrier"))
     timeouts = _heartbeat_timeouts(dep, run_id)
     fx = _effects(pg_engine, ranges)
 
-    max_replay = max((fx["replayed_chunks"].get(r, 0) / max(1, len(fx["tries"][r]) - 1)
-                      for r in fx["tries"]), default=0)
-    counter_errors = (abs(int(totals["done"]) - ROWS) + int(totals["skipped"]) + int(totals["dead"])
-                      + sum(abs(int(per_range[r]["done"]) - fx["rows_in_range"][r]) for r in per_range))
+    max_replay = max(
+        (fx["replayed_chunks"].get(r, 0) / max(1, len(fx["tries"][r]) - 1) for r in fx["tries"]),
+        default=0,
+    )
+    counter_errors = (
+        abs(int(totals["done"]) - ROWS)
+        + int(totals["skipped"])
+        + int(totals["dead"])
+        + sum(abs(int(per_range[r]["done"]) - fx["rows_in_range"][r]) for r in per_range)
+    )
     beyond_cursor = _first_try_beyond(pg_engine, kills)
-    FIGURES.extend([
-        f"run {run_id}: {state} in {seconds:.0f} s; {ROWS} rows, {len(ranges)} ranges, chunk {CHUNK}, "
-        f"heartbeat timeout {HEARTBEAT_TIMEOUT_S} s",
-        *(f"  kill range {k.range_id} ({k.kind}): pid {k.pid} (supervisor {k.ppid}) at committed cursor "
-          f"{k.cursor} (done {k.done}); try 1 had delivered {beyond_cursor[k.range_id]} key(s) past it; try 2 "
-          f"started {_since(tis[k.range_id]['start_date'], k.killed_at):.0f} s after the kill, resumed at key "
-          f"{fx['resumed_at'].get(k.range_id)}, replayed {fx['replayed_keys'].get(k.range_id, 0)} key(s) in "
-          f"{fx['replayed_chunks'].get(k.range_id, 0)} chunk(s)" for k in kills.values()),
-        f"  tries per range {fx['tries']}; heartbeat timeouts (map_index, try) {sorted(timeouts)}",
-        f"  barrier totals done {totals['done']} skipped {totals['skipped']} dead {totals['dead']}; "
-        f"per range done {[per_range[r]['done'] for r in sorted(per_range)]}",
-        f"  scenario | trials | keys lost | max replay (chunks) | counter errors: real scheduler | 1 | "
-        f"{fx['lost']} | {max_replay:g} | {counter_errors}",
-    ])
+    FIGURES.extend(
+        [
+            f"run {run_id}: {state} in {seconds:.0f} s; {ROWS} rows, {len(ranges)} ranges, chunk {CHUNK}, "
+            f"heartbeat timeout {HEARTBEAT_TIMEOUT_S} s",
+            *(
+                f"  kill range {k.range_id} ({k.kind}): pid {k.pid} (supervisor {k.ppid}) at committed cursor "
+                f"{k.cursor} (done {k.done}); try 1 had delivered {beyond_cursor[k.range_id]} key(s) past it; try 2 "
+                f"started {_since(tis[k.range_id]['start_date'], k.killed_at):.0f} s after the kill, resumed at key "
+                f"{fx['resumed_at'].get(k.range_id)}, replayed {fx['replayed_keys'].get(k.range_id, 0)} key(s) in "
+                f"{fx['replayed_chunks'].get(k.range_id, 0)} chunk(s)"
+                for k in kills.values()
+            ),
+            f"  tries per range {fx['tries']}; heartbeat timeouts (map_index, try) {sorted(timeouts)}",
+            f"  barrier totals done {totals['done']} skipped {totals['skipped']} dead {totals['dead']}; "
+            f"per range done {[per_range[r]['done'] for r in sorted(per_range)]}",
+            f"  scenario | trials | keys lost | max replay (chunks) | counter errors: real scheduler | 1 | "
+            f"{fx['lost']} | {max_replay:g} | {counter_errors}",
+        ]
+    )
     print("\n".join(FIGURES))
 
     # Airflow noticed both deaths and retried each range exactly once.
@@ -345,12 +440,17 @@ def test_sigkilled_traverse_tasks_are_retried_and_lose_nothing(
         expected_try = 2 if r in KILLS else 1
         assert (ti["state"], ti["try_number"]) == ("success", expected_try), (
             f"range {r}: {ti['state']} on try {ti['try_number']}, expected success on try {expected_try}\n"
-            f"{diagnostics()}")
-    assert (1, 1) in timeouts, f"the scheduler never timed out the dead worker's heartbeat\n{diagnostics()}"
+            f"{diagnostics()}"
+        )
+    assert (1, 1) in timeouts, (
+        f"the scheduler never timed out the dead worker's heartbeat\n{diagnostics()}"
+    )
     assert (0, 1) not in timeouts, "the task process kill should be reported by its supervisor"
     # The barrier waited in the real triggerer and closed the round.
     assert (barrier_ti["state"], barrier_ti["try_number"]) == ("success", 1)
-    assert _trigger_fired(dep, run_id, round_id), f"the triggerer never fired for {round_id}\n{diagnostics()}"
+    assert _trigger_fired(dep, run_id, round_id), (
+        f"the triggerer never fired for {round_id}\n{diagnostics()}"
+    )
     assert ctl.round(round_id).state == "closed"
     # Coverage: every key at least once, in its own range, never twice in one try.
     assert fx["lost"] == 0, f"{fx['lost']} key(s) never processed, e.g. {fx['lost_sample']}"
@@ -361,15 +461,29 @@ def test_sigkilled_traverse_tasks_are_retried_and_lose_nothing(
         assert fx["replayed_chunks"].get(k.range_id, 0) <= 1, fx["replayed_chunks"]
         assert fx["replayed_keys"].get(k.range_id, 0) <= CHUNK, fx["replayed_keys"]
         lo = ranges[k.range_id]["lo"] or 0
-        assert k.done == k.cursor - lo, f"range {k.range_id}: counter {k.done} at cursor {k.cursor} (lo {lo})"
+        assert k.done == k.cursor - lo, (
+            f"range {k.range_id}: counter {k.done} at cursor {k.cursor} (lo {lo})"
+        )
         assert fx["resumed_at"][k.range_id] == k.cursor + 1, (
             f"range {k.range_id}: try 2 started at key {fx['resumed_at'][k.range_id]}, the committed cursor "
-            f"was {k.cursor}")
-        assert fx["replayed_keys"].get(k.range_id, 0) == beyond_cursor[k.range_id], fx["replayed_keys"]
+            f"was {k.cursor}"
+        )
+        assert fx["replayed_keys"].get(k.range_id, 0) == beyond_cursor[k.range_id], fx[
+            "replayed_keys"
+        ]
     assert set(fx["replayed_chunks"]) <= set(KILLS), fx["replayed_chunks"]
     # Counters: exact, although chunks were replayed.
-    assert (totals["done"], totals["skipped"], totals["dead"], totals["end_key"]) == (ROWS, 0, 0, ROWS), totals
+    assert (totals["done"], totals["skipped"], totals["dead"], totals["end_key"]) == (
+        ROWS,
+        0,
+        0,
+        ROWS,
+    ), totals
     for r, result in per_range.items():
         assert (result["done"], result["skipped"], result["dead"], result["complete"]) == (
-            fx["rows_in_range"][r], 0, 0, True), (r, result)
+            fx["rows_in_range"][r],
+            0,
+            0,
+            True,
+        ), (r, result)
     assert counter_errors == 0

@@ -46,9 +46,18 @@ from sqlalchemy.engine import make_url
 
 SERVER_START_TIMEOUT_S = 90
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio", "--force-device-scale-factor=1",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--force-device-scale-factor=1",
 ]
 
 
@@ -66,8 +75,9 @@ class ApiServer:
     log: Path
     editor_password: str = ""  # user "editor", role "user": may edit DAGs (pause/resume streams)
 
-    def http(self, method: str, path: str, *, headers: dict[str, str] | None = None,
-             body: Any = None) -> tuple[int, dict[str, str], bytes]:
+    def http(
+        self, method: str, path: str, *, headers: dict[str, str] | None = None, body: Any = None
+    ) -> tuple[int, dict[str, str], bytes]:
         """One request; returns ``(status, headers, body)`` for every status (no raising)."""
         data = None
         hdrs = dict(headers or {})
@@ -84,9 +94,11 @@ class ApiServer:
     def token(self, username: str | None = None, password: str | None = None) -> str:
         """A JWT from the server's own login endpoint (``POST /auth/token``); the viewer's by
         default."""
-        status, _, raw = self.http("POST", "/auth/token",
-                                   body={"username": username or self.username,
-                                         "password": password or self.password})
+        status, _, raw = self.http(
+            "POST",
+            "/auth/token",
+            body={"username": username or self.username, "password": password or self.password},
+        )
         assert status == 201, f"login failed: {status} {raw[:300]!r}"
         return str(json.loads(raw)["access_token"])
 
@@ -110,10 +122,14 @@ def _airflow_cmd() -> list[str]:
 
 def _redis_conn(redis_url: str) -> str:
     url = make_url(redis_url)
-    return json.dumps({"conn_type": "redis", "host": url.host, "port": url.port,
-                       "extra": {"db": int(url.database or 0)}})
-
-
+    return json.dumps(
+        {
+            "conn_type": "redis",
+            "host": url.host,
+            "port": url.port,
+            "extra": {"db": int(url.database or 0)},
+        }
+    )
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
@@ -144,52 +160,86 @@ def airflow_api_server(redis_url: str, ui_key_prefix: str) -> Iterator[ApiServer
     home = Path(tempfile.mkdtemp(prefix="keyset-ui-airflow-"))
     password = secrets.token_urlsafe(12)
     editor_password = secrets.token_urlsafe(12)
-    (home / "passwords.json").write_text(json.dumps({"viewer": password, "editor": editor_password}))
+    (home / "passwords.json").write_text(
+        json.dumps({"viewer": password, "editor": editor_password})
+    )
     (home / "dags").mkdir()
     port = _free_port()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AIRFLOW", "KEYSET_AIRFLOW", "KEYSET_EXAMPLE"))}
-    env.update({
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "AIRFLOW__CORE__AUTH_MANAGER":
-            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "viewer:viewer,editor:user",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
-        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
-        "AIRFLOW__KEYSET__REDIS_CONN_ID": "keyset_ui_redis",
-        "AIRFLOW__KEYSET__KEY_PREFIX": ui_key_prefix,
-        "AIRFLOW_CONN_KEYSET_UI_REDIS": _redis_conn(redis_url),
-    })
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AIRFLOW", "KEYSET_AIRFLOW", "KEYSET_EXAMPLE"))
+    }
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "viewer:viewer,editor:user",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "AIRFLOW__KEYSET__REDIS_CONN_ID": "keyset_ui_redis",
+            "AIRFLOW__KEYSET__KEY_PREFIX": ui_key_prefix,
+            "AIRFLOW_CONN_KEYSET_UI_REDIS": _redis_conn(redis_url),
+        }
+    )
     log = home / "api-server.log"
-    migrate = subprocess.run([*_airflow_cmd(), "db", "migrate"], env=env, capture_output=True,
-                             text=True, timeout=300)
+    migrate = subprocess.run(
+        [*_airflow_cmd(), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300
+    )
     if migrate.returncode != 0:
-        pytest.fail(f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}")
+        pytest.fail(
+            f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}"
+        )
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [*_airflow_cmd(), "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            [
+                *_airflow_cmd(),
+                "api-server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
-    server = ApiServer(f"http://127.0.0.1:{port}", "viewer", password, ui_key_prefix, "keyset_ui_redis", home, log,
-                       editor_password)
+    server = ApiServer(
+        f"http://127.0.0.1:{port}",
+        "viewer",
+        password,
+        ui_key_prefix,
+        "keyset_ui_redis",
+        home,
+        log,
+        editor_password,
+    )
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"airflow api-server exited with {proc.returncode}:\n{server.log_tail()}")
+                pytest.fail(
+                    f"airflow api-server exited with {proc.returncode}:\n{server.log_tail()}"
+                )
             try:
                 if server.http("GET", "/api/v2/monitor/health")[0] == 200:
                     break
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"airflow api-server did not answer on {server.base_url} within "
-                            f"{SERVER_START_TIMEOUT_S} s:\n{server.log_tail()}")
+                pytest.fail(
+                    f"airflow api-server did not answer on {server.base_url} within "
+                    f"{SERVER_START_TIMEOUT_S} s:\n{server.log_tail()}"
+                )
             time.sleep(0.3)
         yield server
     finally:
@@ -207,9 +257,14 @@ CHROMIUM_INSTALL_HINT = (
 
 def find_browser() -> tuple[str, str] | str:
     """``(chromium, chromedriver)`` paths, or a sentence saying what is missing."""
-    found = {name: shutil.which(name) or next(
-        (p for p in (f"/usr/bin/{name}", f"/usr/lib/chromium/{name}") if os.access(p, os.X_OK)), None)
-        for name in ("chromium", "chromedriver")}
+    found = {
+        name: shutil.which(name)
+        or next(
+            (p for p in (f"/usr/bin/{name}", f"/usr/lib/chromium/{name}") if os.access(p, os.X_OK)),
+            None,
+        )
+        for name in ("chromium", "chromedriver")
+    }
     missing = [name for name, path in found.items() if path is None]
     if missing:
         return f"{' and '.join(missing)} not installed: {CHROMIUM_INSTALL_HINT}"
@@ -219,11 +274,22 @@ def find_browser() -> tuple[str, str] | str:
 class Browser:
     """Headless Chromium with one page, driven by selenium through Debian's chromedriver."""
 
-    def __init__(self, binary: str, driver_path: str, profile: Path, log: Path,
-                 width: int = 1280, height: int = 900) -> None:
+    def __init__(
+        self,
+        binary: str,
+        driver_path: str,
+        profile: Path,
+        log: Path,
+        width: int = 1280,
+        height: int = 900,
+    ) -> None:
         options = ChromeOptions()
         options.binary_location = binary
-        for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"):
+        for flag in (
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            f"--window-size={width},{height}",
+        ):
             options.add_argument(flag)
         # Console messages of every level, read back with driver.get_log("browser").
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
@@ -234,9 +300,10 @@ class Browser:
 
     def resize(self, width: int, height: int) -> None:
         """Make the page's viewport exactly ``width`` x ``height`` CSS pixels."""
-        self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                                    {"width": width, "height": height, "deviceScaleFactor": 1,
-                                     "mobile": False})
+        self.driver.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
 
     def evaluate(self, expression: str) -> Any:
         """The value of a JS expression in the top document (a Promise is awaited: WebDriver spec)."""
@@ -246,11 +313,14 @@ class Browser:
         """Wait until the JS expression ``condition`` is true (fail with the page's text)."""
         try:
             WebDriverWait(self.driver, timeout, poll_frequency=0.2).until(
-                lambda d: d.execute_script(f"return !!({condition});"))
+                lambda d: d.execute_script(f"return !!({condition});")
+            )
         except TimeoutException:
             text = self.evaluate("document.body ? document.body.innerText : ''")
-            raise AssertionError(f"{self.driver.current_url}: not ({condition}) after {timeout} s; "
-                                 f"page text: {text!r:.1500}") from None
+            raise AssertionError(
+                f"{self.driver.current_url}: not ({condition}) after {timeout} s; "
+                f"page text: {text!r:.1500}"
+            ) from None
 
     def open(self, url: str, ready: str, timeout: float = 45) -> None:
         """Navigate and wait until the document is loaded and the JS expression ``ready`` is true."""
@@ -291,7 +361,9 @@ def browser_paths() -> tuple[str, str]:
 def chromium(browser_paths: tuple[str, str], tmp_path: Path) -> Iterator[Browser]:
     """A fresh headless Chromium with its own profile, closed after the test."""
     binary, driver_path = browser_paths
-    browser = Browser(binary, driver_path, tmp_path / "chromium-profile", tmp_path / "chromedriver.log")
+    browser = Browser(
+        binary, driver_path, tmp_path / "chromium-profile", tmp_path / "chromedriver.log"
+    )
     try:
         yield browser
     finally:

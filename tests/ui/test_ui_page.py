@@ -48,13 +48,21 @@ def live_round(sqlite_url: str, redis_url: str, prefix: str) -> Iterator[dict[st
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE events (seq INTEGER PRIMARY KEY, payload TEXT NOT NULL)")
-        conn.execute(sa.text("INSERT INTO events VALUES (:seq, :payload)"),
-                     [{"seq": i, "payload": f'{{"n": {i}}}'} for i in range(1, 401)])
+        conn.execute(
+            sa.text("INSERT INTO events VALUES (:seq, :payload)"),
+            [{"seq": i, "payload": f'{{"n": {i}}}'} for i in range(1, 401)],
+        )
     engine.dispose()
 
     def traversal() -> KeysetTraversal:
-        return KeysetTraversal(sqlite_url, table="events", key="seq", redis_url=redis_url,
-                               stream=STREAM, key_prefix=prefix)
+        return KeysetTraversal(
+            sqlite_url,
+            table="events",
+            key="seq",
+            redis_url=redis_url,
+            stream=STREAM,
+            key_prefix=prefix,
+        )
 
     t = traversal()
     r1 = t.plan(max_ranges=2, end_key=100)
@@ -90,9 +98,14 @@ def live_round(sqlite_url: str, redis_url: str, prefix: str) -> Iterator[dict[st
 
     results: list[Any] = []
     thread = threading.Thread(
-        target=lambda: results.append(worker.traverse("r2", 2, hold_after_first_chunk, chunk_size=20,
-                                                      lease_seconds=60, prefetch=False)),
-        name="ui-test-range-2-owner", daemon=True)
+        target=lambda: results.append(
+            worker.traverse(
+                "r2", 2, hold_after_first_chunk, chunk_size=20, lease_seconds=60, prefetch=False
+            )
+        ),
+        name="ui-test-range-2-owner",
+        daemon=True,
+    )
     thread.start()
     try:
         deadline = time.monotonic() + 30
@@ -145,7 +158,9 @@ def assert_reads_fully(layout: dict[str, Any], where: str) -> None:
     notes = [c for c in layout["cells"] if "note" in c["cls"].split()]
     assert notes and any(n["text"] for n in notes), f"{where}: no note text"
     for cell in layout["cells"]:
-        assert cell["left"] >= 0 and cell["right"] <= view + 0.5, f"{where}: cell outside the view {cell}"
+        assert cell["left"] >= 0 and cell["right"] <= view + 0.5, (
+            f"{where}: cell outside the view {cell}"
+        )
         assert cell["scroll"] <= cell["client"], f"{where}: text cut in its cell {cell}"
 
 
@@ -164,29 +179,56 @@ def test_plugin_api_requires_airflow_login(airflow_api_server: Any) -> None:
     status, _, body = srv.http("GET", "/keyset/", headers={"Accept": "text/html"})
     assert status == 401 and b"/auth/login" in body and b"Sign in to Airflow" in body
     # A forged or garbage token: refused.
-    assert srv.http("GET", "/keyset/api/streams", headers={"Authorization": "Bearer not-a-jwt"})[0] in (401, 403)
-    assert srv.http("GET", "/keyset/api/streams", headers={"Cookie": "_token=not-a-jwt"})[0] in (401, 403)
+    assert srv.http("GET", "/keyset/api/streams", headers={"Authorization": "Bearer not-a-jwt"})[
+        0
+    ] in (401, 403)
+    assert srv.http("GET", "/keyset/api/streams", headers={"Cookie": "_token=not-a-jwt"})[0] in (
+        401,
+        403,
+    )
     # A wrong password gets no token.
-    assert srv.http("POST", "/auth/token", body={"username": srv.username, "password": "wrong"})[0] == 401
+    assert (
+        srv.http("POST", "/auth/token", body={"username": srv.username, "password": "wrong"})[0]
+        == 401
+    )
 
     token = srv.token()
     for headers in ({"Authorization": f"Bearer {token}"}, {"Cookie": f"_token={token}"}):
         status, _, body = srv.http("GET", "/keyset/api/streams", headers=headers)
         assert status == 200, body
         listing = json.loads(body)
-        assert listing["redis_conn_id"] == srv.redis_conn_id and listing["key_prefix"] == srv.key_prefix
+        assert (
+            listing["redis_conn_id"] == srv.redis_conn_id
+            and listing["key_prefix"] == srv.key_prefix
+        )
     # Read-only: no write method exists.
-    assert srv.http("POST", "/keyset/api/streams", headers={"Authorization": f"Bearer {token}"}, body={})[0] == 405
+    assert (
+        srv.http(
+            "POST", "/keyset/api/streams", headers={"Authorization": f"Bearer {token}"}, body={}
+        )[0]
+        == 405
+    )
     # Unknown stream / round: 404 with a message, not a 500.
-    assert srv.http("GET", "/keyset/api/streams/no-such-stream", headers={"Authorization": f"Bearer {token}"})[0] == 404
+    assert (
+        srv.http(
+            "GET",
+            "/keyset/api/streams/no-such-stream",
+            headers={"Authorization": f"Bearer {token}"},
+        )[0]
+        == 404
+    )
 
     # The plugin is registered with the API server: the FastAPI app and the navigation entry.
-    status, _, body = srv.http("GET", "/api/v2/plugins", headers={"Authorization": f"Bearer {token}"})
+    status, _, body = srv.http(
+        "GET", "/api/v2/plugins", headers={"Authorization": f"Bearer {token}"}
+    )
     assert status == 200, body
     plugin = next(p for p in json.loads(body)["plugins"] if p["name"] == "keyset")
     assert [a["url_prefix"] for a in plugin["fastapi_apps"]] == ["/keyset"]
     view = next(v for v in plugin["external_views"] if v["destination"] == "nav")
-    assert view["destination"] == "nav" and view["href"] == "keyset/" and view["url_route"] == "keyset"
+    assert (
+        view["destination"] == "nav" and view["href"] == "keyset/" and view["url_route"] == "keyset"
+    )
 
 
 def test_page_shows_a_live_round_in_headless_chromium(
@@ -231,10 +273,12 @@ def test_page_shows_a_live_round_in_headless_chromium(
 
         # The same page inside the Airflow UI, through the plugin's navigation entry.
         chromium.resize(1280, 900)
-        chromium.open(f"{srv.base_url}/plugin/keyset",
-                      "(f => f && f.contentDocument && f.contentDocument.body"
-                      " && f.contentDocument.body.dataset.ready === '1')(document.querySelector('iframe'))",
-                      timeout=60)
+        chromium.open(
+            f"{srv.base_url}/plugin/keyset",
+            "(f => f && f.contentDocument && f.contentDocument.body"
+            " && f.contentDocument.body.dataset.ready === '1')(document.querySelector('iframe'))",
+            timeout=60,
+        )
         embedded = chromium.evaluate("""(() => { const f = document.querySelector('iframe');
             return {src: f.src, streams: [...f.contentDocument.querySelectorAll('section.stream')]
                     .map(s => s.dataset.stream)}; })()""")
@@ -265,7 +309,11 @@ def test_page_shows_a_live_round_in_headless_chromium(
     assert "never claimed" in ranges["3"]["text"]
     assert dom["bars"] == [["0", False], ["1", True], ["2", False], ["3", True]]
     assert dom["deadCount"] == "1"
-    assert len(dom["dead"]) == 1 and str(POISON_KEY) in dom["dead"][0] and POISON_ERROR in dom["dead"][0]
+    assert (
+        len(dom["dead"]) == 1
+        and str(POISON_KEY) in dom["dead"][0]
+        and POISON_ERROR in dom["dead"][0]
+    )
     assert embedded == {"src": f"{srv.base_url}/keyset/", "streams": [STREAM]}, embedded
 
     # No console error from the page, alone or inside Airflow's frame.
@@ -285,6 +333,10 @@ def test_page_shows_a_live_round_in_headless_chromium(
     assert (width, height) == (1280, 900)
     assert len(counts) > 50, f"only {len(counts)} colours"
     assert counts.most_common(1)[0][1] < 0.9 * width * height, "the page is one flat colour"
-    for name, rgb, minimum in (("green", GREEN, 300), ("blue", BLUE, 300), ("red", RED, 300),
-                               ("lagging row", LAG_ROW, 2000)):
+    for name, rgb, minimum in (
+        ("green", GREEN, 300),
+        ("blue", BLUE, 300),
+        ("red", RED, 300),
+        ("lagging row", LAG_ROW, 2000),
+    ):
         assert counts[rgb] >= minimum, f"{name} {rgb}: {counts[rgb]} pixels"

@@ -28,17 +28,26 @@ def test_lag_rules() -> None:
     assert lag_reason("open", _range(), expected_heartbeat_s=20) is None  # fresh owner
     assert lag_reason("open", _range(heartbeat_age_s=39.0), 20) is None  # within 2x the interval
     assert "stale owner" in (lag_reason("open", _range(heartbeat_age_s=41.0), 20) or "")
-    assert lag_reason("open", _range(owner="", heartbeat_age_s=None), None) == "no owner: never claimed"
-    assert "released unfinished" in (lag_reason("open", _range(state="pending", owner=""), None) or "")
+    assert (
+        lag_reason("open", _range(owner="", heartbeat_age_s=None), None)
+        == "no owner: never claimed"
+    )
+    assert "released unfinished" in (
+        lag_reason("open", _range(state="pending", owner=""), None) or ""
+    )
 
 
-def test_round_view_from_redis(sqlite_url: str, redis_url: str, redis_client: redis.Redis, key_prefix: str) -> None:
+def test_round_view_from_redis(
+    sqlite_url: str, redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE t (k INTEGER PRIMARY KEY)")
         conn.execute(sa.text("INSERT INTO t VALUES (:k)"), [{"k": i} for i in range(1, 201)])
     engine.dispose()
-    t = KeysetTraversal(sqlite_url, table="t", key="k", redis_url=redis_url, stream="s", key_prefix=key_prefix)
+    t = KeysetTraversal(
+        sqlite_url, table="t", key="k", redis_url=redis_url, stream="s", key_prefix=key_prefix
+    )
     try:
         rnd = t.plan(max_ranges=3)
         # Range 0 starts at -inf: once its cursor moved, no key-space fraction exists (counts only).
@@ -47,7 +56,9 @@ def test_round_view_from_redis(sqlite_url: str, redis_url: str, redis_client: re
         claim = t.store.claim(rnd.round_id, 1, "worker#silent", "", 300)
         assert not isinstance(claim, tuple), claim
         view = status.round_view(redis_client, key_prefix, "s", rnd.round_id)
-        while not view["ranges"][1]["lagging"]:  # wait (no timing assertion) for 2 intervals to pass
+        while not view["ranges"][1][
+            "lagging"
+        ]:  # wait (no timing assertion) for 2 intervals to pass
             time.sleep(0.05)
             view = status.round_view(redis_client, key_prefix, "s", rnd.round_id)
     finally:
@@ -62,5 +73,7 @@ def test_round_view_from_redis(sqlite_url: str, redis_url: str, redis_client: re
     assert view["lagging"] == 3 and all(r["dead_letters"] == [] for r in view["ranges"])
 
     summary = status.stream_view(redis_client, key_prefix, "s")
-    assert [(r["round_id"], r["state"], r["lagging"]) for r in summary["rounds"]] == [(rnd.round_id, "open", 3)]
+    assert [(r["round_id"], r["state"], r["lagging"]) for r in summary["rounds"]] == [
+        (rnd.round_id, "open", 3)
+    ]
     assert [s["stream"] for s in status.streams(redis_client, key_prefix)] == ["s"]

@@ -57,7 +57,15 @@ def record_and_sleep(chunk: Chunk) -> None:
                     f"INSERT INTO {CHUNKS_TABLE} (range_id, try_number, pid, ppid, worker, first_key, "
                     "last_key, n) VALUES (:range_id, :try_number, :pid, :ppid, :worker, :first, :last, :n)"
                 ),
-                {"range_id": chunk.range_id, "try_number": try_number, "pid": os.getpid(),
-                 "ppid": os.getppid(), "worker": WORKER, "first": keys[0], "last": keys[-1], "n": len(keys)},
+                {
+                    "range_id": chunk.range_id,
+                    "try_number": try_number,
+                    "pid": os.getpid(),
+                    "ppid": os.getppid(),
+                    "worker": WORKER,
+                    "first": keys[0],
+                    "last": keys[-1],
+                    "n": len(keys),
+                },
             )
     time.sleep(SLEEP_S)

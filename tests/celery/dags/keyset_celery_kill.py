@@ -45,16 +45,32 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
     plan = PlanRangesOperator(
-        task_id="plan", source_conn_id=SOURCE_CONN_ID, table=TABLE, key="seq", redis_conn_id=REDIS_CONN_ID,
-        stream=STREAM, key_prefix=KEY_PREFIX, max_ranges=MAX_RANGES,
+        task_id="plan",
+        source_conn_id=SOURCE_CONN_ID,
+        table=TABLE,
+        key="seq",
+        redis_conn_id=REDIS_CONN_ID,
+        stream=STREAM,
+        key_prefix=KEY_PREFIX,
+        max_ranges=MAX_RANGES,
     )
     traverse = TraverseRangeOperator.partial(
-        task_id="traverse", processor="keyset_celery_effects:record_and_sleep", redis_conn_id=REDIS_CONN_ID,
-        chunk_size=CHUNK_SIZE, lease_seconds=30, max_chunk_attempts=3, log_every_seconds=2,
-        retries=RETRIES, retry_delay=dt.timedelta(seconds=RETRY_DELAY_S),
+        task_id="traverse",
+        processor="keyset_celery_effects:record_and_sleep",
+        redis_conn_id=REDIS_CONN_ID,
+        chunk_size=CHUNK_SIZE,
+        lease_seconds=30,
+        max_chunk_attempts=3,
+        log_every_seconds=2,
+        retries=RETRIES,
+        retry_delay=dt.timedelta(seconds=RETRY_DELAY_S),
     ).expand_kwargs(plan.output)
     barrier = BarrierSensor(
-        task_id="barrier", plan_task_id="plan", redis_conn_id=REDIS_CONN_ID, deferrable=True,
-        poke_interval=1, timeout=BARRIER_TIMEOUT_S,
+        task_id="barrier",
+        plan_task_id="plan",
+        redis_conn_id=REDIS_CONN_ID,
+        deferrable=True,
+        poke_interval=1,
+        timeout=BARRIER_TIMEOUT_S,
     )
     plan >> [traverse, barrier]

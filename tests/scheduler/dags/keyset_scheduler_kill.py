@@ -61,13 +61,24 @@ def record_and_sleep(chunk: Chunk) -> None:
     """Record every delivered key (with this try and process), then take a while."""
     ti = get_current_context()["ti"]
     keys = chunk.keys
-    rows = [{"seq": k, "range_id": chunk.range_id, "try_number": ti.try_number, "pid": os.getpid(),
-             "ppid": os.getppid(), "chunk_first": keys[0]} for k in keys]
+    rows = [
+        {
+            "seq": k,
+            "range_id": chunk.range_id,
+            "try_number": ti.try_number,
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "chunk_first": keys[0],
+        }
+        for k in keys
+    ]
     if rows:
         with _effects_engine().begin() as conn:
             conn.execute(
-                sa.text(f"INSERT INTO {EFFECTS_TABLE} (seq, range_id, try_number, pid, ppid, chunk_first) "
-                        "VALUES (:seq, :range_id, :try_number, :pid, :ppid, :chunk_first)"),
+                sa.text(
+                    f"INSERT INTO {EFFECTS_TABLE} (seq, range_id, try_number, pid, ppid, chunk_first) "
+                    "VALUES (:seq, :range_id, :try_number, :pid, :ppid, :chunk_first)"
+                ),
                 rows,
             )
     time.sleep(SLEEP_S)
@@ -83,16 +94,33 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
     plan = PlanRangesOperator(
-        task_id="plan", source_conn_id=SOURCE_CONN_ID, table=TABLE, key="seq", redis_conn_id=REDIS_CONN_ID,
-        stream=STREAM, key_prefix=KEY_PREFIX, max_ranges=MAX_RANGES,
+        task_id="plan",
+        source_conn_id=SOURCE_CONN_ID,
+        table=TABLE,
+        key="seq",
+        redis_conn_id=REDIS_CONN_ID,
+        stream=STREAM,
+        key_prefix=KEY_PREFIX,
+        max_ranges=MAX_RANGES,
     )
     traverse = TraverseRangeOperator.partial(
-        task_id="traverse", processor=record_and_sleep, redis_conn_id=REDIS_CONN_ID, chunk_size=CHUNK_SIZE,
-        lease_seconds=30, max_chunk_attempts=3, log_every_seconds=2, resume_poll_seconds=RESUME_POLL_S,
-        retries=RETRIES, retry_delay=dt.timedelta(seconds=RETRY_DELAY_S),
+        task_id="traverse",
+        processor=record_and_sleep,
+        redis_conn_id=REDIS_CONN_ID,
+        chunk_size=CHUNK_SIZE,
+        lease_seconds=30,
+        max_chunk_attempts=3,
+        log_every_seconds=2,
+        resume_poll_seconds=RESUME_POLL_S,
+        retries=RETRIES,
+        retry_delay=dt.timedelta(seconds=RETRY_DELAY_S),
     ).expand_kwargs(plan.output)
     barrier = BarrierSensor(
-        task_id="barrier", plan_task_id="plan", redis_conn_id=REDIS_CONN_ID, deferrable=True,
-        poke_interval=1, timeout=BARRIER_TIMEOUT_S,
+        task_id="barrier",
+        plan_task_id="plan",
+        redis_conn_id=REDIS_CONN_ID,
+        deferrable=True,
+        poke_interval=1,
+        timeout=BARRIER_TIMEOUT_S,
     )
     plan >> [traverse, barrier]
