@@ -2,9 +2,9 @@
 
 ``max_rows_per_second`` is a budget of the *stream*, not of a task: 4 tasks or 400 draw from the
 same bucket, so the database sees at most that many rows per second (plus one burst) however many
-workers Airflow runs. The bucket lives at ``<control key>:bucket`` under the stream's hash tag and
-is moved only by the ``TAKE`` script below, on the Redis server's clock (``TIME``): worker clocks
-never enter the arithmetic.
+workers Airflow runs. The bucket lives at ``<control key>:bucket`` (``CursorStore.bucket_key``)
+under the stream's hash tag and is moved only by the ``TAKE`` script below, on the Redis server's
+clock (``TIME``): worker clocks never enter the arithmetic.
 
 Rows are charged after they were read (the size of a chunk is known only then), and the bucket may
 go into debt: a task that takes more than is left owes the difference and waits it out before its
@@ -14,7 +14,11 @@ window longer than a chunk the stream's rate is therefore at most ``rate`` (plus
 
 from __future__ import annotations
 
-from .store_reads import StoreReads
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .store import CursorStore
+
 
 TAKE = """
 -- Charge rows to the stream's shared token bucket (debt allowed); say how long to wait.
@@ -41,9 +45,10 @@ class Governor:
     """Charges rows to the stream's bucket. ``charge`` is one Redis round trip; callers make it
     only when a rate is set (the rate itself is read by the light poller, not per chunk)."""
 
-    def __init__(self, store: StoreReads) -> None:
-        self.key = f"{store.control_key}:bucket"
-        self._take = store.client.register_script(TAKE)
+    def __init__(self, store: CursorStore) -> None:
+        self.store = store
+        self.key = store.bucket_key
+        self._take = store.script(TAKE)
 
     def charge(self, rows: int, rate: float, burst: float | None = None) -> float:
         """Take ``rows`` tokens at ``rate`` rows/s; returns the seconds to wait before the next
@@ -57,7 +62,7 @@ class Governor:
 
     def reset(self) -> None:
         """Forget the bucket (its debt too): the next charge starts with a full burst."""
-        self._take.registered_client.delete(self.key)
+        self.store.reset_bucket()
 
 
 def burst_for(rate: float, chunk_rows: int) -> float:

@@ -10,11 +10,11 @@ A check answers "may the stream take another chunk now?". Built-ins:
   ``max_value``;
 - ``CallableCheck(fn)``: a Python callable returning ``True``/``False`` or ``(ok, reason)``.
 
-Sharing: the verdict lives in Redis (``<control key>:health``, a hash: ``healthy``, ``reason``,
-``checked_at`` on the Redis server's clock). Before each chunk a task reads it with one small
-script; when it is older than ``poll_seconds`` the script also hands that task a short lock
-(``<control key>:health_lock``, ``SET NX PX``), and only that task runs the probes and stores the
-new verdict. So one probe per poll serves every task of the stream, however many there are.
+Sharing: the verdict lives in Redis (``<control key>:health``, ``CursorStore.health_key``, a
+hash: ``healthy``, ``reason``, ``checked_at`` on the Redis server's clock). Before each chunk a
+task reads it with one small script; when it is older than ``poll_seconds`` the script also hands
+that task a short lock (``<control key>:health_lock``, ``health_lock_key``, ``SET NX PX``), and
+only that task runs the probes and stores the new verdict. So one probe per poll serves every task of the stream, however many there are.
 
 Guarantees: while the stored verdict is unhealthy, no task of the stream starts a chunk (each
 stops before its next one, committing the chunk in hand first); a task waiting for health
@@ -30,11 +30,13 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
-from .store_reads import StoreReads
+if TYPE_CHECKING:
+    from .store import CursorStore
+
 
 log = logging.getLogger("airflow_keyset_provider")
 
@@ -147,17 +149,17 @@ class HealthGate:
 
     def __init__(
         self,
-        store: StoreReads,
+        store: CursorStore,
         checks: Sequence[HealthCheck],
         engine: sa.Engine,
         poll_seconds: float = 5.0,
     ) -> None:
         self.checks, self.engine, self.poll_seconds = tuple(checks), engine, poll_seconds
         self.stream = store.stream
-        self.keys = [f"{store.control_key}:health", f"{store.control_key}:health_lock"]
+        self.keys = [store.health_key, store.health_lock_key]
         self.token = uuid.uuid4().hex
-        self._read = store.client.register_script(READ_VERDICT)
-        self._write = store.client.register_script(WRITE_VERDICT)
+        self._read = store.script(READ_VERDICT)
+        self._write = store.script(WRITE_VERDICT)
         self._last_reason: str | None = None
 
     def check(self) -> str | None:

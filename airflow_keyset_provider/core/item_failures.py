@@ -237,7 +237,7 @@ class ItemFailures:
         release(rows)
         if not keys:
             return None
-        waiting = run.store.client.hmget(run.store.retry_key(run.round_id, run.range_id), keys)
+        waiting = run.store.retry_states(run.round_id, run.range_id, keys)
         dead = {
             d["key"] for d in run.store.dead_letters(run.round_id, run.range_id, run.o.dead_cap)
         }

@@ -19,16 +19,22 @@ Key layout (``P`` is the key prefix, ``ks`` by default; ``S`` the stream)::
                                             takeovers
     P:{S}:round:R:retry:I           hash    encoded key -> "attempts|last error"   (sparse)
     P:{S}:round:R:dead:I            list    JSON dead letters, newest first, never trimmed (sparse)
+    P:{S}:control                   hash    pause, reason, rate (``core/stream_control.py``)
+    P:{S}:control:bucket            hash    the shared rows/s token bucket (``core/governor.py``)
+    P:{S}:control:health            hash    the shared health verdict (``core/health.py``)
+    P:{S}:control:health_lock       string  token of the task probing health (``core/health.py``)
+    P:{S}:events                    channel "R:I:complete" (a hint to wake a barrier, never truth)
 
-No key has a TTL (nothing here calls EXPIRE or SET with EX/PX), so a ``volatile-*`` eviction
-policy never evicts them; ``allkeys-*`` could, and ``check_eviction_policy`` refuses it.
+No key has a TTL (nothing here calls EXPIRE or SET with EX/PX) but the three throttling keys
+(``control:bucket``, ``control:health``, ``control:health_lock``: their scripts set one; losing
+one costs a fresh burst or a fresh probe, never a cursor), so a ``volatile-*`` eviction policy
+never evicts the others; ``allkeys-*`` could, and ``check_eviction_policy`` refuses it.
 
 Partial loss is detected, not only total loss: each range hash keeps ``retries`` (= HLEN of its
 retry hash) and ``dead`` (= LLEN of its dead list), changed in the same script as what they
 count, and every script that reads a range (claim, advance, requeue, close, the status read)
 checks both. A piece lost on its own reads as lost (``RoundStateLostError``), which the mirror
 restores (only the pieces that are not intact) or the caller reports; never as complete.
-    P:{S}:events                    channel "R:I:complete" (a hint to wake a barrier, never truth)
 
 Why owner tokens (the timeline ``redis.lock`` taught us)::
 
@@ -56,9 +62,16 @@ State changes that are *not* a Lua script, and why each is still safe::
                        that never overwrite what exists
     delete_stream      SCAN + DEL key by key: not atomic; for tests and tooling that wipe a whole
                        stream while nothing runs on it
+    set_control_field  HSET / HDEL of one field of the control hash (the rate): a single atomic
+                       command; pause and resume are scripts (``core/stream_control.py``)
+    reset_bucket       DEL of the token bucket: the next charge starts with a full burst
 
 The module: ``store_reads.py`` holds the key names and the reads (``StoreReads``), this module the
-writes (``CursorStore``) and their named results, ``store_scripts.py`` the Lua scripts.
+writes (``CursorStore``) and their named results, ``store_scripts.py`` the Lua scripts. Only these
+two modules touch the Redis client or build a key: the rest of the package names keys with the
+``*_key`` properties and runs its own scripts (pause, rate budget, health) through
+``store.script(source)``, which registers them on the store's client (EVALSHA, reloaded on
+NOSCRIPT).
 
 The states written here (``open``/``closed``/``unrecoverable`` for rounds, ``pending``/
 ``running``/``complete`` for ranges) are named in ``core/status.py`` (``RoundState``,
@@ -218,7 +231,7 @@ class CursorStore(StoreReads):
     ) -> None:
         super().__init__(client, stream, prefix)
         self.allow_unverified_eviction_policy = allow_unverified_eviction_policy
-        reg = client.register_script
+        reg = self.script
         self._raise_counter = reg(RAISE_COUNTER)
         self._create = reg(CREATE_ROUND)
         self._claim = reg(CLAIM)
@@ -248,6 +261,18 @@ class CursorStore(StoreReads):
     def restore_watermark(self, watermark: str) -> bool:
         """Put back a lost watermark; never overwrites one that exists."""
         return bool(self.client.set(self.watermark_key, watermark, nx=True))
+
+    def set_control_field(self, field: str, value: str | None) -> None:
+        """Set one field of the stream's control hash (HSET), or remove it when ``value`` is
+        None (HDEL). ``core/stream_control.py`` owns the fields."""
+        if value is None:
+            self.client.hdel(self.control_key, field)
+        else:
+            self.client.hset(self.control_key, field, value)
+
+    def reset_bucket(self) -> None:
+        """Forget the stream's token bucket (its debt too)."""
+        self.client.delete(self.bucket_key)
 
     def delete_stream(self) -> int:
         """Remove every key of this stream (tests, ``reset``); SCAN visits every primary of a

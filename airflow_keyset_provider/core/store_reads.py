@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.commands.core import Script
 
 from .errors import (
     ConfigurationError,
@@ -69,7 +71,14 @@ class StoreReads:
         self.stream = stream
         self.key_prefix = prefix
         self.base = f"{prefix}:{{{stream}}}"
-        self._snapshot = client.register_script(SNAPSHOT_RANGES)
+        self._snapshot = self.script(SNAPSHOT_RANGES)
+
+    def script(self, source: str) -> Script:
+        """``source`` (a Lua script headed by its KEYS/ARGV/returns) registered on this store's
+        client: calling it runs EVALSHA and loads the script again when the server answers
+        NOSCRIPT (after a restart or ``SCRIPT FLUSH``). The caller passes keys named by this
+        store's properties; what the script writes is the caller's contract."""
+        return self.client.register_script(source)
 
     @property
     def stream_prefix(self) -> str:
@@ -105,6 +114,21 @@ class StoreReads:
         """The stream's control hash (pause, rate); ``core/stream_control.py`` owns it and the
         keys named after it (``<control_key>:bucket``, ``:health``, ``:health_lock``)."""
         return f"{self.base}:control"
+
+    @property
+    def bucket_key(self) -> str:
+        """The stream's shared token bucket (``core/governor.py``)."""
+        return f"{self.control_key}:bucket"
+
+    @property
+    def health_key(self) -> str:
+        """The stream's shared health verdict (``core/health.py``)."""
+        return f"{self.control_key}:health"
+
+    @property
+    def health_lock_key(self) -> str:
+        """The lock of the task that probes health for the stream (``core/health.py``)."""
+        return f"{self.control_key}:health_lock"
 
     @property
     def events_channel(self) -> str:
@@ -248,6 +272,28 @@ class StoreReads:
             (_s(x) for x in self.client.smembers(self.open_key)),
             key=lambda r: int(r[1:]) if r[1:].isdigit() else 0,
         )
+
+    def control_hashes(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The control hash and the health verdict hash, read in one pipelined round trip
+        (not atomic together; each hash is read whole). Empty dicts for absent hashes."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.control_key)
+        pipe.hgetall(self.health_key)
+        control, health = pipe.execute()
+        return (
+            {_s(k): _s(v) for k, v in control.items()},
+            {_s(k): _s(v) for k, v in health.items()},
+        )
+
+    def retry_states(self, round_id: str, range_id: int, keys: Sequence[str]) -> list[str | None]:
+        """For each encoded key, its pending retry (``"attempts|last error"``) or None when the
+        key does not wait for a retry; one HMGET of the range's retry hash."""
+        if not keys:
+            return []
+        return [
+            None if v is None else _s(v)
+            for v in self.client.hmget(self.retry_key(round_id, range_id), list(keys))
+        ]
 
     def retry_entries(self, round_id: str, range_id: int, limit: int) -> list[tuple[str, int, str]]:
         """Up to ``limit`` pending item retries: ``(encoded key, attempts, last error)``."""

@@ -1,6 +1,6 @@
 """Pause, resume and throttle a stream, and the pacer every traversal consults between chunks.
 
-The stream's control hash ``P:{S}:control`` (``StoreReads.control_key``) holds what an operator
+The stream's control hash ``P:{S}:control`` (``CursorStore.control_key``) holds what an operator
 decided for the stream as a whole::
 
     paused               "1" while the stream is paused (absent otherwise)
@@ -31,13 +31,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from .governor import Governor, burst_for
 from .health import HealthGate
-from .store_reads import StoreReads
+
+if TYPE_CHECKING:
+    from .store import CursorStore
 
 log = logging.getLogger("airflow_keyset_provider")
 
@@ -130,18 +132,15 @@ class ControlState:
 class StreamSwitch:
     """Writes and reads one stream's control hash (pause, resume, throttle)."""
 
-    def __init__(self, store: StoreReads) -> None:
+    def __init__(self, store: CursorStore) -> None:
         self.store = store
         self.key = store.control_key
-        self._pause = store.client.register_script(PAUSE)
-        self._resume = store.client.register_script(RESUME)
+        self._pause = store.script(PAUSE)
+        self._resume = store.script(RESUME)
 
     def state(self) -> ControlState:
         """The stream's control state and health verdict (one pipelined read)."""
-        pipe = self.store.client.pipeline(transaction=False)
-        pipe.hgetall(self.key)
-        pipe.hgetall(f"{self.key}:health")
-        control, health = pipe.execute()
+        control, health = self.store.control_hashes()
         return ControlState.from_hash(control, health)
 
     def pause(self, reason: str = "", by: str = "") -> ControlState:
@@ -162,7 +161,7 @@ class StreamSwitch:
         """Set (or, with None, lift) the stream's shared rows-per-second budget. Running tasks
         pick it up within one poll."""
         if max_rows_per_second is None:
-            self.store.client.hdel(self.key, "max_rows_per_second")
+            self.store.set_control_field("max_rows_per_second", None)
         else:
             rate = float(max_rows_per_second)
             if not rate > 0:
@@ -171,7 +170,7 @@ class StreamSwitch:
                 raise ConfigurationError(
                     f"max_rows_per_second must be a positive number, got {max_rows_per_second!r}"
                 )
-            self.store.client.hset(self.key, "max_rows_per_second", repr(rate))
+            self.store.set_control_field("max_rows_per_second", repr(rate))
         return self.state()
 
 
@@ -232,7 +231,7 @@ class Pacer:
 
     def __init__(
         self,
-        store: StoreReads,
+        store: CursorStore,
         *,
         poll_seconds: float = 1.0,
         yield_after: float | None = None,
