@@ -70,3 +70,41 @@ def test_refresh_totals_and_delete_round(redis_client: redis.Redis, key_prefix: 
     assert store.delete_round(rid) == 3  # round hash + two range hashes (no retry, no dead keys)
     assert store.lookup("run-1", chained=True) is None  # index entries and chained pointer gone
     assert store.open_rounds() == []
+
+
+def test_control_hash_bucket_and_retry_reads_go_through_the_store(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Scenario: the pacer, the governor, the health gate and the item-failure path used to call
+    the Redis client themselves (pipeline, HSET/HDEL, HMGET, DEL, register_script). They now use
+    the store's named methods, which read and write the same keys, all under the stream's hash
+    tag."""
+    from airflow_keyset_provider.core.governor import Governor
+
+    store = CursorStore(redis_client, "s", prefix=key_prefix)
+    tag = f"{key_prefix}:{{s}}:control"
+    assert store.control_key == tag
+    assert (store.bucket_key, store.health_key, store.health_lock_key) == (
+        f"{tag}:bucket",
+        f"{tag}:health",
+        f"{tag}:health_lock",
+    )
+
+    assert store.control_hashes() == ({}, {})
+    store.set_control_field("max_rows_per_second", "120.0")
+    redis_client.hset(store.health_key, mapping={"healthy": "0", "reason": "lag"})
+    assert store.control_hashes() == (
+        {"max_rows_per_second": "120.0"},
+        {"healthy": "0", "reason": "lag"},
+    )
+    store.set_control_field("max_rows_per_second", None)
+    assert store.control_hashes()[0] == {}
+
+    Governor(store).charge(10, 100.0)
+    assert redis_client.exists(store.bucket_key) == 1
+    store.reset_bucket()
+    assert redis_client.exists(store.bucket_key) == 0
+
+    redis_client.hset(store.retry_key("r1", 0), "k2", "1|boom")
+    assert store.retry_states("r1", 0, ["k1", "k2"]) == [None, "1|boom"]
+    assert store.retry_states("r1", 0, []) == []
