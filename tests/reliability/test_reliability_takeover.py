@@ -120,7 +120,9 @@ def _takeover_trial(
             "lease_seconds": lease,
             "worker": "A",
             "lineage": f"A{trial}",
-            "sleep_per_chunk": 0.1,
+            # A is killed right after B's first claim attempt; 9 s of work keeps it alive until
+            # then even on a loaded machine (at 3 s, a busy CI host let A finish first)
+            "sleep_per_chunk": 0.3,
             "result_path": str(ctx.tmp_path / f"A{trial}.json"),
         }
     )
