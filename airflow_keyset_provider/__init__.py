@@ -17,8 +17,8 @@ _EXPORTS = {
     "RetryableError": "airflow_keyset_provider.core.errors",
     "KeysetTraversal": "airflow_keyset_provider.core.traversal",
     "TraverseOptions": "airflow_keyset_provider.core.options",
-    "PlanRangesOperator": "airflow_keyset_provider.operators.keyset",
-    "TraverseRangeOperator": "airflow_keyset_provider.operators.keyset",
+    "PlanRangesOperator": "airflow_keyset_provider.operators.plan",
+    "TraverseRangeOperator": "airflow_keyset_provider.operators.traverse",
     "BarrierSensor": "airflow_keyset_provider.sensors.keyset",
     "stream_asset": "airflow_keyset_provider.sensors.keyset",
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -40,6 +41,14 @@ FATAL_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+def run_key(context: Any) -> str:
+    """``<dag_id>/<run_id>/<task_id>[/<map_index>]`` of the running task instance: the plan's round
+    key and a traverse try's owner lineage."""
+    ti = context["ti"]
+    suffix = f"/{ti.map_index}" if getattr(ti, "map_index", -1) not in (-1, None) else ""
+    return f"{ti.dag_id}/{ti.run_id}/{ti.task_id}{suffix}"
+
+
 @contextlib.contextmanager
 def airflow_errors() -> Iterator[None]:
     """Turn engine errors that no retry can fix (``FATAL_ERRORS``) into ``AirflowFailException``
@@ -59,4 +68,5 @@ __all__ = [
     "ROUND_XCOM_KEY",
     "airflow_errors",
     "key_label",
+    "run_key",
 ]

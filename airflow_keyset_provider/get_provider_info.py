@@ -34,7 +34,10 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": "Keyset traversal",
-                "python-modules": ["airflow_keyset_provider.operators.keyset"],
+                "python-modules": [
+                    "airflow_keyset_provider.operators.plan",
+                    "airflow_keyset_provider.operators.traverse",
+                ],
             }
         ],
         "sensors": [

@@ -122,10 +122,7 @@ def run_processor(
     default to (almost) zero so a failing item is dead-lettered at once; other keyword arguments
     are ``TraverseOptions`` fields (an unknown name is a ``ConfigurationError``).
     """
-    if rows is not None and end_key is not None:
-        raise ConfigurationError("give rows or end_key, not both")
-    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
-        raise ConfigurationError(f"rows must be a non-negative integer, got {rows!r}")
+    _check_rows(rows, end_key)
     fn = load_processor(processor)
     options = TraverseOptions.from_kwargs(
         chunk_size=chunk_size,
@@ -137,14 +134,34 @@ def run_processor(
     )
     run_id = _new_run_id()
     own_client = redis_client is None
-    client = (
-        redis_client
-        if redis_client is not None
-        else redis.Redis.from_url(
-            redis_url or os.environ.get("KEYSET_REDIS_URL") or DEFAULT_REDIS_URL
-        )
-    )
-    t = KeysetTraversal(
+    client = redis_client if redis_client is not None else _redis_from_url(redis_url)
+    t = _scratch_traversal(source_url, table, key, where, columns, client, run_id)
+    try:
+        if rows is not None:
+            end_key = _nth_key(t, start_key, rows)
+            if end_key is None:  # nothing to read: no round at all
+                return ProcessorRun("", start_key, start_key, t.store.stream_prefix, 0, 0, 0, 0, 0)
+        return _run_round(t, fn, options, max_ranges, start_key, end_key, f"ks-test-{run_id}")
+    finally:
+        try:
+            t.store.delete_stream()
+        finally:
+            t.close()
+            if own_client:
+                client.close()
+
+
+def _scratch_traversal(
+    source_url: Any,
+    table: str,
+    key: str | Sequence[str],
+    where: str | None,
+    columns: Sequence[str] | None,
+    client: redis.Redis,
+    run_id: str,
+) -> KeysetTraversal:
+    """A traversal on a stream and key prefix of its own (``test-<run_id>``, ``ks-test-<run_id>``)."""
+    return KeysetTraversal(
         source_url,
         table,
         key,
@@ -154,46 +171,57 @@ def run_processor(
         redis_client=client,
         key_prefix=f"ks-test-{run_id}",
     )
-    try:
-        if rows is not None:
-            end_key = _nth_key(t, start_key, rows)
-            if end_key is None:  # nothing to read: no round at all
-                return ProcessorRun("", start_key, start_key, t.store.stream_prefix, 0, 0, 0, 0, 0)
-        rnd = t.plan(max_ranges=max_ranges, start_key=start_key, end_key=end_key)
-        results = [
-            t.traverse(rnd.round_id, spec.range_id, fn, options=options) for spec in rnd.ranges
-        ]
-        totals = t.close_round(rnd.round_id)
-        letters = [
-            {
-                "range_id": spec.range_id,
-                "key": d["key"],
-                "error": d.get("error"),
-                "attempts": d.get("attempts"),
-            }
-            for spec in rnd.ranges
-            for d in t.dead_letters(rnd.round_id, spec.range_id, limit=options.dead_cap)
-        ]
-        return ProcessorRun(
-            rnd.round_id,
-            rnd.start_key,
-            rnd.end_key,
-            f"ks-test-{run_id}",
-            totals.done,
-            totals.skipped,
-            totals.dead,
-            sum(r.rows_read for r in results),
-            sum(r.chunks for r in results),
-            results,
-            letters,
-        )
-    finally:
-        try:
-            t.store.delete_stream()
-        finally:
-            t.close()
-            if own_client:
-                client.close()
+
+
+def _redis_from_url(redis_url: str | None) -> redis.Redis:
+    return redis.Redis.from_url(
+        redis_url or os.environ.get("KEYSET_REDIS_URL") or DEFAULT_REDIS_URL
+    )
+
+
+def _check_rows(rows: Any, end_key: Any) -> None:
+    if rows is not None and end_key is not None:
+        raise ConfigurationError("give rows or end_key, not both")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+        raise ConfigurationError(f"rows must be a non-negative integer, got {rows!r}")
+
+
+def _run_round(
+    t: KeysetTraversal,
+    fn: Callable[[Chunk], ChunkResult | None],
+    options: TraverseOptions,
+    max_ranges: int,
+    start_key: Any,
+    end_key: Any,
+    key_prefix: str,
+) -> ProcessorRun:
+    """Plan one round, traverse its ranges one after the other, close it, collect dead letters."""
+    rnd = t.plan(max_ranges=max_ranges, start_key=start_key, end_key=end_key)
+    results = [t.traverse(rnd.round_id, spec.range_id, fn, options=options) for spec in rnd.ranges]
+    totals = t.close_round(rnd.round_id)
+    letters = [
+        {
+            "range_id": spec.range_id,
+            "key": d["key"],
+            "error": d.get("error"),
+            "attempts": d.get("attempts"),
+        }
+        for spec in rnd.ranges
+        for d in t.dead_letters(rnd.round_id, spec.range_id, limit=options.dead_cap)
+    ]
+    return ProcessorRun(
+        rnd.round_id,
+        rnd.start_key,
+        rnd.end_key,
+        key_prefix,
+        totals.done,
+        totals.skipped,
+        totals.dead,
+        sum(r.rows_read for r in results),
+        sum(r.chunks for r in results),
+        results,
+        letters,
+    )
 
 
 def _new_run_id() -> str:

@@ -57,6 +57,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_keyset_provider")
 
 
+def _pacer(t: KeysetTraversal, o: TraverseOptions) -> Pacer:
+    """The range's pacer: the stream's pause, rows/s budget and (with ``health_checks``) health
+    gate, polled every ``control_poll_seconds``."""
+    return Pacer(
+        t.store,
+        poll_seconds=o.control_poll_seconds,
+        yield_after=o.yield_after_seconds,
+        chunk_rows=o.chunk_size,
+        stop=t._stop,
+        health=(
+            HealthGate(t.store, o.health_checks, t.source.engine, o.health_poll_seconds)
+            if o.health_checks
+            else None
+        ),
+    )
+
+
 def run_range(
     t: KeysetTraversal, round_id: str, range_id: int, processor: Processor, o: TraverseOptions
 ) -> RangeResult:
@@ -80,18 +97,7 @@ def run_range(
     check_retention(t, round_id, range_id, token, claim.cursor)
     rng = t.store.range(round_id, range_id)
     log_claim(t, round_id, range_id, claim, rng)
-    pacer = Pacer(
-        t.store,
-        poll_seconds=o.control_poll_seconds,
-        yield_after=o.yield_after_seconds,
-        chunk_rows=o.chunk_size,
-        stop=t._stop,
-        health=(
-            HealthGate(t.store, o.health_checks, t.source.engine, o.health_poll_seconds)
-            if o.health_checks
-            else None
-        ),
-    )
+    pacer = _pacer(t, o)
     run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o, pacer)
     heart = Heartbeat(t.store, round_id, range_id, token, o.lease_ms, o.chunk_timeout_seconds)
     heart.start()

@@ -25,7 +25,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,6 +37,10 @@ from .errors import (
     KeyValidationError,
     UnsupportedKeyTypeError,
 )
+from .fetch import FetchedRows as FetchedRows  # re-exported: the fetcher moved to .fetch
+from .fetch import compile_fetcher, driver_call
+from .fetch import materialize as materialize
+from .fetch import release as release
 from .keys import MIN_KEY, decode_key, encode_key
 
 log = logging.getLogger(__name__)
@@ -53,52 +57,6 @@ _BYTE_ORDER_COLLATIONS = {
     "pg_c_utf8",
     "pg_unicode_fast",
 }
-
-
-class FetchedRows(Sequence[tuple]):
-    """One chunk's rows, still in the driver's result buffer (C memory, one chunk). Its length and
-    last row are known at once; the rows become Python objects only when something reads them, so
-    a processor that needs only the count (or a prefetch that overlaps it) pays nothing for them."""
-
-    __slots__ = ("_convert", "_cur", "_last", "_n", "_rows")
-
-    def __init__(
-        self, cur: Any, n: int, last: tuple, convert: Callable[[list], list[tuple]]
-    ) -> None:
-        self._cur, self._n, self._last, self._convert = cur, n, last, convert
-        self._rows: list[tuple] | None = None
-
-    def __len__(self) -> int:
-        return self._n
-
-    def materialize(self) -> list[tuple]:
-        if self._rows is None:
-            self._rows = self._convert(self._cur.fetchall())
-            self.close()
-        return self._rows
-
-    def __getitem__(self, i: Any) -> Any:
-        if self._rows is None and isinstance(i, int) and i in (-1, self._n - 1):
-            return self._last
-        return self.materialize()[i]
-
-    def __iter__(self) -> Iterator[tuple]:
-        return iter(self.materialize())
-
-    def close(self) -> None:
-        """Free the driver's buffer (rows not materialized yet are gone)."""
-        if self._cur is not None:
-            self._cur.close()
-            self._cur = None
-
-
-def materialize(rows: Sequence[tuple]) -> list[tuple]:
-    return rows.materialize() if isinstance(rows, FetchedRows) else list(rows)
-
-
-def release(rows: Sequence[tuple] | None) -> None:
-    if isinstance(rows, FetchedRows):
-        rows.close()
 
 
 def make_engine(url: str | Engine) -> Engine:
@@ -238,12 +196,26 @@ class SqlSource:
 
     def validate(self) -> None:
         """Refuse a key that does not give a stable total order. Reads the catalog only."""
+        self._check_dialect()
+        table = self._reflect_table()
+        key_cols = [table.c[k] for k in self.key_names]
+        self._check_not_null(table, key_cols)
+        self._check_unique_and_indexed(table)
+        if self.dialect == "postgresql":
+            self._check_collation(key_cols)
+        self._table = table
+        self.key_kinds = [_key_kind(c) for c in key_cols]
+
+    def _check_dialect(self) -> None:
         if self.dialect not in SUPPORTED_DIALECTS:
             raise ConfigurationError(
                 f"unsupported dialect {self.dialect!r} for {self.qualified_name!r}; supported: "
                 f"{', '.join(SUPPORTED_DIALECTS)}. The key and commit-order checks (uniqueness, collation, "
                 "in-flight transactions) exist only for those, so no round is planned on another database."
             )
+
+    def _reflect_table(self) -> sa.Table:
+        """The table as the catalog describes it; refuses a missing table or column."""
         insp = sa.inspect(self.engine)
         if not insp.has_table(self.table_name, schema=self.schema):
             raise KeyValidationError(
@@ -259,7 +231,10 @@ class SqlSource:
                 f"column {missing[0]!r} does not exist in {self.qualified_name!r}; its columns are "
                 f"{sorted(table.c.keys())}"
             )
-        key_cols = [table.c[k] for k in self.key_names]
+        return table
+
+    def _check_not_null(self, table: sa.Table, key_cols: Sequence[sa.Column]) -> None:
+        """Every key column is NOT NULL and of a type whose order can be encoded exactly."""
         pk_cols = list(table.primary_key.columns)
         for col in key_cols:
             # SQLite's INTEGER PRIMARY KEY aliases the rowid and can never be NULL, though it
@@ -274,6 +249,10 @@ class SqlSource:
                     f"ALTER COLUMN {col.name} SET NOT NULL (after filling NULLs)."
                 )
             _key_kind(col)
+
+    def _check_unique_and_indexed(self, table: sa.Table) -> None:
+        """A primary key, unique constraint or unique index (no predicate, no expression) covers
+        the key, and an index starts with the key columns in order."""
         keyset = set(self.key_names)
         pk = [c.name for c in table.primary_key.columns]
         # Uniqueness is proven by an index of the catalog only: primary keys and unique
@@ -318,10 +297,6 @@ class SqlSource:
                 f"no index of {self.qualified_name!r} starts with the key columns ({listed}) in that "
                 f"order; every chunk would scan the table. Fix: CREATE INDEX ON {self.qualified_name} ({listed})."
             )
-        if self.dialect == "postgresql":
-            self._check_collation(key_cols)
-        self._table = table
-        self.key_kinds = [_key_kind(c) for c in key_cols]
 
     def _check_collation(self, key_cols: Sequence[sa.Column]) -> None:
         text_cols = [c.name for c in key_cols if isinstance(c.type, sa.String)]
@@ -392,93 +367,26 @@ class SqlSource:
         return fetcher(lo, hi, n)
 
     def _driver_call(self, stmt: Any) -> tuple[str, Callable[[dict[str, Any]], Any]]:
-        """Compile ``stmt`` once for this dialect: the SQL string and a function turning a dict of
-        bound values into what the DBAPI cursor takes, converted by SQLAlchemy's bind processors."""
-        dialect = self.engine.dialect
-        compiled = stmt.compile(dialect=dialect)
-        binds = [
-            (name, bp.type.dialect_impl(dialect).bind_processor(dialect))
-            for name, bp in compiled.binds.items()
-        ]
-        defaults = {
-            k: v for k, v in compiled.params.items() if v is not None
-        }  # e.g. SQLite's OFFSET 0
-        positional = dialect.paramstyle in ("qmark", "format", "numeric")
-        order = list(compiled.positiontup or []) if positional else []
-
-        def params_for(values: dict[str, Any]) -> Any:
-            params = {**defaults, **values}
-            for name, proc in binds:
-                if proc is not None and name in params:
-                    params[name] = proc(params[name])
-            return [params[p] for p in order] if positional else params
-
-        return compiled.string, params_for
+        """``fetch.driver_call`` for this source's dialect."""
+        return driver_call(self.engine.dialect, stmt)
 
     def _compile_fetcher(self, has_lo: bool) -> Callable[[str, str, int], Sequence[tuple]]:
-        """Compile the chunk query once and run it on the raw DBAPI cursor: SQLAlchemy's result
-        machinery costs about 0.5 us per row, more than PostgreSQL spends producing it. Type
-        conversion still follows SQLAlchemy's own processors, applied only where a column has one."""
-        dialect = self.engine.dialect
-        sql, params_for = self._driver_call(self._chunk_statement(has_lo))
-        impls = [self.table.c[c].type.dialect_impl(dialect) for c in self.column_names]
-        active: list[tuple[int, Callable[[Any], Any]]] = []
-        known = False
+        """The chunk query compiled onto a connection of its own (``fetch.compile_fetcher``)."""
+        stmt = self._chunk_statement(has_lo)
+        types = [self.table.c[c].type for c in self.column_names]
+
+        def key_values(lo: str, hi: str) -> dict[str, Any]:
+            values = self._key_params(hi, "h")
+            if has_lo:
+                values.update(self._key_params(lo, "c"))
+            return values
+
         # An autocommit Connection of this source's engine (a caller's Engine gets autocommit
         # through execution options, restored when the connection returns to the caller's pool):
         # between chunks the backend is idle, holding no snapshot and no lock. Closed by close().
         conn = self.engine.connect()
         self._conns.append(conn)
-        raw = conn.connection
-
-        def learn(description: Sequence[Any]) -> None:
-            # Result processors depend on the driver's column type code (PostgreSQL numeric
-            # needs it), which only the first result's description tells.
-            nonlocal known
-            for i, (impl, desc) in enumerate(zip(impls, description, strict=True)):
-                proc = impl.result_processor(dialect, desc[1])
-                if proc is not None:
-                    active.append((i, proc))
-            known = True
-
-        def convert(rows: Sequence[Any]) -> list[tuple]:
-            if not active:
-                return (
-                    list(rows)
-                    if not rows or isinstance(rows[0], tuple)
-                    else [tuple(r) for r in rows]
-                )
-            out = []
-            for row in rows:
-                lst = list(row)
-                for i, p in active:
-                    lst[i] = p(lst[i])
-                out.append(tuple(lst))
-            return out
-
-        def run(lo: str, hi: str, n: int) -> Sequence[tuple]:
-            values: dict[str, Any] = {"n": n, **self._key_params(hi, "h")}
-            if has_lo:
-                values.update(self._key_params(lo, "c"))
-            cur = raw.cursor()
-            try:
-                cur.execute(sql, params_for(values))
-                if not known:
-                    learn(cur.description)
-                count = cur.rowcount
-                if count > 0 and hasattr(cur, "scroll"):
-                    cur.scroll(count - 1, mode="absolute")
-                    last = convert([cur.fetchone()])[0]
-                    cur.scroll(0, mode="absolute")
-                    return FetchedRows(cur, count, last, convert)
-                rows = convert(cur.fetchall())
-            except BaseException:
-                cur.close()
-                raise
-            cur.close()
-            return rows
-
-        return run
+        return compile_fetcher(conn, stmt, types, key_values)
 
     def fetch_keys(self, encoded_keys: Sequence[str]) -> list[tuple]:
         """The rows (still matching ``where``) whose keys are given; missing keys are absent."""

@@ -182,6 +182,14 @@ def _unauthenticated_page(request: Request, exc: StarletteHTTPException) -> HTML
 def create_app() -> FastAPI:
     """The app the plugin mounts (see the module docstring for routes and guarantees)."""
     app = FastAPI(title="Keyset traversals", docs_url=None, redoc_url=None, openapi_url=None)
+    _add_error_handler(app)
+    _add_page_routes(app)
+    _add_api_routes(app)
+    return app
+
+
+def _add_error_handler(app: FastAPI) -> None:
+    """HTTP errors as JSON, except a browser's unauthenticated visit to the page (a login hint)."""
 
     @app.exception_handler(StarletteHTTPException)
     async def _errors(request: Request, exc: StarletteHTTPException) -> Response:
@@ -196,6 +204,10 @@ def create_app() -> FastAPI:
             {"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers
         )
 
+
+def _add_page_routes(app: FastAPI) -> None:
+    """The HTML page, its icon and the per-DAG-run redirect page."""
+
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def page(request: Request, _user: AuthorizedUser) -> HTMLResponse:
         base = request.scope.get("root_path", "").rstrip("/") + "/"
@@ -206,6 +218,14 @@ def create_app() -> FastAPI:
     def icon() -> Response:
         svg = (resources.files(__package__) / "static" / "icon.svg").read_bytes()
         return Response(svg, media_type="image/svg+xml", headers={"Cache-Control": "max-age=3600"})
+
+    @app.get("/run/{dag_id}/{run_id}", include_in_schema=False)
+    def run_page(request: Request, dag_id: str, run_id: str, _user: AuthorizedUser) -> Response:
+        return _run_page(request, dag_id, run_id)
+
+
+def _add_api_routes(app: FastAPI) -> None:
+    """The JSON API the page reads (and, for editors, pause/resume)."""
 
     @app.get("/api/streams")
     def streams(_user: AuthorizedUser) -> dict[str, Any]:
@@ -243,12 +263,6 @@ def create_app() -> FastAPI:
         _, prefix = settings()
         rounds = _read(view.rounds_of_run, dag_id, run_id)
         return {"dag_id": dag_id, "run_id": run_id, "key_prefix": prefix, "rounds": rounds}
-
-    @app.get("/run/{dag_id}/{run_id}", include_in_schema=False)
-    def run_page(request: Request, dag_id: str, run_id: str, _user: AuthorizedUser) -> Response:
-        return _run_page(request, dag_id, run_id)
-
-    return app
 
 
 def _page_url(request: Request, stream: str, round_id: str) -> str:

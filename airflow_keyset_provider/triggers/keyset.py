@@ -23,7 +23,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from asgiref.sync import sync_to_async
 
 from airflow_keyset_provider.common import DEFAULT_KEY_PREFIX
-from airflow_keyset_provider.core.control import StreamControl
+from airflow_keyset_provider.core.control import RoundCheck, StreamControl
 from airflow_keyset_provider.core.errors import (
     ConfigurationError,
     KeysetError,
@@ -143,6 +143,46 @@ class KeysetRoundTrigger(BaseTrigger):
             await asyncio.sleep(min(left, _HINT_CHECK_SECONDS) if pubsub is not None else left)
         return pubsub
 
+    async def _read_round(
+        self, ctl: StreamControl
+    ) -> tuple[RoundCheck | None, TriggerEvent | None]:
+        """One read of the round's state: ``(check, None)``; ``(None, None)`` on a transient
+        error (keep polling until the deadline); ``(None, error event)`` when the round is lost,
+        missing or misconfigured."""
+        try:
+            return await sync_to_async(ctl.check_round)(self.round_id), None
+        except (RoundStateLostError, RoundNotFoundError, ConfigurationError) as exc:
+            return None, TriggerEvent(
+                {
+                    "status": BarrierEvent.ERROR.value,
+                    "round_id": self.round_id,
+                    "message": f"{type(exc).__name__}: {exc}",
+                }
+            )
+        except (KeysetError, redis.RedisError) as exc:  # transient: keep polling until the deadline
+            self.log.warning("round %s: could not read the round's state: %s", self.round_id, exc)
+            return None, None
+
+    def _outcome(self, check: RoundCheck | None, now: float) -> TriggerEvent | None:
+        """The event to fire: the round is complete, or the deadline passed; else None."""
+        if check is not None and check.complete:
+            self.log.info("round %s: every range is complete", self.round_id)
+            return TriggerEvent({"status": BarrierEvent.COMPLETE.value, "round_id": self.round_id})
+        if self.deadline is not None and now >= self.deadline:
+            lagging = (
+                [r.describe() for r in check.lagging]
+                if check is not None
+                else ["(the round's state could not be read from Redis at the deadline)"]
+            )
+            return TriggerEvent(
+                {
+                    "status": BarrierEvent.TIMEOUT.value,
+                    "round_id": self.round_id,
+                    "lagging": lagging,
+                }
+            )
+        return None
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         try:
             ctl, pubsub = await sync_to_async(self._connect)()
@@ -153,45 +193,14 @@ class KeysetRoundTrigger(BaseTrigger):
             return
         try:
             while True:
-                check = None
-                try:
-                    check = await sync_to_async(ctl.check_round)(self.round_id)
-                except (RoundStateLostError, RoundNotFoundError, ConfigurationError) as exc:
-                    yield TriggerEvent(
-                        {
-                            "status": BarrierEvent.ERROR.value,
-                            "round_id": self.round_id,
-                            "message": f"{type(exc).__name__}: {exc}",
-                        }
-                    )
-                    return
-                except (
-                    KeysetError,
-                    redis.RedisError,
-                ) as exc:  # transient: keep polling until the deadline
-                    self.log.warning(
-                        "round %s: could not read the round's state: %s", self.round_id, exc
-                    )
-                if check is not None and check.complete:
-                    self.log.info("round %s: every range is complete", self.round_id)
-                    yield TriggerEvent(
-                        {"status": BarrierEvent.COMPLETE.value, "round_id": self.round_id}
-                    )
+                check, event = await self._read_round(ctl)
+                if event is not None:
+                    yield event
                     return
                 now = time.time()
-                if self.deadline is not None and now >= self.deadline:
-                    lagging = (
-                        [r.describe() for r in check.lagging]
-                        if check is not None
-                        else ["(the round's state could not be read from Redis at the deadline)"]
-                    )
-                    yield TriggerEvent(
-                        {
-                            "status": BarrierEvent.TIMEOUT.value,
-                            "round_id": self.round_id,
-                            "lagging": lagging,
-                        }
-                    )
+                event = self._outcome(check, now)
+                if event is not None:
+                    yield event
                     return
                 if check is not None:
                     self.log.info(

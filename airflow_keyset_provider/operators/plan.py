@@ -1,0 +1,258 @@
+"""``PlanRangesOperator``: fix a round of a stream and split it into ranges for the mapped
+``TraverseRangeOperator`` (``airflow_keyset_provider.operators.traverse``).
+
+Retrying or clearing the plan task returns the same round with the same ranges: the round is keyed
+by ``<dag_id>/<run_id>/<task_id>``. See ``airflow_keyset_provider.operators.keyset`` for the DAG
+shape and the guarantees of both operators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context, conf
+
+from airflow_keyset_provider.common import (
+    ROUND_ID_XCOM_KEY,
+    ROUND_XCOM_KEY,
+    airflow_errors,
+    key_label,
+    run_key,
+)
+from airflow_keyset_provider.core import ConfigurationError, KeysetTraversal, Round
+from airflow_keyset_provider.core.keys import coerce_bound, from_tuple, parse_bound, to_json
+from airflow_keyset_provider.core.planner import MAX_RANGES
+from airflow_keyset_provider.hooks.keyset import KeysetHook
+from airflow_keyset_provider.links import KeysetRoundLink
+
+AIRFLOW_DEFAULT_MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
+
+
+def _max_map_length() -> int:
+    """Airflow's configured ``[core] max_map_length`` (read when called, so a raised setting
+    raises the limit), capped by the engine's ``MAX_RANGES``."""
+    configured = conf.getint("core", "max_map_length", fallback=AIRFLOW_DEFAULT_MAX_MAP_LENGTH)
+    return min(configured, MAX_RANGES)
+
+
+def _check_max_ranges(max_ranges: Any) -> None:
+    limit = _max_map_length()
+    if (
+        isinstance(max_ranges, bool)
+        or not isinstance(max_ranges, int)
+        or not 1 <= max_ranges <= limit
+    ):
+        raise ConfigurationError(
+            f"max_ranges must be an integer from 1 to {limit} (Airflow's [core] max_map_length "
+            f"caps how many mapped tasks one task may expand to; raise it, e.g. "
+            f"AIRFLOW__CORE__MAX_MAP_LENGTH, for more ranges, up to the engine's {MAX_RANGES}), "
+            f"got {max_ranges!r}"
+        )
+
+
+def _typed_bound(t: KeysetTraversal, name: str, value: Any) -> Any:
+    """A rendered bound read against the key columns (``"1000"`` -> ``1000`` for an integer key)."""
+    if value is None:
+        return None
+    return from_tuple(coerce_bound(name, value, t.source.key_kinds, from_text=True), t.arity)
+
+
+class PlanRangesOperator(BaseOperator):
+    """Fix a round ``start < key <= end`` of ``table`` and split it into at most ``max_ranges``.
+
+    Returns one dict per range, ready for ``TraverseRangeOperator.partial(...).expand_kwargs``:
+    ``round_id``, ``range_id``, ``lo``, ``hi`` (JSON renderings of the bounds, for display) and the
+    source description (``source_conn_id``, ``table``, ``key``, ``stream``, ``where``, ``columns``,
+    ``key_prefix``), so the mapped task needs only the processor and its tuning in ``partial()``.
+    Pushes the round id under XCom key ``round_id`` (and ``keyset_round``: stream, key prefix,
+    bounds) for ``BarrierSensor``.
+
+    ``start_key`` None continues the stream at its watermark (rounds chain night after night;
+    while the stream's chained round is still open, this returns that round so it gets finished
+    first). ``end_key`` None takes the largest key at plan time, once every smaller key has
+    committed. Bounds may be templates: a rendered string is decoded as JSON when it looks like
+    JSON (``[..]`` for composite keys), integer strings become integers for integer keys, and ISO
+    8601 strings are accepted for timestamp and date columns. With
+    ``render_template_as_native_obj=True`` native values (lists, datetimes) pass through.
+
+    Running the task again for the same DAG run (retry, clear) returns the same round, unchanged.
+
+    :param source_conn_id: Airflow connection of the source database.
+    :param table: table to traverse, ``name`` or ``schema.name`` (templated).
+    :param key: key column, or a list of columns for a composite key; unique, NOT NULL, indexed
+        (templated).
+    :param redis_conn_id: Airflow ``redis`` connection of the cursor store.
+    :param stream: the sequence of rounds that chain by watermark; None: the DAG id (templated).
+    :param where: SQL predicate restricting the rows, evaluated when each chunk is read
+        (templated). Trusted SQL, like the DAG file: never render it from run conf or user input;
+        put varying values in ``where_params``.
+    :param where_params: values bound into ``where`` (``:name`` placeholders), never spliced into
+        the SQL.
+    :param columns: extra columns the processor needs in ``chunk.rows`` (templated).
+    :param start_key: lower bound, exclusive; None: the stream's watermark (templated).
+    :param end_key: upper bound, inclusive; None: ``max(key)`` once every smaller key has committed
+        (templated).
+    :param max_ranges: at most this many ranges (and mapped tasks), 1 to Airflow's configured
+        ``[core] max_map_length`` (1024 by default; raising it raises this limit, up to the
+        engine's 100,000). Fewer keys than ranges give fewer ranges.
+    :param key_prefix: prefix of every Redis key of the traversal.
+    :param commit_wait_timeout: PostgreSQL: seconds to wait for transactions open when ``max(key)``
+        was read (``CommitOrderTimeoutError`` after).
+    :param settle_seconds: other sources: seconds to wait after reading ``max(key)``.
+    :param checkpoint_conn_id: a ``postgres``/``sqlite`` connection for the durable checkpoint
+        mirror; passed on to the traverse tasks and the barrier.
+    """
+
+    template_fields: Sequence[str] = (
+        "table",
+        "key",
+        "where",
+        "columns",
+        "start_key",
+        "end_key",
+        "stream",
+    )
+    ui_color = "#d8e6f3"
+    operator_extra_links = (KeysetRoundLink(),)
+
+    def __init__(
+        self,
+        *,
+        source_conn_id: str,
+        table: str,
+        key: str | Sequence[str],
+        redis_conn_id: str = "redis_default",
+        stream: str | None = None,
+        where: str | None = None,
+        where_params: dict[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+        start_key: Any = None,
+        end_key: Any = None,
+        max_ranges: int = 16,
+        key_prefix: str = "ks",
+        commit_wait_timeout: float = 60.0,
+        settle_seconds: float = 0.0,
+        checkpoint_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        _check_max_ranges(max_ranges)
+        self.checkpoint_conn_id = checkpoint_conn_id
+        self.source_conn_id = source_conn_id
+        self.table = table
+        self.key = key
+        self.redis_conn_id = redis_conn_id
+        self.stream = stream
+        self.where = where
+        self.where_params = where_params
+        self.columns = columns
+        self.start_key = start_key
+        self.end_key = end_key
+        self.max_ranges = max_ranges
+        self.key_prefix = key_prefix
+        self.commit_wait_timeout = commit_wait_timeout
+        self.settle_seconds = settle_seconds
+
+    def execute(self, context: Context) -> list[dict[str, Any]]:
+        stream = self.stream or self.dag_id
+        key = list(self.key) if not isinstance(self.key, str) else self.key
+        columns = list(self.columns) if self.columns is not None else None
+        rnd = self._plan_round(context, stream, key, columns)
+        self._log_round(stream, rnd)
+        self._push_round(context, stream, rnd)
+        common = {
+            "source_conn_id": self.source_conn_id,
+            "table": self.table,
+            "key": key,
+            "stream": stream,
+            "where": self.where,
+            "where_params": self.where_params,
+            "columns": columns,
+            "key_prefix": self.key_prefix,
+            "checkpoint_conn_id": self.checkpoint_conn_id,
+        }
+        return [
+            {
+                "round_id": rnd.round_id,
+                "range_id": spec.range_id,
+                "lo": to_json(spec.lo),
+                "hi": to_json(spec.hi),
+                **common,
+            }
+            for spec in rnd.ranges
+        ]
+
+    def _plan_round(
+        self, context: Context, stream: str, key: str | list[str], columns: list[str] | None
+    ) -> Round:
+        """The round of this DAG run and plan task: planned now, or the one planned before (the
+        round key is the task's ``<dag_id>/<run_id>/<task_id>``)."""
+        with airflow_errors():
+            _check_max_ranges(self.max_ranges)
+            hook = KeysetHook(self.source_conn_id, self.redis_conn_id, self.checkpoint_conn_id)
+            t = hook.traversal(
+                table=self.table,
+                key=key,
+                stream=stream,
+                where=self.where,
+                where_params=self.where_params,
+                columns=columns,
+                key_prefix=self.key_prefix,
+                commit_wait_timeout=self.commit_wait_timeout,
+                settle_seconds=self.settle_seconds,
+            )
+            try:
+                start, end = parse_bound(self.start_key), parse_bound(self.end_key)
+                if start is not None or end is not None:
+                    t.source.validate()  # the key columns' types, to read rendered bounds
+                    start = _typed_bound(t, "start_key", start)
+                    end = _typed_bound(t, "end_key", end)
+                return t.plan(self.max_ranges, start, end, round_key=run_key(context))
+            finally:
+                t.close()
+
+    def _log_round(self, stream: str, rnd: Round) -> None:
+        how = (
+            "planned"
+            if rnd.created
+            else "reused (already planned for this run, or the stream's open round)"
+        )
+        self.log.info(
+            "stream %s: round %s (%s, %s] %s, %d range(s):",
+            stream,
+            rnd.round_id,
+            key_label(rnd.start_key),
+            key_label(rnd.end_key),
+            how,
+            len(rnd.ranges),
+        )
+        for spec in rnd.ranges:
+            self.log.info("  %s", spec.label)
+
+    def _push_round(self, context: Context, stream: str, rnd: Round) -> None:
+        """XComs for ``BarrierSensor``: the round id, and the round's stream, prefix and bounds."""
+        ti = context["ti"]
+        ti.xcom_push(key=ROUND_ID_XCOM_KEY, value=rnd.round_id)
+        ti.xcom_push(
+            key=ROUND_XCOM_KEY,
+            value={
+                "round_id": rnd.round_id,
+                "stream": stream,
+                "key_prefix": self.key_prefix,
+                "checkpoint_conn_id": self.checkpoint_conn_id,
+                "start_key": to_json(rnd.start_key),
+                "end_key": to_json(rnd.end_key),
+                "ranges": len(rnd.ranges),
+            },
+        )
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the traversed table as the input dataset (``airflow_keyset_provider.
+        lineage``); None when the OpenLineage provider is not installed."""
+        from airflow_keyset_provider.lineage import table_lineage
+
+        return table_lineage(self.source_conn_id, self.table)
+
+
+__all__ = ["AIRFLOW_DEFAULT_MAX_MAP_LENGTH", "PlanRangesOperator"]

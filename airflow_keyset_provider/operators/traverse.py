@@ -1,0 +1,472 @@
+"""``TraverseRangeOperator``: process one range of a planned round, resuming from its Redis cursor.
+
+Every try of a mapped range resumes from the range's committed cursor; the owner lineage
+``<dag_id>/<run_id>/<task_id>/<map_index>`` lets a new try take the range over at once and fences
+the previous try. Waits outside the worker slot (paused stream, range held by a live owner, rows/s
+budget, unhealthy source) defer to ``KeysetResumeTrigger``. The task state store entry
+``keyset_range`` mirrors the range's committed cursor and counters (Redis stays the authority).
+See ``airflow_keyset_provider.operators.keyset`` for the DAG shape and all guarantees.
+
+One concept, kept in one module: a try of one range, with the waits it defers and the state it
+mirrors (the parameter reference in the class docstring is most of its length).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_keyset_provider.common import (
+    DEFAULT_MAP_INDEX_TEMPLATE,
+    RANGE_LABEL_CONTEXT_KEY,
+    airflow_errors,
+    key_label,
+    run_key,
+)
+from airflow_keyset_provider.core import (
+    ConfigurationError,
+    KeysetTraversal,
+    LeaseHeldError,
+    RangeResult,
+    load_processor,
+)
+from airflow_keyset_provider.core.keys import to_json
+from airflow_keyset_provider.core.options import TraverseOptions
+from airflow_keyset_provider.core.run_state import CommittedRange
+from airflow_keyset_provider.core.status import RangeState
+from airflow_keyset_provider.hooks.keyset import KeysetHook
+from airflow_keyset_provider.links import KeysetRoundLink
+from airflow_keyset_provider.triggers.keyset import KeysetResumeTrigger, ResumeEvent
+
+#: The task state store key under which a traverse task instance mirrors its range.
+RANGE_STATE_KEY = "keyset_range"
+
+
+def _traverse_options(
+    *,
+    defer_after_seconds: float,
+    claim_timeout: float | None,
+    health_checks: Sequence[Any],
+    resume_poll_seconds: float,
+    **knobs: Any,
+) -> TraverseOptions:
+    """The engine's options from the operator's tuning arguments: ``defer_after_seconds`` is the
+    engine's ``yield_after_seconds`` and the default ``claim_timeout``. A bad setting fails the
+    task at once (``AirflowFailException``), naming it."""
+    with airflow_errors():
+        options = TraverseOptions(
+            **knobs,
+            yield_after_seconds=defer_after_seconds,
+            health_checks=tuple(health_checks),
+            claim_timeout=defer_after_seconds if claim_timeout is None else claim_timeout,
+        )
+        if not resume_poll_seconds > 0:
+            raise ConfigurationError(
+                f"resume_poll_seconds must be a positive number, got {resume_poll_seconds!r}"
+            )
+    return options
+
+
+def _check_state_store_seconds(state_store_seconds: Any) -> None:
+    if state_store_seconds is not None and (
+        isinstance(state_store_seconds, bool)
+        or not isinstance(state_store_seconds, (int, float))
+        or state_store_seconds < 0
+    ):
+        raise ValueError(
+            f"state_store_seconds must be None or a non-negative number, got "
+            f"{state_store_seconds!r}"
+        )
+
+
+class TraverseRangeOperator(BaseOperator):
+    """Process every key of one range of a planned round, resuming from its Redis cursor.
+
+    Meant to be mapped over ``PlanRangesOperator``'s output with ``expand_kwargs``: the plan's dicts
+    supply ``round_id``, ``range_id``, ``lo``/``hi`` (display only: the bounds used are the
+    round's, read from Redis) and the source description; ``partial()`` supplies the
+    ``processor`` (a callable ``(Chunk) -> ChunkResult | None`` or ``"package.module:function"``),
+    ``redis_conn_id``, the tuning knobs and Airflow's ``retries``/``pool``.
+
+    Returns the range's cumulative counters (``done``, ``skipped``, ``dead``, ``complete``, plus
+    this try's ``rows_read``/``chunks``/``seconds``). Fails the try if the range is not complete
+    (dependency kept failing, lease lost, kill requested): the next try resumes from the cursor.
+    ``on_kill`` asks the traversal to commit the chunk in hand, release the lease and return.
+
+    The task never waits in its worker slot for something outside it: when the stream is paused
+    (``airflow-keyset pause``), when its range is held by another live owner for longer than
+    ``defer_after_seconds``, or when the stream's shared budget (``max_rows_per_second``) would
+    make it wait longer than that, it commits the chunk in hand, releases its lease and **defers**
+    to ``KeysetResumeTrigger`` (the triggerer polls every ``resume_poll_seconds``); it then
+    resumes from the range's cursor in a fresh worker slot, in the same try.
+    Progress lines (cursor, counters, rows/s, ETA) come from the ``airflow_keyset_provider`` logger.
+
+    :param round_id: the round, from the plan's output (templated).
+    :param range_id: the range, from the plan's output (templated).
+    :param processor: ``(Chunk) -> ChunkResult | None``, a callable or
+        ``"package.module:function"``.
+    :param source_conn_id: from the plan's output.
+    :param table: from the plan's output (templated).
+    :param key: from the plan's output.
+    :param lo: from the plan's output; display only (the bounds used are the round's).
+    :param hi: from the plan's output; display only.
+    :param stream: from the plan's output; None: the DAG id (templated).
+    :param where: from the plan's output (templated).
+    :param where_params: from the plan's output.
+    :param columns: from the plan's output.
+    :param redis_conn_id: Airflow ``redis`` connection of the cursor store (set it in
+        ``partial()``).
+    :param key_prefix: from the plan's output.
+    :param chunk_size: see ``TraverseOptions.chunk_size``.
+    :param lease_seconds: see ``TraverseOptions.lease_seconds``.
+    :param max_chunk_attempts: see ``TraverseOptions.max_chunk_attempts``.
+    :param max_item_attempts: see ``TraverseOptions.max_item_attempts``.
+    :param claim_timeout: see ``TraverseOptions.claim_timeout``.
+    :param chunk_timeout: see ``TraverseOptions.chunk_timeout``.
+    :param log_every_seconds: see ``TraverseOptions.log_every_seconds``.
+    :param prefetch: see ``TraverseOptions.prefetch``.
+    :param group_commit_chunks: see ``TraverseOptions.group_commit_chunks``.
+    :param group_commit_seconds: see ``TraverseOptions.group_commit_seconds``.
+    :param checkpoint_conn_id: from the plan's output: the durable checkpoint mirror.
+    :param state_store_seconds: mirror the committed cursor and counters into the task state
+        store at most this often (and once when the try ends); None: never.
+    :param control_poll_seconds: see ``TraverseOptions.control_poll_seconds``.
+    :param defer_after_seconds: a wait longer than this (throttled, or the range held by another
+        live owner) defers the task instead of holding its worker slot.
+    :param resume_poll_seconds: how often the deferred task's trigger checks whether it may go on.
+    :param health_checks: see ``TraverseOptions.health_checks``.
+    :param health_poll_seconds: see ``TraverseOptions.health_poll_seconds``.
+    :param target_chunk_seconds: see ``TraverseOptions.target_chunk_seconds``.
+    :param min_chunk_size: see ``TraverseOptions.min_chunk_size``.
+    :param max_chunk_size: see ``TraverseOptions.max_chunk_size``.
+    """
+
+    template_fields: Sequence[str] = ("round_id", "range_id", "stream", "table", "where")
+    ui_color = "#e3f0d8"
+    operator_extra_links = (KeysetRoundLink(),)
+
+    def __init__(
+        self,
+        *,
+        round_id: str,
+        range_id: int,
+        processor: Callable[..., Any] | str,
+        source_conn_id: str,
+        table: str,
+        key: str | Sequence[str],
+        lo: Any = None,
+        hi: Any = None,
+        stream: str | None = None,
+        where: str | None = None,
+        where_params: dict[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+        redis_conn_id: str = "redis_default",
+        key_prefix: str = "ks",
+        chunk_size: int = 1000,
+        lease_seconds: float = 60,
+        max_chunk_attempts: int = 5,
+        max_item_attempts: int = 3,
+        claim_timeout: float | None = None,
+        chunk_timeout: float | None = None,
+        log_every_seconds: float = 30.0,
+        prefetch: bool = True,
+        group_commit_chunks: int = 1,
+        group_commit_seconds: float | None = None,
+        checkpoint_conn_id: str | None = None,
+        state_store_seconds: float | None = 5.0,
+        control_poll_seconds: float = 1.0,
+        defer_after_seconds: float = 5.0,
+        resume_poll_seconds: float = 5.0,
+        health_checks: Sequence[Any] = (),
+        health_poll_seconds: float = 5.0,
+        target_chunk_seconds: float | None = None,
+        min_chunk_size: int = 10,
+        max_chunk_size: int = 100_000,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("map_index_template") is None:  # unmapping passes None explicitly
+            kwargs["map_index_template"] = DEFAULT_MAP_INDEX_TEMPLATE
+        super().__init__(**kwargs)
+        self.round_id = round_id
+        self.range_id = range_id
+        self.processor = processor
+        self.source_conn_id = source_conn_id
+        self.table = table
+        self.key = key
+        self.lo = lo
+        self.hi = hi
+        self.stream = stream
+        self.where = where
+        self.where_params = where_params
+        self.columns = columns
+        self.redis_conn_id = redis_conn_id
+        self.key_prefix = key_prefix
+        self.options = _traverse_options(
+            chunk_size=chunk_size,
+            lease_seconds=lease_seconds,
+            max_chunk_attempts=max_chunk_attempts,
+            max_item_attempts=max_item_attempts,
+            chunk_timeout=chunk_timeout,
+            log_every_seconds=log_every_seconds,
+            prefetch=prefetch,
+            group_commit_chunks=group_commit_chunks,
+            group_commit_seconds=group_commit_seconds,
+            control_poll_seconds=control_poll_seconds,
+            defer_after_seconds=defer_after_seconds,
+            health_checks=health_checks,
+            health_poll_seconds=health_poll_seconds,
+            target_chunk_seconds=target_chunk_seconds,
+            min_chunk_size=min_chunk_size,
+            max_chunk_size=max_chunk_size,
+            claim_timeout=claim_timeout,
+            resume_poll_seconds=resume_poll_seconds,
+        )
+        self.checkpoint_conn_id = checkpoint_conn_id
+        _check_state_store_seconds(state_store_seconds)
+        self.state_store_seconds = state_store_seconds
+        self.defer_after_seconds = defer_after_seconds
+        self.resume_poll_seconds = resume_poll_seconds
+        self._traversal: KeysetTraversal | None = None
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        range_id = (
+            int(self.range_id)
+            if isinstance(self.range_id, str) and self.range_id.isdigit()
+            else self.range_id
+        )
+        label = f"range {range_id} ({key_label(self.lo)}, {key_label(self.hi)}]"
+        context[RANGE_LABEL_CONTEXT_KEY] = label  # type: ignore[literal-required]
+        if not context.get("map_index_template"):
+            # A mapped task's context carries the partial()'s template, which lacks our default.
+            context["map_index_template"] = self.map_index_template or DEFAULT_MAP_INDEX_TEMPLATE
+        lineage = run_key(context)
+        stream = self.stream or self.dag_id
+        self.log.info(
+            "round %s %s: try %s, owner lineage %s",
+            self.round_id,
+            label,
+            getattr(context["ti"], "try_number", "?"),
+            lineage,
+        )
+        res = self._traverse_range(context, stream, range_id, lineage)
+        if res.yielded:
+            self._defer(stream, range_id, res.yielded, res.retry_after)
+        return self._report(res)
+
+    def _traverse_range(
+        self, context: Context, stream: str, range_id: int, lineage: str
+    ) -> RangeResult:
+        """One traversal of the range from its committed cursor; defers (``NoReturn``) when the
+        range is held by another live owner. The task state store gets the range's final state
+        whatever happens."""
+        key = list(self.key) if not isinstance(self.key, str) else self.key
+        with airflow_errors():
+            processor = load_processor(self.processor)
+            hook = KeysetHook(self.source_conn_id, self.redis_conn_id, self.checkpoint_conn_id)
+            t = hook.traversal(
+                table=self.table,
+                key=key,
+                stream=stream,
+                where=self.where,
+                where_params=self.where_params,
+                columns=self.columns,
+                key_prefix=self.key_prefix,
+            )
+            self._traversal = t
+            mirror = self._range_state_mirror(context, t, range_id, stream)
+            try:
+                options = dataclasses.replace(self.options, owner_lineage=lineage)
+                try:
+                    res = t.traverse(
+                        self.round_id,
+                        range_id,
+                        processor,
+                        options=options,
+                        on_progress=mirror,
+                        progress_every_seconds=self.state_store_seconds or 0.0,
+                    )
+                except LeaseHeldError as exc:
+                    if t._stop.is_set():
+                        raise
+                    self.log.info("%s; deferring until the lease is free", exc)
+                    self._defer(stream, range_id, "lease")
+                if res.yielded:
+                    self._log_yield(t, res.yielded, res.retry_after)
+            finally:
+                self._traversal = None
+                self._mirror_final_range_state(mirror, t, range_id)
+                t.close()
+        return res
+
+    def _report(self, res: RangeResult) -> dict[str, Any]:
+        """Log the try's outcome; the range's counters if it is complete, else fail the try (its
+        cursor is committed, so Airflow's retry resumes from there)."""
+        result = res.as_dict()
+        rate = res.rows_read / res.seconds if res.seconds > 0 else 0.0
+        self.log.info(
+            "round %s range %s: %s; done %d, skipped %d, dead %d; this try read %d rows in %d "
+            "chunks, %.1f s (%.0f rows/s)%s",
+            res.round_id,
+            res.range_id,
+            "complete" if res.complete else f"stopped at cursor {res.cursor!r}",
+            res.done,
+            res.skipped,
+            res.dead,
+            res.rows_read,
+            res.chunks,
+            res.seconds,
+            rate,
+            ", took over from a previous try" if res.takeover else "",
+        )
+        if res.dead:
+            self.log.warning(
+                "round %s range %s has %d dead-lettered item(s); inspect them before closing "
+                "the round",
+                res.round_id,
+                res.range_id,
+                res.dead,
+            )
+        if res.stopped or not res.complete:
+            raise AirflowException(
+                f"round {res.round_id} range {res.range_id} is not complete (stopped on request); "
+                "its cursor is committed and the next try resumes from there"
+            )
+        return result
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: the traversed table as the input dataset (``airflow_keyset_provider.
+        lineage``); None when the OpenLineage provider is not installed."""
+        from airflow_keyset_provider.lineage import table_lineage
+
+        return table_lineage(self.source_conn_id, self.table)
+
+    # ---- Airflow's task state store: a mirror of the range for the UI and REST API ----------
+    def _range_state_mirror(
+        self, context: Context, t: KeysetTraversal, range_id: int, stream: str
+    ) -> Callable[[CommittedRange], None] | None:
+        """A callback writing the range's committed state to the task state store (key
+        ``keyset_range``), or None without a task state store or with ``state_store_seconds``
+        None. Redis stays the authority: nothing ever reads the cursor back from here."""
+        store = context.get("task_state_store")  # Airflow >= 3.3
+        if store is None or self.state_store_seconds is None:
+            return None
+        ti = context["ti"]
+        base = {
+            "stream": stream,
+            "round_id": str(self.round_id),
+            "range_id": range_id,
+            "lo": self.lo,
+            "hi": self.hi,
+            "try_number": getattr(ti, "try_number", None),
+            "authority": "redis",
+        }
+
+        def record(state: CommittedRange) -> None:
+            store.set(
+                RANGE_STATE_KEY,
+                {
+                    **base,
+                    "cursor": to_json(t.decode(state.cursor)),
+                    "done": state.done,
+                    "skipped": state.skipped,
+                    "dead": state.dead,
+                    "retries": state.retries,
+                    "complete": state.complete,
+                    "updated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                },
+            )
+
+        return record
+
+    def _mirror_final_range_state(
+        self, mirror: Callable[[CommittedRange], None] | None, t: KeysetTraversal, range_id: int
+    ) -> None:
+        """Once the try ends (complete, stopped or failed): the range as Redis holds it now. Best
+        effort: a failure here must not hide the try's own outcome."""
+        if mirror is None:
+            return
+        try:
+            status = next(r for r in t.range_status(str(self.round_id)) if r.range_id == range_id)
+            mirror(
+                CommittedRange(
+                    status.cursor_encoded,
+                    status.done,
+                    status.skipped,
+                    status.dead,
+                    status.retries,
+                    status.state == RangeState.COMPLETE,
+                )
+            )
+        except Exception as exc:
+            self.log.warning(
+                "round %s range %s: could not mirror the range into the task state store: %s",
+                self.round_id,
+                range_id,
+                exc,
+            )
+
+    def _log_yield(self, t: KeysetTraversal, why: str, retry_after: float) -> None:
+        if why == "paused":
+            c = t.control.control_state()
+            self.log.warning(
+                "stream %s is paused%s (%s); chunk committed, lease released; deferring until "
+                "`airflow-keyset resume` (the worker slot is freed)",
+                t.stream,
+                f" by {c.paused_by}" if c.paused_by else "",
+                c.reason or "no reason given",
+            )
+        elif why == "unhealthy":
+            self.log.warning(
+                "stream %s: the source is unhealthy; chunk committed, lease released; deferring "
+                "%.1f s (the worker slot is freed)",
+                t.stream,
+                retry_after,
+            )
+        else:
+            self.log.info(
+                "stream %s is over its rows/s budget for %.1f s more; chunk committed, lease "
+                "released; deferring (the worker slot is freed)",
+                t.stream,
+                retry_after,
+            )
+
+    def _defer(self, stream: str, range_id: int, why: str, retry_after: float = 0.0) -> NoReturn:
+        self.defer(
+            trigger=KeysetResumeTrigger(
+                stream=stream,
+                round_id=self.round_id,
+                range_id=range_id,
+                wait_for=why,
+                redis_conn_id=self.redis_conn_id,
+                key_prefix=self.key_prefix,
+                poll_interval=self.resume_poll_seconds,
+                until=time.time() + retry_after if why in ("throttled", "unhealthy") else None,
+            ),
+            method_name="execute_resume",
+        )
+
+    def execute_resume(self, context: Context, event: dict[str, Any] | None = None) -> Any:
+        """Back from ``KeysetResumeTrigger``: traverse again from the range's cursor."""
+        if event and event.get("status") == ResumeEvent.ERROR.value:
+            raise AirflowException(
+                f"round {self.round_id} range {self.range_id}: cannot resume: {event['message']}"
+            )
+        self.log.info("resuming after waiting (%s)", (event or {}).get("wait_for", "?"))
+        return self.execute(context)
+
+    def on_kill(self) -> None:
+        t = self._traversal
+        if t is not None:
+            self.log.info(
+                "kill requested: finishing the chunk in hand, committing it, releasing the lease"
+            )
+            t.request_stop()
+
+
+__all__ = ["RANGE_STATE_KEY", "TraverseRangeOperator"]
