@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -29,17 +30,17 @@ def events(pg_engine):
     return pg_engine
 
 
+def events_traversal(url: str, redis_url: str, key_prefix: str, **kw: Any) -> KeysetTraversal:
+    """A traversal of the ``events`` table, stream ``s``, under the test's key prefix."""
+    return KeysetTraversal(
+        url, table="events", key="seq", redis_url=redis_url, stream="s", key_prefix=key_prefix, **kw
+    )
+
+
 def test_lost_round_is_an_error_never_complete(
     events, pg_schema_url, redis_url, key_prefix, redis_client
 ):
-    t = KeysetTraversal(
-        pg_schema_url,
-        table="events",
-        key="seq",
-        redis_url=redis_url,
-        stream="s",
-        key_prefix=key_prefix,
-    )
+    t = events_traversal(pg_schema_url, redis_url, key_prefix)
     rnd = t.plan(max_ranges=2)
     t.traverse(rnd.round_id, 0, lambda c: None, chunk_size=500)
     _flush_prefix(redis_client, key_prefix)
@@ -53,15 +54,8 @@ def test_mirror_restores_lost_round_with_bounded_replay(
     events, pg_schema_url, redis_url, key_prefix, redis_client, caplog
 ):
     seen: Counter = Counter()
-    t = KeysetTraversal(
-        pg_schema_url,
-        table="events",
-        key="seq",
-        redis_url=redis_url,
-        stream="s",
-        key_prefix=key_prefix,
-        checkpoint_url=pg_schema_url,
-        checkpoint_seconds=0,
+    t = events_traversal(
+        pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url, checkpoint_seconds=0
     )
 
     class Flush(BaseException):
@@ -101,15 +95,7 @@ def test_mirror_restores_lost_round_with_bounded_replay(
 def test_incomplete_restored_round_still_refuses_to_close(
     events, pg_schema_url, redis_url, key_prefix, redis_client
 ):
-    t = KeysetTraversal(
-        pg_schema_url,
-        table="events",
-        key="seq",
-        redis_url=redis_url,
-        stream="s",
-        key_prefix=key_prefix,
-        checkpoint_url=pg_schema_url,
-    )
+    t = events_traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
     rnd = t.plan(max_ranges=2)
     t.traverse(rnd.round_id, 0, lambda c: None, chunk_size=500)
     _flush_prefix(redis_client, key_prefix)
@@ -122,14 +108,7 @@ def test_incomplete_restored_round_still_refuses_to_close(
 def test_retention_floor_is_lowest_open_cursor_else_watermark(
     events, pg_schema_url, redis_url, key_prefix
 ):
-    t = KeysetTraversal(
-        pg_schema_url,
-        table="events",
-        key="seq",
-        redis_url=redis_url,
-        stream="s",
-        key_prefix=key_prefix,
-    )
+    t = events_traversal(pg_schema_url, redis_url, key_prefix)
     assert t.retention_floor() is None
     rnd = t.plan(max_ranges=2)  # (-inf, 2000], (2000, 4000]
     assert t.retention_floor() is None  # range 0 has read nothing yet: keep everything
@@ -143,13 +122,8 @@ def test_retention_floor_is_lowest_open_cursor_else_watermark(
 
     t.traverse(rnd.round_id, 1, lambda c: None)
     assert t.traverse(rnd.round_id, 0, stop_after(750), chunk_size=250).stopped
-    t = KeysetTraversal(
-        pg_schema_url,
-        table="events",
-        key="seq",
-        redis_url=redis_url,
-        stream="s",
-        key_prefix=key_prefix,
+    t = events_traversal(
+        pg_schema_url, redis_url, key_prefix
     )  # a stop request is final for its traversal object
     assert t.retention_floor() == 750
     t.traverse(rnd.round_id, 0, lambda c: None)
