@@ -46,6 +46,7 @@ from .item_failures import IsolationStopped, ItemFailures
 from .keys import display_key, encode_key
 from .options import TraverseOptions
 from .range_claim import check_retention, claim_range, log_claim
+from .range_split import Splitter
 from .run_state import CommittedRange, Group, Heartbeat, ProgressLog, RangeResult, Verdict
 from .source import release
 from .store import Claim
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
     from .traversal import KeysetTraversal
 
 log = logging.getLogger("airflow_keyset_provider")
+
+#: ``RangeResult.yielded`` when the call's ``max_task_seconds`` budget was spent.
+BUDGET = "budget"
 
 
 def _pacer(t: KeysetTraversal, o: TraverseOptions) -> Pacer:
@@ -75,13 +79,26 @@ def _pacer(t: KeysetTraversal, o: TraverseOptions) -> Pacer:
 
 
 def run_range(
-    t: KeysetTraversal, round_id: str, range_id: int, processor: Processor, o: TraverseOptions
+    t: KeysetTraversal,
+    round_id: str,
+    range_id: int,
+    processor: Processor,
+    o: TraverseOptions,
+    *,
+    deadline: float | None = None,
+    split: bool = False,
 ) -> RangeResult:
     """Claim the range (waiting while a live owner holds it), refuse it if the source's retention
-    passed its cursor, run it with a heartbeat, release the lease. Returns its counters."""
+    passed its cursor, run it with a heartbeat, release the lease. Returns its counters.
+
+    ``deadline`` (``time.monotonic()``; default: now + ``o.max_task_seconds``) ends the run at a
+    chunk boundary with ``yielded == "budget"``; ``split`` lets the run split its range when an
+    idle task asks (``core/range_split.py``; only pull loops pass it)."""
     token = f"{o.owner_lineage or 'worker'}#{uuid.uuid4().hex[:12]}"
-    claim = claim_range(t, round_id, range_id, token, o)
     started = time.monotonic()
+    if deadline is None and o.max_task_seconds is not None:
+        deadline = started + o.max_task_seconds
+    claim = claim_range(t, round_id, range_id, token, o)
     if claim.complete:
         log.info(
             "round %s range %d is already complete (done %d, skipped %d, dead %d)",
@@ -99,6 +116,7 @@ def run_range(
     log_claim(t, round_id, range_id, claim, rng)
     pacer = _pacer(t, o)
     run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o, pacer)
+    run.deadline, run.splitter = deadline, Splitter(run, split)
     heart = Heartbeat(t.store, round_id, range_id, token, o.lease_ms, o.chunk_timeout_seconds)
     heart.start()
     pacer.start()
@@ -130,7 +148,7 @@ def run_range(
         time.monotonic() - started,
         run.yielded == Pace.PAUSED,
         run.yielded,
-        pacer.retry_after if run.yielded != Pace.PAUSED else 0.0,
+        pacer.retry_after if run.yielded in (Pace.THROTTLED, Pace.UNHEALTHY) else 0.0,
     )
 
 
@@ -138,6 +156,7 @@ class RangeRun:
     """One claimed range, from its cursor to ``hi``, then the item-retry passes."""
 
     heart: Heartbeat  # set by ``run``
+    deadline: float | None = None  # time.monotonic() past which the run yields "budget"
 
     def __init__(
         self,
@@ -185,6 +204,7 @@ class RangeRun:
         self.pool: ThreadPoolExecutor | None = None
         self.pending: Future[Sequence[tuple]] | None = None  # the prefetched next chunk
         self.items = ItemFailures(self)  # failure isolation and item retry passes
+        self.splitter = Splitter(self, False)  # answers split requests (``range_split``)
         hi_label = display_key(hi, self.arity)
         self.progress = ProgressLog(
             round_id, range_id, hi_label, self.arity, options.log_every_seconds, self._estimate()
@@ -242,6 +262,9 @@ class RangeRun:
         """Before each chunk read: size the next chunk (adaptive, opt-in) from the last one's
         duration, then the stream's pause, health and throughput budget (``Pacer``: a local flag,
         plus Redis calls only while a rate or health checks are set). False: stop here."""
+        if self.deadline is not None and self.rows_read and time.monotonic() >= self.deadline:
+            self.yielded = BUDGET  # budget spent (after a chunk at least): commit, release, return
+            return False
         rows, self.charged = self.rows_read - self.charged, self.rows_read
         if self.sizer is not None and rows:
             self.size = self.sizer.observe(rows, time.monotonic() - self.paced_at)
@@ -259,6 +282,7 @@ class RangeRun:
             Pace.PAUSED: "stream paused",
             Pace.THROTTLED: "throttled; yielding",
             Pace.UNHEALTHY: f"unhealthy ({health}); yielding",
+            BUDGET: "time budget (max_task_seconds) spent; yielding",
         }
         log.info(
             "round %s range %d: %s; committed through %s",
@@ -467,6 +491,8 @@ class RangeRun:
         self.state = CommittedRange(a.cursor, a.done, a.skipped, a.dead, a.retries, a.complete)
         self.chunks += 1
         self.checkpoint(force=a.complete)
+        if a.split_req:  # an idle task asks this range to split: answer at this boundary
+            self.splitter.answer(a.split_req)
         if a.dead > before.dead:
             log.error(
                 "round %s range %d: %d item(s) dead-lettered after %d attempts (see dead letters)",
