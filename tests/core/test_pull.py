@@ -256,3 +256,19 @@ def test_the_owner_declines_when_under_two_chunks_are_left(
     )
     assert res.finished and answers == ["no"]
     assert int(t.store.round_info(rnd.round_id)["n_ranges"]) == 1
+
+
+def test_troubleshooting_quotes_the_split_log_lines():
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    doc = (repo / "docs" / "troubleshooting.md").read_text()
+    code = (repo / "airflow_keyset_provider" / "core" / "range_split.py").read_text()
+    for phrase in (
+        "declined to split for",
+        ": keeps up to ",
+        ", new range ",
+        "rows were left",
+        "the store refused the split at",
+    ):
+        assert phrase in code and phrase in doc, phrase
