@@ -227,7 +227,8 @@ def test_plain_traverse_honours_the_budget_and_declines_splits(
         if chunk.keys[0] == 51:
             answers.append(asker.store.split_answer(rnd.round_id, 0, "idle#1"))
 
-    res = t.traverse(rnd.round_id, 0, slow, chunk_size=10, max_task_seconds=0.8)
+    budget = TraverseOptions(chunk_size=10, max_task_seconds=0.8)
+    res = t.traverse(rnd.round_id, 0, slow, options=budget)
     assert res.yielded == "budget" and not res.complete and 0 < res.rows_read < 400
     assert answers == ["no"]  # a plain traverse never splits: nobody would own the new half
     assert int(t.store.round_info(rnd.round_id)["n_ranges"]) == 1
