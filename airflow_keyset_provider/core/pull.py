@@ -143,6 +143,7 @@ class PullLoop:
 
     def run(self) -> RoundPullResult:
         try:
+            self._check_round()
             self._steps()
         finally:
             self.result.seconds = time.monotonic() - self.started
@@ -184,6 +185,16 @@ class PullLoop:
                 return
 
     # -- the steps -------------------------------------------------------------------------------
+    def _check_round(self) -> None:
+        """Once per call: the round exists (restored from the mirror if Redis lost it) and was
+        planned over this source; every range id the loop runs then comes from the store."""
+        try:
+            self.t._check_range(self.round_id, self.first_range or 0)
+        except RoundStateLostError:
+            if not self.t.control.restore(self.round_id):
+                raise
+            self.t._check_range(self.round_id, self.first_range or 0)
+
     def _over(self) -> bool:
         """A stop was requested, or the time budget is spent (recorded in the result)."""
         if self.t._stop.is_set():
@@ -214,6 +225,7 @@ class PullLoop:
                 range_id,
                 self.processor,
                 self.o,
+                checked=True,  # by _check_round; the ids come from the store
                 deadline=self.deadline,
                 split=self.split,
             )

@@ -207,15 +207,23 @@ class RangeRun:
         self.splitter = Splitter(self, False)  # answers split requests (``range_split``)
         hi_label = display_key(hi, self.arity)
         self.progress = ProgressLog(
-            round_id, range_id, hi_label, self.arity, options.log_every_seconds, self._estimate()
+            round_id,
+            range_id,
+            hi_label,
+            self.arity,
+            options.log_every_seconds,
+            None,
+            self._estimate,
         )
 
     def _estimate(self) -> int | None:
+        """Rows read so far plus the source's estimate of the rows left (for the ETA)."""
         try:
-            return self.source.estimate_rows(self.read, self.hi) if self.read != self.hi else 0
+            left = self.source.estimate_rows(self.read, self.hi) if self.read != self.hi else 0
         except Exception:  # an estimate is a nicety; never fail the range for it
             log.debug("no row estimate for the ETA", exc_info=True)
             return None
+        return self.progress.rows + left
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self, heart: Heartbeat) -> CommittedRange:

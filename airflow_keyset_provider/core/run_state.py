@@ -178,7 +178,9 @@ class Group:
 
 @dataclass
 class ProgressLog:
-    """Throttled progress lines: what a person needs at 3 a.m."""
+    """Throttled progress lines: what a person needs at 3 a.m. The row estimate behind the ETA is
+    read (``estimate_fn``: rows read so far + the source's estimate of the rows left) before the
+    first line that shows one, never for a range that ends before its first line."""
 
     round_id: str
     range_id: int
@@ -186,6 +188,7 @@ class ProgressLog:
     arity: int
     every_seconds: float
     estimate: int | None
+    estimate_fn: Callable[[], int | None] | None = None
     started: float = field(default_factory=time.monotonic)
     last: float = field(default_factory=time.monotonic)
     rows: int = 0
@@ -196,6 +199,8 @@ class ProgressLog:
         if not force and now - self.last < self.every_seconds:
             return
         self.last = now
+        if self.estimate is None and self.estimate_fn is not None and not force:
+            self.estimate, self.estimate_fn = self.estimate_fn(), None
         elapsed = max(now - self.started, 1e-9)
         rate = self.rows / elapsed
         log.info(

@@ -359,11 +359,16 @@ class KeysetTraversal:
         range_id: int,
         processor: Processor,
         options: TraverseOptions,
+        *,
+        checked: bool = False,
         **run: Any,
     ) -> RangeResult:
+        """``run_range`` after ``_check_range`` (skipped when the caller ``checked`` the round and
+        got the id from the store), restoring a round Redis lost from the mirror."""
         for _ in range(3):
             try:
-                self._check_range(round_id, range_id)
+                if not checked:
+                    self._check_range(round_id, range_id)
                 return run_range(self, round_id, range_id, processor, options, **run)
             except RoundStateLostError:
                 # Redis lost the round; with a mirror, put it back (cursors at their last
@@ -372,6 +377,7 @@ class KeysetTraversal:
                 if not self.control.restore(round_id):
                     raise
                 self.metrics.incr("state.restored", tags=self.tags)
+                checked = False
         self._check_range(round_id, range_id)
         return run_range(self, round_id, range_id, processor, options, **run)
 
