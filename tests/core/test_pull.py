@@ -273,3 +273,29 @@ def test_troubleshooting_quotes_the_split_log_lines():
         "the store refused the split at",
     ):
         assert phrase in code and phrase in doc, phrase
+
+
+def test_a_range_split_for_a_requester_that_vanished_is_rescued(
+    pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    keys = list(range(1, 401))
+    analyzed_events(pg_engine, keys)
+    t = traversal(pg_schema_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=400)
+    ghost = traversal(pg_schema_url, redis_url, key_prefix)
+    seen = Deliveries()
+
+    def proc(chunk: Any) -> None:
+        if chunk.keys[0] == 11:  # an idle task asks, then dies before it claims the new range
+            assert ghost.store.request_split(rnd.round_id, 0, "ghost#1") == "asked"
+        seen.record("w", chunk)
+
+    res = t.traverse_round(
+        rnd.round_id, proc, options=TraverseOptions(owner_lineage="w", chunk_size=10)
+    )
+    assert res.finished
+    assert int(t.store.round_info(rnd.round_id)["n_ranges"]) == 2
+    assert ghost.store.split_answer(rnd.round_id, 0, "ghost#1") == "1"
+    assert [r.range_id for r in res.ranges if r.rows_read] == [0, 1]  # range 1: rescued
+    assert set(seen.seen) == set(keys) and max(seen.seen.values()) == 1
+    assert t.close_round(rnd.round_id).done == len(keys)
