@@ -50,7 +50,7 @@ from .run_state import RangeResult
 from .status import RangeState
 
 if TYPE_CHECKING:
-    from .store_reads import RangeBrief
+    from .store_pull import RangeBrief
     from .traversal import KeysetTraversal
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -166,8 +166,8 @@ class PullLoop:
                 return
         if self.first_range is not None and not self._take(self.first_range, "first range"):
             return
-        while (range_id := self.store.next_unclaimed(self.round_id)) is not None:
-            if not self._take(range_id, "next unclaimed"):
+        while (next_id := self.store.next_unclaimed(self.round_id)) is not None:
+            if not self._take(next_id, "next unclaimed"):
                 return
         while not self._over():
             briefs = self.store.range_briefs(self.round_id)
@@ -248,7 +248,7 @@ class PullLoop:
         for b in briefs:
             if b.state == RangeState.COMPLETE or b.range_id in self.skipped:
                 continue
-            if not b.owner or b.lease_ms_left <= 0:
+            if not b.live_owner:
                 return b.range_id
         return None
 
@@ -259,7 +259,7 @@ class PullLoop:
         for b in briefs:
             if b.state == RangeState.COMPLETE or b.range_id in self.declined:
                 continue
-            if not b.owner or b.lease_ms_left <= 0:
+            if not b.live_owner:
                 continue
             left = remaining_rows(b)
             if left is not None and left < floor:
@@ -291,6 +291,8 @@ class PullLoop:
                 continue
             if answer == "not_running":
                 return _AGAIN  # complete, or its owner is gone: the rescue step sees it
+            if answer == "closed":
+                return None  # the round is closed: nothing is left to split
             raise RoundStateLostError(
                 f"round {self.round_id} range {b.range_id}: the store answered {answer!r} to a "
                 "split request; the round's state is lost"
