@@ -32,17 +32,16 @@ the broker's keys lay under the test's prefix, among them the dead try's unackno
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import subprocess
 import time
-import urllib.error
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import celery_support as cs
+import deployment_support as ds
 import pytest
 import redis
 import sqlalchemy as sa
@@ -62,7 +61,7 @@ POLL_S = 0.1
 ORPHAN_WATCH_S = 5.0  # how long the orphaned task process may run before the "machine" is gone
 SOURCE_CONN, REDIS_CONN = "keyset_celery_db", "keyset_celery_redis"
 
-AirflowDeployment = cs.ss.AirflowDeployment
+AirflowDeployment = ds.AirflowDeployment
 
 
 @dataclass
@@ -98,25 +97,13 @@ def _create_tables(engine: sa.Engine, rows: int) -> None:
 # --------------------------------------------------------------------------- REST helpers
 
 
-def _ti_path(run_id: str, task_id: str, map_index: int | None = None) -> str:
-    path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}"
-    return path if map_index is None else f"{path}/{map_index}"
+_ti_path = functools.partial(ds.ti_path, DAG_ID)
 
 
 def _xcom(
     dep: AirflowDeployment, run_id: str, task_id: str, key: str, map_index: int | None = None
 ) -> Any:
-    query = f"?map_index={map_index}" if map_index is not None else ""
-    return dep.get(f"{_ti_path(run_id, task_id)}/xcomEntries/{key}{query}")["value"]
-
-
-def _get_or_none(dep: AirflowDeployment, path: str) -> Any:
-    try:
-        return dep.get(path)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
+    return ds.xcom(dep, DAG_ID, run_id, task_id, key, map_index)
 
 
 def _tries(dep: AirflowDeployment, run_id: str, map_index: int) -> dict[int, dict[str, Any]]:
@@ -149,7 +136,7 @@ def _pick_victim(
 ) -> tuple[int, str] | None:
     """(range, worker) to kill once both ranges run try 1 on different workers and the one that
     progressed least has committed KILL_AFTER_CHUNKS chunks; None while that is not yet so."""
-    tis = {r: _get_or_none(dep, _ti_path(run_id, "traverse", r)) for r in range(MAX_RANGES)}
+    tis = {r: ds.get_or_none(dep, _ti_path(run_id, "traverse", r)) for r in range(MAX_RANGES)}
     if any(
         ti is None or (ti["state"], ti["try_number"]) != ("running", 1) or not ti.get("hostname")
         for ti in tis.values()
@@ -216,7 +203,7 @@ def _run_and_kill(
         if state in ("success", "failed"):
             return state, victim, time.monotonic() - started
         if round_id is None:
-            xcom = _get_or_none(dep, f"{_ti_path(run_id, 'plan')}/xcomEntries/round_id")
+            xcom = ds.get_or_none(dep, f"{_ti_path(run_id, 'plan')}/xcomEntries/round_id")
             round_id = xcom["value"] if xcom else None
         if round_id is None or victim is not None:
             continue
@@ -310,24 +297,6 @@ def _effects(engine: sa.Engine, ranges: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _since(iso: str | None, epoch: float) -> float:
-    if not iso:
-        return float("nan")
-    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() - epoch
-
-
-def _heartbeat_timeouts(dep: AirflowDeployment, run_id: str) -> dict[tuple[int, int], str]:
-    """(map_index, try_number) -> when, of the traverse tries failed for lack of heartbeat."""
-    logs = dep.get(f"/eventLogs?dag_id={DAG_ID}&run_id={run_id}&task_id=traverse&limit=100")[
-        "event_logs"
-    ]
-    return {
-        (int(e["map_index"]), int(e["try_number"])): e["when"]
-        for e in logs
-        if e["event"] == "heartbeat timeout"
-    }
-
-
 # --------------------------------------------------------------------------- the tests
 
 
@@ -336,8 +305,8 @@ def _dag_env(
 ) -> dict[str, str]:
     """Connections and DAG settings for every process of the deployment."""
     return {
-        f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": cs.postgres_conn(pg_url, pg_schema),
-        f"AIRFLOW_CONN_{REDIS_CONN.upper()}": cs.redis_conn(redis_url),
+        f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": ds.postgres_conn(pg_url, pg_schema),
+        f"AIRFLOW_CONN_{REDIS_CONN.upper()}": ds.redis_conn(redis_url),
         "KEYSET_CELERY_SOURCE_CONN": SOURCE_CONN,
         "KEYSET_CELERY_REDIS_CONN": REDIS_CONN,
         "KEYSET_CELERY_KEY_PREFIX": key_prefix,
@@ -385,7 +354,7 @@ def test_round_survives_losing_one_of_two_celery_workers(
     totals = _xcom(dep, run_id, "barrier", "return_value")
     tries = {r: _tries(dep, run_id, r) for r in range(len(ranges))}
     hosts = {(r, t): ti["hostname"] for r, by_try in tries.items() for t, ti in by_try.items()}
-    timeouts = _heartbeat_timeouts(dep, run_id)
+    timeouts = ds.heartbeat_timeouts(dep, DAG_ID, run_id)
     status = {int(s["range_id"]): s for s in ctl.range_status(round_id)}
     fx = _effects(pg_engine, ranges)
     broker_keys = sorted(
@@ -396,14 +365,14 @@ def test_round_survives_losing_one_of_two_celery_workers(
     unacked = cs.unacked_messages(redis_client, f"{key_prefix}:celery:")
 
     v = victim.range_id
-    detect_s = _since(timeouts.get((v, 1)), victim.kill.killed_at)
-    retry_start_s = _since(tries[v].get(2, {}).get("start_date"), victim.kill.killed_at)
+    detect_s = ds.since(timeouts.get((v, 1)), victim.kill.killed_at)
+    retry_start_s = ds.since(tries[v].get(2, {}).get("start_date"), victim.kill.killed_at)
     replayed = {r: fx["replayed_keys"].get(r, 0) for r in range(len(ranges))}
     cs.FIGURES.extend(
         [
             f"run {run_id}: {state} in {seconds:.0f} s after the trigger (deployment + 2 workers ready in "
             f"{startup_s:.0f} s); {ROWS} keys, {len(ranges)} ranges, chunk {CHUNK}, heartbeat timeout "
-            f"{cs.ss.HEARTBEAT_TIMEOUT_S} s",
+            f"{ds.HEARTBEAT_TIMEOUT_S} s",
             f"  hostnames (range, try) -> host: {dict(sorted(hosts.items()))}",
             f"  worker {victim.worker}'s processes: {victim.kill.names}",
             f"  killed worker {victim.worker} mid range {v}: group {victim.kill.group} SIGKILLed; outside the group "
