@@ -16,17 +16,19 @@ Scenario: both traverse tasks run at the same time, one on each worker (the task
 ``KILL_AFTER_CHUNKS`` chunks (its cursor in Redis), its worker's machine "fails" in two steps:
 SIGKILL of the worker's process group (Celery's main process, its pool process and the task's
 supervisor), then of the task process. Airflow 3.3 runs the task process in a process group
-of its own, so the group kill alone leaves it running, orphaned: the test checks that it survives
-and goes on committing chunks (it waits, at most ``ORPHAN_WATCH_S``, for one more), then kills it
-as the machine failure would. Nobody reports the death; the scheduler finds the try without heartbeat
-after ``[scheduler] task_instance_heartbeat_timeout`` and schedules try 2 (``retries`` in
-``.partial()``), which only the surviving worker can run. Try 2 takes the range over by owner
-lineage and resumes from the committed cursor.
+of its own, so the group kill alone leaves it running, orphaned: the test checks that it notices
+its supervisor's death and stops by itself within one chunk (``core/supervision.py``: at most one
+processor call starts after the kill, every chunk it processed is committed, it exits; the test
+waits at most ``ORPHAN_WATCH_S``), then kills whatever is left as the machine failure would.
+Nobody reports the death; the scheduler finds the try without heartbeat after ``[scheduler]
+task_instance_heartbeat_timeout`` and schedules try 2 (``retries`` in ``.partial()``), which
+only the surviving worker can run. Try 2 takes the range over by owner lineage and resumes from
+the committed cursor.
 
 Guarantees checked (figures in the terminal summary): the traverse tries ran on both workers and
 the retry on the survivor; every key of ``(start, end]`` was processed at least once, none outside
-its range; keys processed twice are at most one chunk, only in the killed range, and try 2 began
-at the committed cursor + 1; the barrier closed the round with done + skipped + dead = ``ROWS``;
+its range; no key was processed twice (the orphan committed what it processed before it
+stopped), and try 2 began at the committed cursor + 1; the barrier closed the round with done + skipped + dead = ``ROWS``;
 the broker's keys lay under the test's prefix, among them the dead try's unacknowledged message.
 """
 
@@ -42,6 +44,7 @@ from typing import Any
 
 import celery_support as cs
 import deployment_support as ds
+import psutil
 import pytest
 import redis
 import sqlalchemy as sa
@@ -58,7 +61,7 @@ KILL_AFTER_CHUNKS = 5
 RETRIES = 2
 RUN_TIMEOUT_S = 180.0  # from the trigger to a finished run
 POLL_S = 0.1
-ORPHAN_WATCH_S = 5.0  # how long the orphaned task process may run before the "machine" is gone
+ORPHAN_WATCH_S = 20.0  # how long the orphaned task process may run before the "machine" is gone
 SOURCE_CONN, REDIS_CONN = "keyset_celery_db", "keyset_celery_redis"
 
 AirflowDeployment = ds.AirflowDeployment
@@ -152,9 +155,12 @@ def _pick_victim(
     return r, worker
 
 
-def _orphan_commits(ctl: StreamControl, round_id: str, range_id: int, alive: list[int]) -> int:
-    """Chunks the range's orphaned task process commits after its worker's group was killed:
-    waits (at most ORPHAN_WATCH_S) for one more committed chunk. -> chunks committed meanwhile."""
+def _orphan_stops(
+    ctl: StreamControl, round_id: str, range_id: int, alive: list[int]
+) -> dict[str, Any]:
+    """What the range's orphaned task process does after its worker's group was killed: waits
+    (at most ORPHAN_WATCH_S) for it to exit by itself. -> whether it did, and the chunks the range
+    committed meanwhile."""
 
     def chunks() -> int:
         return int(
@@ -162,10 +168,25 @@ def _orphan_commits(ctl: StreamControl, round_id: str, range_id: int, alive: lis
         )
 
     before = chunks()
+    procs = [psutil.Process(pid) for pid in alive if psutil.pid_exists(pid)]
     end = time.monotonic() + ORPHAN_WATCH_S
-    while alive and time.monotonic() < end and chunks() == before:
+    while any(ds.alive(p) for p in procs) and time.monotonic() < end:
         time.sleep(0.05)
-    return chunks() - before
+    return {"exited": not any(ds.alive(p) for p in procs), "committed": chunks() - before}
+
+
+def _orphan_chunks(engine: sa.Engine, pid: int, killed_at: float) -> tuple[int, int]:
+    """(processor calls the task process ``pid`` started after ``killed_at``, the last key it
+    was handed)."""
+    with engine.connect() as conn:
+        after, last = conn.execute(
+            sa.text(
+                "SELECT count(*) FILTER (WHERE at > to_timestamp(:t)), max(last_key) "
+                "FROM celery_chunks WHERE pid = :pid"
+            ),
+            {"pid": pid, "t": killed_at},
+        ).one()
+    return int(after), int(last)
 
 
 def _run_and_kill(
@@ -222,7 +243,7 @@ def _run_and_kill(
         assert ti["pid"] == pid, (
             f"range {r}: REST shows pid {ti['pid']}, the processor ran in {pid}"
         )
-        watch = functools.partial(_orphan_commits, ctl, round_id, r)
+        watch = functools.partial(_orphan_stops, ctl, round_id, r)
         kill = cs.kill_machine(workers[worker], worker, pid, between=watch)
         time.sleep(0.5)  # an advance the victim wrote to its socket just before dying lands first
         after = next(s for s in ctl.range_status(round_id) if int(s["range_id"]) == r)
@@ -368,6 +389,7 @@ def test_round_survives_losing_one_of_two_celery_workers(
     detect_s = ds.since(timeouts.get((v, 1)), victim.kill.killed_at)
     retry_start_s = ds.since(tries[v].get(2, {}).get("start_date"), victim.kill.killed_at)
     replayed = {r: fx["replayed_keys"].get(r, 0) for r in range(len(ranges))}
+    orphan_calls, orphan_last = _orphan_chunks(pg_engine, victim.pid, victim.kill.killed_at)
     cs.FIGURES.extend(
         [
             f"run {run_id}: {state} in {seconds:.0f} s after the trigger (deployment + 2 workers ready in "
@@ -377,7 +399,8 @@ def test_round_survives_losing_one_of_two_celery_workers(
             f"  worker {victim.worker}'s processes: {victim.kill.names}",
             f"  killed worker {victim.worker} mid range {v}: group {victim.kill.group} SIGKILLed; outside the group "
             f"(pid -> pgid) {victim.kill.outside_group}; still alive after the group kill {victim.kill.survived_group_kill}"
-            f", which committed {victim.kill.observed} more chunk(s) before it was SIGKILLed too; committed cursor "
+            f"; the orphan started {orphan_calls} processor call(s) after the kill, was handed keys up to "
+            f"{orphan_last} and stopped by itself ({victim.kill.observed}); committed cursor "
             f"{victim.cursor} (done {victim.done})",
             f"  heartbeat timeout found {detect_s:.1f} s after the kill; try 2 started {retry_start_s:.1f} s after it on "
             f"{hosts.get((v, 2))}, resumed at key {fx['resumed_at'].get(v)}; takeovers {status[v]['takeovers']}",
@@ -402,10 +425,14 @@ def test_round_survives_losing_one_of_two_celery_workers(
     assert victim.pid in victim.kill.outside_group and victim.pid not in victim.kill.group, (
         victim.kill
     )
-    assert victim.kill.survived_group_kill == [victim.pid], victim.kill
-    assert victim.kill.observed >= 1, (
-        f"the orphaned task process committed nothing after the group kill: {victim.kill}"
+    # Orphaned by the group kill, the task process stopped by itself within one chunk: at most
+    # one processor call started after the kill, everything it was handed is committed.
+    assert victim.kill.observed["exited"], (
+        f"the orphaned task process did not stop within {ORPHAN_WATCH_S} s: {victim.kill}"
     )
+    assert orphan_calls <= 1, f"{orphan_calls} processor calls started after the kill"
+    assert orphan_last == victim.cursor, (orphan_last, victim.cursor)
+    assert replayed[v] == 0, replayed
     # Airflow found the dead worker by heartbeat and retried the range once; the other ran once.
     assert (v, 1) in timeouts, (
         f"the scheduler never timed out the dead worker's try\n{diagnostics()}"
