@@ -66,9 +66,11 @@ State changes that are *not* a Lua script, and why each is still safe::
                        command; pause and resume are scripts (``core/stream_control.py``)
     reset_bucket       DEL of the token bucket: the next charge starts with a full burst
 
-The module: ``store_reads.py`` holds the key names and the reads (``StoreReads``), this module the
-writes (``CursorStore``) and their named results, ``store_scripts.py`` the Lua scripts. Only these
-two modules touch the Redis client or build a key: the rest of the package names keys with the
+The module: ``store_reads.py`` holds the key names and the reads (``StoreReads``),
+``store_pull.py`` what tasks that pull ranges need (next unclaimed range, briefs, split requests
+and the owner's split), this module the other writes (``CursorStore``) and their named results,
+``store_scripts.py`` the Lua scripts. Only these
+modules touch the Redis client or build a key: the rest of the package names keys with the
 ``*_key`` properties and runs its own scripts (pause, rate budget, health) through
 ``store.script(source)``, which registers them on the store's client (EVALSHA, reloaded on
 NOSCRIPT).
@@ -97,10 +99,10 @@ from .errors import (
     LeaseHeldError,
     LeaseLostError,
     RoundStateLostError,
-    StoreUnavailableError,
 )
 from .status import RangeState, RoundState
-from .store_reads import StoreReads, _s, glob_literal
+from .store_pull import RangePull
+from .store_reads import _s, glob_literal
 from .store_scripts import (
     ADVANCE,
     CLAIM,
@@ -169,6 +171,7 @@ class Advanced:
     dead: int
     retries: int
     complete: bool
+    split_req: str = ""  # an idle task asks the owner to split the range ('' = nobody)
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,7 @@ class Unrecoverable:
 CloseResult = Closed | Incomplete | Gap | Unrecoverable
 
 
-class CursorStore(StoreReads):
+class CursorStore(RangePull):
     """Fenced, atomic round/range state for one stream in Redis.
 
     Guarantees (each enforced inside one Lua script, so they hold under any interleaving):
@@ -244,14 +247,6 @@ class CursorStore(StoreReads):
         self._unrecoverable = reg(MARK_UNRECOVERABLE)
         self._totals = reg(REFRESH_TOTALS)
         self._delete = reg(DELETE_ROUND)
-
-    def _call(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        try:
-            return script(keys=list(keys), args=list(args))
-        except redis.ConnectionError as exc:
-            raise StoreUnavailableError(
-                f"Redis is unreachable ({exc}); nothing was written. Check the Redis connection."
-            ) from exc
 
     # ---- the connection and the stream -----------------------------------------------------
     def init_round_counter(self, value: int) -> bool:
@@ -503,6 +498,7 @@ class CursorStore(StoreReads):
                 int(res[4]),
                 int(res[5]),
                 _s(res[6]) == RangeState.COMPLETE,
+                _s(res[7]) if len(res) > 7 else "",
             )
         if status == "dead_cap":
             raise DeadLetterCapError(

@@ -88,6 +88,15 @@ class StoreReads:
         store's properties; what the script writes is the caller's contract."""
         return self.client.register_script(source)
 
+    def _call(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run a registered script; an unreachable Redis raises ``StoreUnavailableError``."""
+        try:
+            return script(keys=list(keys), args=list(args))
+        except redis.ConnectionError as exc:
+            raise StoreUnavailableError(
+                f"Redis is unreachable ({exc}); nothing was written. Check the Redis connection."
+            ) from exc
+
     @property
     def stream_prefix(self) -> str:
         """The key prefix (``P``) this store was opened with; ``base`` is ``P:{S}``."""

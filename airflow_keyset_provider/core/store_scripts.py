@@ -141,7 +141,7 @@ ADVANCE = (
 -- Refusals change nothing: {'lost'} (range not intact) {'not_owner', owner} {'expired'}
 --   {'cursor', actual} {'backwards'} {'past_hi', hi}
 --   {'dead_cap', dead now, letters this step would add, cap}
--- Returns {'ok', cursor, done, skipped, dead, retries, state}.
+-- Returns {'ok', cursor, done, skipped, dead, retries, state, split request ('' = none)}.
 """
     + _NOW
     + _INTACT
@@ -207,7 +207,7 @@ if new == r[4] and retries == 0 then
   redis.call('HSET', KEYS[1], 'state', state, 'completed_ms', now)
   redis.call('PUBLISH', KEYS[4], ARGV[9] .. ':complete')
 end
-return {'ok', new, done, skipped, dead, retries, state}
+return {'ok', new, done, skipped, dead, retries, state, redis.call('HGET', KEYS[1], 'split_req') or ''}
 """
 )
 
@@ -315,10 +315,11 @@ CLOSE_ROUND = (
 -- only over the contiguous completed prefix: a round that starts above the watermark is parked
 -- in the "ahead" hash and absorbed once the rounds below it have closed.
 -- KEYS[1] round hash  KEYS[2] watermark  KEYS[3] open set  KEYS[4] chained id  KEYS[5] ahead hash
--- KEYS[6..] per range, in range order: range hash, retry hash, dead list.
+-- KEYS[6..] per range (ids 0..n-1): range hash, retry hash, dead list. Ranges are walked in key
+-- order (sorted by lo), not by id: a split appends a range whose keys sit inside the old ones.
 -- Returns {'lost'} (round missing or a range not intact) | {'unrecoverable', reason}
---       | {'gap', range id} (first range whose lo is not the previous hi; n_ranges: end not
---         reached)
+--       | {'gap', range id} (in key order, the first range whose lo is not the previous hi, or
+--         that overlaps it; n_ranges: end not reached)
 --       | {'incomplete', range ids...} | {'closed', done, skipped, dead, watermark}
 --       (idempotent once closed: the stored totals and the current watermark, '' if none)
 """
@@ -339,16 +340,24 @@ local expect = rnd[2]
 local done, skipped, dead = 0, 0, 0
 local lagging = {}
 local n = (#KEYS - 5) / 3
+local walk = {}
 for j = 0, n - 1 do
   local rk = KEYS[6 + 3 * j]
   if not intact(rk, KEYS[7 + 3 * j], KEYS[8 + 3 * j]) then return {'lost'} end
   local r = redis.call('HMGET', rk, 'lo', 'hi', 'cursor', 'state', 'done', 'skipped', 'dead')
-  if r[1] ~= expect then return {'gap', tostring(j)} end
+  r.id = j
+  table.insert(walk, r)
+end
+-- key order; equal lo (an overlap) sorts by id so the walk stops on it deterministically
+table.sort(walk, function(a, b) if a[1] == b[1] then return a.id < b.id end return a[1] < b[1] end)
+for _, r in ipairs(walk) do
+  if r[1] ~= expect or r[2] < r[1] then return {'gap', tostring(r.id)} end
   expect = r[2]
-  if r[4] ~= 'complete' or r[3] ~= r[2] then table.insert(lagging, tostring(j)) end
+  if r[4] ~= 'complete' or r[3] ~= r[2] then table.insert(lagging, tostring(r.id)) end
   done, skipped, dead = done + tonumber(r[5]), skipped + tonumber(r[6]), dead + tonumber(r[7])
 end
 if expect ~= rnd[3] then return {'gap', tostring(n)} end
+table.sort(lagging, function(a, b) return tonumber(a) < tonumber(b) end)
 if #lagging > 0 then return {'incomplete', unpack(lagging)} end
 redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_ms', now, 'done', done,
   'skipped', skipped, 'dead', dead)
@@ -435,6 +444,16 @@ end
 return out
 """
 
+NEXT_UNCLAIMED = """
+-- Hand out the next range id of a round that this counter never handed out (a hint for tasks
+-- that pull ranges: the claim that follows is fenced per range as always).
+-- KEYS[1] round hash.  Returns {'lost'} (no round: nothing written) | {'closed'} (round not open)
+--       | {'ok', id} (id >= n_ranges: every range was handed out once).
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
+if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return {'closed'} end
+return {'ok', redis.call('HINCRBY', KEYS[1], 'next', 1) - 1}
+"""
+
 DELETE_ROUND = """
 -- Remove one round's keys and its index entries; never touches the watermark.
 -- KEYS[1] open set  KEYS[2] chained id  KEYS[3] by_key hash  KEYS[4..] the round's keys
@@ -447,3 +466,100 @@ if ARGV[2] ~= '' then redis.call('HDEL', KEYS[3], ARGV[2]) end
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 return n
 """
+
+REQUEST_SPLIT = (
+    """
+-- An idle task asks the live owner of a running range to split it at its next chunk boundary.
+-- KEYS[1] round hash  KEYS[2] range hash  ARGV[1] requester token  ARGV[2] ms after which an
+-- unanswered request of another requester may be replaced
+-- Returns 'lost' | 'closed' (round not open) | 'not_running' (complete, pending, released or
+--   lease expired: claim it instead) | 'busy' (another request is pending) | 'asked'
+"""
+    + _NOW
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return 'lost' end
+if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return 'closed' end
+local r = redis.call('HMGET', KEYS[2], 'state', 'owner', 'lease_until', 'split_req', 'split_req_ms')
+if r[1] ~= 'running' or (r[2] or '') == '' or tonumber(r[3] or '0') <= now then
+  return 'not_running'
+end
+if (r[4] or '') ~= '' and r[4] ~= ARGV[1] and now - tonumber(r[5] or '0') < tonumber(ARGV[2]) then
+  return 'busy'
+end
+redis.call('HSET', KEYS[2], 'split_req', ARGV[1], 'split_req_ms', now)
+return 'asked'
+"""
+)
+
+SPLIT = (
+    """
+-- The owner splits its range at a chunk boundary: (lo, hi] becomes (lo, at] and a new range
+-- (at, hi], pending and unowned, is appended to the round; or it declines the pending request.
+-- The owner passes an ``at`` above every key it has read (prefetch included); the script
+-- refuses one that is not strictly between the committed cursor and hi, so no committed key,
+-- retry or dead letter (all <= cursor) changes range, and the ranges still partition the round.
+-- KEYS[1] round hash  KEYS[2] range hash  KEYS[3] retry hash  KEYS[4] dead list
+-- KEYS[5] new range hash  KEYS[6] new retry hash  KEYS[7] new dead list  KEYS[8] events channel
+-- ARGV[1] owner token  ARGV[2] at ('' = decline the request)  ARGV[3] new range id (= n_ranges
+-- as the caller read it)  ARGV[4] this range's id
+-- Returns {'lost'} | {'not_owner', owner} | {'expired'} | {'closed'} (round not open)
+--       | {'declined'} | {'moved', n_ranges} (another split took that id: read n again)
+--       | {'bad_key', cursor, hi} | {'taken'} (the new range's keys exist) | {'ok', new id}
+"""
+    + _NOW
+    + _INTACT
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 or not intact(KEYS[2], KEYS[3], KEYS[4]) then
+  return {'lost'}
+end
+local r = redis.call('HMGET', KEYS[2], 'owner', 'lease_until', 'cursor', 'hi', 'split_req')
+if r[1] ~= ARGV[1] then return {'not_owner', r[1] or ''} end
+if tonumber(r[2]) <= now then return {'expired'} end
+local rnd = redis.call('HMGET', KEYS[1], 'state', 'n_ranges')
+if rnd[1] ~= 'open' then return {'closed'} end
+local asked = r[5] or ''
+local at = ARGV[2]
+if at == '' then
+  if asked ~= '' then redis.call('HSET', KEYS[2], 'split_req', '', 'split_answer', asked .. '|no') end
+  return {'declined'}
+end
+if rnd[2] ~= ARGV[3] then return {'moved', rnd[2]} end
+if not (at > r[3] and at < r[4]) then return {'bad_key', r[3], r[4]} end
+if redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[7]) > 0 then return {'taken'} end
+redis.call('HSET', KEYS[5], 'lo', at, 'hi', r[4], 'cursor', at, 'state', 'pending',
+  'owner', '', 'lineage', '', 'epoch', 0, 'lease_until', 0, 'heartbeat_ms', 0,
+  'done', 0, 'skipped', 0, 'dead', 0, 'takeovers', 0, 'chunks', 0, 'retries', 0,
+  'split_from', ARGV[4], 'created_ms', now)
+local answer = ''
+if asked ~= '' then answer = asked .. '|' .. ARGV[3] end
+redis.call('HSET', KEYS[2], 'hi', at, 'split_req', '', 'split_answer', answer)
+redis.call('HSET', KEYS[1], 'n_ranges', tonumber(ARGV[3]) + 1)
+redis.call('HINCRBY', KEYS[1], 'splits', 1)
+redis.call('PUBLISH', KEYS[8], ARGV[4] .. ':split:' .. ARGV[3])
+return {'ok', ARGV[3]}
+"""
+)
+
+SPLIT_ANSWER = (
+    """
+-- Read-only: the answer to a split request. KEYS[1] range hash  ARGV[1] requester token
+-- Returns {'pending'} (asked, the owner is live and has not reached a chunk boundary yet)
+--       | {'ok', new range id} | {'no'} (declined, or the request is moot: the range completed,
+--         its owner released it or its lease ran out, or another request replaced this one)
+"""
+    + _NOW
+    + """
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'lease_until', 'split_req', 'split_answer')
+local answer = r[5] or ''
+local head = ARGV[1] .. '|'
+if string.sub(answer, 1, #head) == head then
+  local v = string.sub(answer, #head + 1)
+  if v == 'no' then return {'no'} end
+  return {'ok', v}
+end
+if r[4] == ARGV[1] and r[1] == 'running' and (r[2] or '') ~= '' and tonumber(r[3] or '0') > now then
+  return {'pending'}
+end
+return {'no'}
+"""
+)
