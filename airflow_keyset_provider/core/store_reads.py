@@ -22,6 +22,7 @@ from .errors import (
     RoundStateLostError,
     StoreUnavailableError,
 )
+from .store_layout import range_fields
 from .store_scripts import SNAPSHOT_RANGES
 
 _STREAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
@@ -292,7 +293,8 @@ class StoreReads:
     def _intact(
         self, round_id: str, range_id: int, d: dict[str, str], retries: int, dead: int
     ) -> dict[str, str]:
-        """``d`` when the range is intact (the same check as the scripts' ``intact``)."""
+        """``d`` with its defaults filled in (``range_fields``) when the range is intact (the
+        same check as the scripts' ``intact``)."""
         if not d:
             raise RoundStateLostError(f"{self._where(round_id, range_id)} has no state in Redis")
         if "retries" in d and (int(d["retries"]) != retries or int(d["dead"]) != dead):
@@ -302,14 +304,14 @@ class StoreReads:
                 f"and {dead} (evicted or deleted). Nothing was read as complete; restore it from "
                 "the checkpoint mirror or re-plan the round."
             )
-        return d
+        return range_fields(d)
 
     def range(self, round_id: str, range_id: int) -> dict[str, str]:
-        """One range's hash (a single read, whatever the number of ranges)."""
+        """One range's hash, defaults filled in (a single read, whatever the number of ranges)."""
         raw = self.client.hgetall(self.range_key(round_id, range_id))
         if not raw:
             raise RoundStateLostError(f"{self._where(round_id, range_id)} has no state in Redis")
-        return {_s(k): _s(v) for k, v in raw.items()}
+        return range_fields({_s(k): _s(v) for k, v in raw.items()})
 
     def rounds_by_key_prefix(self, head: str) -> list[tuple[str, str]]:
         """``(idempotency key, round id)`` of every round whose idempotency key starts with
@@ -386,8 +388,6 @@ class StoreReads:
             retry=retry_map,
             dead_letters=[_s(x) for x in dead],
         )
-        for name in ("epoch", "takeovers", "chunks"):
-            doc.setdefault(name, "0")
         return doc
 
     def dead_letters(self, round_id: str, range_id: int, limit: int = 100) -> list[dict[str, Any]]:
