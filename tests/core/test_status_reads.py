@@ -22,6 +22,7 @@ from airflow_keyset_provider.core import StreamControl
 from airflow_keyset_provider.core.keys import encode_key
 from airflow_keyset_provider.core.store import Claim, CursorStore
 from airflow_keyset_provider.core.store_reads import READ_BATCH
+from airflow_keyset_provider.plugins.status import round_view
 
 N_RANGES = 1100  # > 4 batches, the last one partial
 
@@ -121,3 +122,21 @@ def test_a_reader_holding_an_old_range_count_still_reads_every_range(logged):
     rid = _plan(store, 600)
     ranges = store.ranges(rid, 3)
     assert [int(r["range_id"]) for r in ranges] == list(range(600))
+
+
+def test_status_lists_split_ranges_in_key_order(logged):
+    """Scenario: range 0 of a 2-range round is split by its owner: the new range 2 sits between
+    ranges 0 and 1 in key order. Status keeps ids (``ranges[i]`` is range i); the CLI table and
+    the UI page list the ranges by ``lo``."""
+    store = CursorStore(logged, "big")
+    rid = _plan(store, 2)  # (0, 10], (10, 20]
+    token = "owner-of-0"
+    claim = store.claim(rid, 0, token, "", 60_000)
+    assert isinstance(claim, Claim)
+    assert store.split(rid, 0, token, encode_key((5,))) == 2
+    rnd = StreamControl(store).round_status(rid)
+
+    assert [r.range_id for r in rnd.ranges] == [0, 1, 2]
+    assert [r.range_id for r in rnd.in_key_order] == [0, 2, 1]
+    view = round_view(logged, "ks", "big", rid)
+    assert [r["range_id"] for r in view["ranges"]] == [0, 2, 1]
