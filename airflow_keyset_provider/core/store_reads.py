@@ -29,7 +29,7 @@ _STREAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.\-:]{1,64}$")
 
 #: Ranges one status script reads (``ranges``): its work is bounded whatever the round's size
-#: (about 10 us of server CPU per range measured on a 2-core test machine: ~1.3 ms per call), so
+#: (10-13 us of server CPU per range measured on a loaded 2-core machine: ~1.5 ms a call), so
 #: a status read of thousands of ranges never holds Redis for long. The batches of a read go in
 #: one pipelined round trip; other clients' commands run between them.
 READ_BATCH = 128
