@@ -14,9 +14,11 @@ Key layout (``P`` is the key prefix, ``ks`` by default; ``S`` the stream)::
     P:{S}:by_key                    hash    idempotency key (e.g. Airflow run id) -> round id
     P:{S}:ahead                     hash    closed rounds above a gap: round id -> "start|end"
     P:{S}:round:R                   hash    start, end, n_ranges, state, chained, source, totals
-    P:{S}:round:R:range:I           hash    lo, hi, cursor, owner, lineage, epoch, lease_until,
-                                            heartbeat_ms, done, skipped, dead, retries, state,
-                                            takeovers
+    P:{S}:round:R:range:I           hash    lo, hi, cursor, state, dead, retries; as it runs:
+                                            owner, lineage, epoch, lease_until, heartbeat_ms,
+                                            claimed_ms, completed_ms, done, skipped, chunks,
+                                            takeovers, split_* (a field at its default may be
+                                            missing: see below)
     P:{S}:round:R:retry:I           hash    encoded key -> "attempts|last error"   (sparse)
     P:{S}:round:R:dead:I            list    JSON dead letters, newest first, never trimmed (sparse)
     P:{S}:control                   hash    pause, reason, rate (``core/stream_control.py``)
@@ -29,6 +31,14 @@ No key has a TTL (nothing here calls EXPIRE or SET with EX/PX) but the three thr
 (``control:bucket``, ``control:health``, ``control:health_lock``: their scripts set one; losing
 one costs a fresh burst or a fresh probe, never a cursor), so a ``volatile-*`` eviction policy
 never evicts the others; ``allkeys-*`` could, and ``check_eviction_policy`` refuses it.
+
+Small state (issue #11: a 4,096-range round stays under 1 MB, ``tests/core/
+test_redis_footprint.py``; the rules in ``store_layout.py``): a range is created with lo, hi,
+cursor, state, dead and retries only; the scripts and the readers fill every other field in with
+its default ('' or 0; a missing cursor is hi once complete, else lo). When its owner releases a
+complete range, the hash is written anew with lo, hi, state, retries, dead, completed_ms and its
+non-zero counters: the owner token, lineage, lease, cursor, epoch and claim time go. A hash
+written by an older version (every field) reads the same.
 
 Partial loss is detected, not only total loss: each range hash keeps ``retries`` (= HLEN of its
 retry hash) and ``dead`` (= LLEN of its dead list), changed in the same script as what they

@@ -114,7 +114,7 @@ class RangePull(StoreReads):
             range_id=i,
             lo=v[0],
             hi=v[1],
-            cursor=v[2] or v[0],
+            cursor=v[2] or (v[1] if v[3] == "complete" else v[0]),  # a complete range: hi
             state=v[3] or "pending",
             owner=v[4],
             lineage=v[5],

@@ -8,6 +8,8 @@ and what it returns. Times come from the Redis server's ``TIME``. The state stri
 
 from __future__ import annotations
 
+from .store_layout import COMPACT_LUA, FIELDS_LUA
+
 # --------------------------------------------------------------------------------------------
 # Lua scripts. Each one: which KEYS, which ARGV, what it returns. Times come from redis TIME.
 # --------------------------------------------------------------------------------------------
@@ -27,6 +29,11 @@ local function intact(range, retry, dead)
   return tonumber(c[1]) == redis.call('HLEN', retry) and tonumber(c[2]) == redis.call('LLEN', dead)
 end
 """
+
+# Range fields at their default may be missing: every script that reads a range's fields reads
+# them with ``fields`` (defaults filled in); RELEASE and CLAIM ``compact`` a complete range
+# (``store_layout.py``).
+_FIELDS = FIELDS_LUA + COMPACT_LUA
 
 CREATE_ROUND = (
     """
@@ -68,8 +75,7 @@ for i = 1, n do
   local state = 'pending'
   if lo == hi then state = 'complete' end
   redis.call('HSET', KEYS[4 + i], 'lo', lo, 'hi', hi, 'cursor', lo, 'state', state,
-    'owner', '', 'lineage', '', 'epoch', 0, 'lease_until', 0, 'heartbeat_ms', 0,
-    'done', 0, 'skipped', 0, 'dead', 0, 'takeovers', 0, 'chunks', 0, 'retries', 0)
+    'dead', 0, 'retries', 0)
 end
 redis.call('SADD', KEYS[2], ARGV[1])
 if ARGV[3] == '1' then redis.call('SET', KEYS[3], ARGV[1]) end
@@ -90,14 +96,21 @@ CLAIM = (
 """
     + _NOW
     + _INTACT
+    + _FIELDS
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 or not intact(KEYS[2], KEYS[3], KEYS[4]) then
   return {'lost'}
 end
-local r = redis.call('HMGET', KEYS[2], 'state', 'owner', 'lineage', 'lease_until', 'cursor',
+local r = fields(KEYS[2], 'state', 'owner', 'lineage', 'lease_until', 'cursor',
   'done', 'skipped', 'dead', 'epoch')
-if r[1] == 'complete' then return {'complete', r[5], r[6], r[7], r[8]} end
 local lease_until = tonumber(r[4])
+if r[1] == 'complete' then
+  -- an owner that completed the range but never released it (it died): its fields go now
+  if r[2] ~= '' and (lease_until <= now or (ARGV[2] ~= '' and r[3] == ARGV[2])) then
+    compact(KEYS[2])
+  end
+  return {'complete', r[5], r[6], r[7], r[8]}
+end
 if r[2] ~= '' and r[2] ~= ARGV[1] and lease_until > now and (ARGV[2] == '' or r[3] ~= ARGV[2]) then
   return {'held', r[2], lease_until - now}
 end
@@ -145,9 +158,10 @@ ADVANCE = (
 """
     + _NOW
     + _INTACT
+    + _FIELDS
     + """
 if not intact(KEYS[1], KEYS[2], KEYS[3]) then return {'lost'} end
-local r = redis.call('HMGET', KEYS[1], 'owner', 'lease_until', 'cursor', 'hi', 'dead')
+local r = fields(KEYS[1], 'owner', 'lease_until', 'cursor', 'hi', 'dead')
 if r[1] ~= ARGV[1] then return {'not_owner', r[1]} end
 if tonumber(r[2]) <= now then return {'expired'} end
 if r[3] ~= ARGV[2] then return {'cursor', r[3]} end
@@ -193,7 +207,7 @@ for _, x in ipairs(failures) do
 end
 redis.call('HSET', KEYS[1], 'cursor', new, 'lease_until', now + tonumber(ARGV[6]),
   'heartbeat_ms', now)
-local c = redis.call('HMGET', KEYS[1], 'done', 'skipped', 'dead')
+local c = fields(KEYS[1], 'done', 'skipped', 'dead')
 done = tonumber(c[1]) + done
 skipped = tonumber(c[2]) + skipped
 dead = tonumber(c[3]) + dead
@@ -221,9 +235,10 @@ REQUEUE_DEAD = (
 """
     + _NOW
     + _INTACT
+    + _FIELDS
     + """
 if not intact(KEYS[1], KEYS[3], KEYS[2]) then return {'lost'} end
-local r = redis.call('HMGET', KEYS[1], 'owner', 'lease_until', 'state')
+local r = fields(KEYS[1], 'owner', 'lease_until', 'state', 'cursor')
 if r[1] ~= '' and tonumber(r[2]) > now then return {'held', r[1]} end
 local moved = 0
 for _ = 1, tonumber(ARGV[1]) do
@@ -236,7 +251,7 @@ end
 if moved > 0 then
   redis.call('HINCRBY', KEYS[1], 'dead', -moved)
   redis.call('HSET', KEYS[1], 'retries', redis.call('HLEN', KEYS[3]))
-  if r[3] == 'complete' then redis.call('HSET', KEYS[1], 'state', 'pending') end
+  if r[3] == 'complete' then redis.call('HSET', KEYS[1], 'state', 'pending', 'cursor', r[4]) end
 end
 return {'ok', moved}
 """
@@ -297,16 +312,26 @@ return {0, rewritten}
 """
 )
 
-RELEASE = """
--- Give the range up so the next worker need not wait for the lease to expire.
+RELEASE = (
+    """
+-- Give the range up so the next worker need not wait for the lease to expire. A complete range
+-- is compacted (its owner's fields go); an unfinished one keeps its lineage (a later try of
+-- the same lineage finds it) and its last heartbeat.
 -- KEYS[1] range hash  ARGV[1] owner token.  Returns 1 if released, 0 if not the owner.
+"""
+    + _FIELDS
+    + """
 local r = redis.call('HMGET', KEYS[1], 'owner', 'state')
 if r[1] ~= ARGV[1] then return 0 end
-local state = r[2]
-if state == 'running' then state = 'pending' end
-redis.call('HSET', KEYS[1], 'owner', '', 'lease_until', 0, 'state', state)
+if r[2] == 'complete' then
+  compact(KEYS[1])
+  return 1
+end
+redis.call('HDEL', KEYS[1], 'owner', 'lease_until')
+redis.call('HSET', KEYS[1], 'state', 'pending')
 return 1
 """
+)
 
 CLOSE_ROUND = (
     """
@@ -325,6 +350,7 @@ CLOSE_ROUND = (
 """
     + _NOW
     + _INTACT
+    + _FIELDS
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
 local rnd = redis.call('HMGET', KEYS[1], 'state', 'start', 'end', 'id', 'chained')
@@ -344,7 +370,7 @@ local walk = {}
 for j = 0, n - 1 do
   local rk = KEYS[6 + 3 * j]
   if not intact(rk, KEYS[7 + 3 * j], KEYS[8 + 3 * j]) then return {'lost'} end
-  local r = redis.call('HMGET', rk, 'lo', 'hi', 'cursor', 'state', 'done', 'skipped', 'dead')
+  local r = fields(rk, 'lo', 'hi', 'cursor', 'state', 'done', 'skipped', 'dead')
   r.id = j
   table.insert(walk, r)
 end
@@ -399,20 +425,25 @@ redis.call('HSET', KEYS[1], 'state', 'unrecoverable', 'reason', ARGV[1])
 return 'marked'
 """
 
-REFRESH_TOTALS = """
+REFRESH_TOTALS = (
+    """
 -- Recompute a round's done/skipped/dead totals from its ranges (after a dead-letter replay).
 -- KEYS[1] round hash  KEYS[2..] range hashes
 -- Returns {done, skipped, dead}, or {} when the round or a range is missing (nothing written).
+"""
+    + _FIELDS
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
 local done, skipped, dead = 0, 0, 0
 for i = 2, #KEYS do
-  local r = redis.call('HMGET', KEYS[i], 'done', 'skipped', 'dead')
-  if not r[1] then return {} end
+  if redis.call('EXISTS', KEYS[i]) == 0 then return {} end
+  local r = fields(KEYS[i], 'done', 'skipped', 'dead')
   done, skipped, dead = done + tonumber(r[1]), skipped + tonumber(r[2]), dead + tonumber(r[3])
 end
 redis.call('HSET', KEYS[1], 'done', done, 'skipped', skipped, 'dead', dead)
 return {done, skipped, dead}
 """
+)
 
 RAISE_COUNTER = """
 -- Move the round counter up to at least a value (after it was lost); never down.
@@ -427,8 +458,9 @@ return cur
 """
 
 SNAPSHOT_RANGES = """
--- One atomic read of ranges for the mirror and the status readers: each range hash, its retry
--- hash (entries, or only its size) and its dead list (letters, or only its length).
+-- An atomic read of ranges for the mirror and the status readers (a batch of ranges per call,
+-- ``store_reads.READ_BATCH``): each range hash, its retry hash (entries, or only its size) and
+-- its dead list (letters, or only its length).
 -- KEYS per range: range hash, retry hash, dead list   ARGV[1] '1' = entries, '0' = sizes only
 -- Returns per range {hash as a flat list, retry (flat list or size), dead (list or length)}.
 local out = {}
@@ -527,9 +559,7 @@ if rnd[2] ~= ARGV[3] then return {'moved', rnd[2]} end
 if not (at > r[3] and at < r[4]) then return {'bad_key', r[3], r[4]} end
 if redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[7]) > 0 then return {'taken'} end
 redis.call('HSET', KEYS[5], 'lo', at, 'hi', r[4], 'cursor', at, 'state', 'pending',
-  'owner', '', 'lineage', '', 'epoch', 0, 'lease_until', 0, 'heartbeat_ms', 0,
-  'done', 0, 'skipped', 0, 'dead', 0, 'takeovers', 0, 'chunks', 0, 'retries', 0,
-  'split_from', ARGV[4], 'created_ms', now)
+  'dead', 0, 'retries', 0, 'split_from', ARGV[4], 'created_ms', now)
 local answer = ''
 if asked ~= '' then answer = asked .. '|' .. ARGV[3] end
 redis.call('HSET', KEYS[2], 'hi', at, 'split_req', '', 'split_answer', answer)
