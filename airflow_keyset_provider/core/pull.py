@@ -61,6 +61,7 @@ SPLIT_POLL_SECONDS = 0.1
 #: requester's request, before it gives up on that range.
 SPLIT_ANSWER_LEASES = 3
 _AGAIN = -1  # ``_split``: nothing claimed, read the briefs again
+_NEXT = "next unclaimed"
 
 
 @dataclass
@@ -167,7 +168,7 @@ class PullLoop:
         if self.first_range is not None and not self._take(self.first_range, "first range"):
             return
         while (next_id := self.store.next_unclaimed(self.round_id)) is not None:
-            if not self._take(next_id, "next unclaimed"):
+            if not self._take(next_id, _NEXT):
                 return
         while not self._over():
             briefs = self.store.range_briefs(self.round_id)
@@ -218,7 +219,9 @@ class PullLoop:
             return False
         if range_id in self.finished or range_id in self.skipped:
             return True
-        log.info("round %s range %d: %s", self.round_id, range_id, why)
+        # the routine step (the next unclaimed range) is logged by the claim itself
+        level = logging.DEBUG if why == _NEXT else logging.INFO
+        log.log(level, "round %s range %d: %s", self.round_id, range_id, why)
         try:
             res = self.t._traverse_restoring(
                 self.round_id,

@@ -71,3 +71,18 @@ def test_a_pull_task_past_its_budget_defers_and_resumes(airflow_env, events, pg_
     totals = xcom(dr, "barrier")
     assert (totals["done"], totals["skipped"], totals["dead"]) == (events, 0, 0)
     assert outbox(pg_engine) == (events, events)
+
+
+def test_max_tasks_caps_the_mapping_and_the_engine_caps_the_ranges(airflow_env):
+    from airflow_keyset_provider import PlanRangesOperator
+    from airflow_keyset_provider.core import ConfigurationError
+
+    source = {"task_id": "p", "source_conn_id": "x", "table": "t", "key": "id"}
+    plan = PlanRangesOperator(**source, max_ranges=4096, max_tasks=16)  # 4096 > max_map_length
+    assert (plan.max_ranges, plan.max_tasks) == (4096, 16)
+    with pytest.raises(ConfigurationError, match=r"from 1 to 1024 \(Airflow's \[core\]"):
+        PlanRangesOperator(**source, max_ranges=4096)  # one task per range: the mapping caps it
+    with pytest.raises(ConfigurationError, match=r"^max_tasks must be None .* from 1 to 1024"):
+        PlanRangesOperator(**source, max_ranges=4096, max_tasks=2000)
+    with pytest.raises(ConfigurationError, match=r"from 1 to 100000 \(the engine's limit"):
+        PlanRangesOperator(**source, max_ranges=100_001, max_tasks=16)
