@@ -96,6 +96,7 @@ class Splitter:
         run.progress.estimate = run.progress.rows + left // 2
         self.splits += 1
         run.t.metrics.incr("range.split", tags=run.t.tags)
+        self._mirror(new_id)
         log.info(
             "round %s range %d: split for %s at %s: keeps up to %s, new range %d takes (%s, %s] "
             "(about %d rows were left)",
@@ -109,6 +110,28 @@ class Splitter:
             display_key(old_hi, run.arity),
             left,
         )
+
+    def _mirror(self, new_id: int) -> None:
+        """With a checkpoint mirror: the round's info (its grown ``n_ranges``), this range (its
+        new ``hi``) and the new range, in one transaction of the mirror, so a round restored
+        from it is still a partition (a mirror write that fails is logged, as checkpoints are)."""
+        run = self.run
+        mirror = run.t.mirror
+        if mirror is None:
+            return
+        try:
+            info = run.store.round_info(run.round_id)
+            docs = run.store.snapshot_ranges(run.round_id, [run.range_id, new_id])
+            mirror.save_round(run.t.stream, run.round_id, info, docs)
+        except RoundStateLostError:
+            raise
+        except Exception as exc:
+            log.warning(
+                "round %s range %d: the checkpoint mirror did not record the split: %s",
+                run.round_id,
+                run.range_id,
+                exc,
+            )
 
     def _read_end(self) -> str:
         """The highest key this run has read: ``read``, or the last key of the prefetched chunk

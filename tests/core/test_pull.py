@@ -305,3 +305,38 @@ def test_a_range_split_for_a_requester_that_vanished_is_rescued(
     assert [r.range_id for r in res.ranges if r.rows_read] == [0, 1]  # range 1: rescued
     assert set(seen.seen) == set(keys) and max(seen.seen.values()) == 1
     assert t.close_round(rnd.round_id).done == len(keys)
+
+
+def test_a_split_round_restored_from_the_mirror_is_still_a_partition(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    """Redis loses the round after a split: the mirror recorded the split (round info with the
+    grown ``n_ranges``, both ranges) in one transaction, so the restored round still partitions
+    ``(start, end]`` and closes; keys after the last checkpoint are delivered again."""
+    keys = list(range(1, 401))
+    analyzed_events(pg_engine, keys)
+    t = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
+    t.checkpoint_seconds = 0
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=400)
+    ghost = traversal(pg_schema_url, redis_url, key_prefix)
+    seen = Deliveries()
+    flushed: list[int] = []
+
+    def proc(chunk: Any) -> None:
+        if chunk.keys[0] == 11:  # an idle task asks, then dies before it claims the new range
+            assert ghost.store.request_split(rnd.round_id, 0, "ghost#1") == "asked"
+        seen.record("w", chunk)
+        if chunk.keys[0] == 101 and not flushed:  # Redis restarts without persistence
+            flushed.append(1)
+            for k in list(redis_client.scan_iter(f"{key_prefix}:*")):
+                redis_client.delete(k)
+
+    res = t.traverse_round(
+        rnd.round_id, proc, options=TraverseOptions(owner_lineage="w", chunk_size=10)
+    )
+    assert flushed and res.finished
+    assert int(t.store.round_info(rnd.round_id)["n_ranges"]) == 2
+    assert set(seen.seen) == set(keys)
+    assert max(seen.seen.values()) == 2 and seen.seen[101] == 2  # the chunk in hand, again
+    totals = t.close_round(rnd.round_id)
+    assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
