@@ -57,6 +57,8 @@ log = logging.getLogger("airflow_keyset_provider")
 
 #: How often a requester reads the owner's answer to its split request.
 SPLIT_POLL_SECONDS = 0.1
+#: How often a requester waiting for an answer checks that the owner still holds its lease.
+SPLIT_OWNER_CHECK_SECONDS = 1.0
 #: How long (in leases) a requester waits for an answer, or lets a range stay busy with another
 #: requester's request, before it gives up on that range.
 SPLIT_ANSWER_LEASES = 3
@@ -306,11 +308,18 @@ class PullLoop:
         return _AGAIN
 
     def _await_answer(self, range_id: int) -> int | None:
-        """The new range's id once the owner split for us; None when it declined, or did not
-        answer within ``SPLIT_ANSWER_LEASES`` leases (it may still split later: the new range
-        then has no owner and a rescue step claims it)."""
+        """The new range's id once the owner split for us; None when it declined, lost its lease
+        (checked every ``SPLIT_OWNER_CHECK_SECONDS``: a dead owner's range is rescued one lease
+        after its last heartbeat, not after this wait), or did not answer within
+        ``SPLIT_ANSWER_LEASES`` leases (it may still split later: the new range then has no owner
+        and a rescue step claims it)."""
         limit = time.monotonic() + SPLIT_ANSWER_LEASES * self.o.lease_seconds
+        checked = time.monotonic()
         while True:
+            if time.monotonic() - checked >= SPLIT_OWNER_CHECK_SECONDS:
+                checked = time.monotonic()
+                if not self._owner_alive(range_id):
+                    return None
             answer = self.store.split_answer(self.round_id, range_id, self.requester)
             if answer is not None:
                 if answer == "no":
@@ -326,6 +335,23 @@ class PullLoop:
                 )
                 return None
             self.t._stop.wait(SPLIT_POLL_SECONDS)
+
+    def _owner_alive(self, range_id: int) -> bool:
+        """The range is running under a live lease (on the Redis server's clock)."""
+        rng = self.store.range(self.round_id, range_id)
+        alive = (
+            rng.get("state") == RangeState.RUNNING
+            and bool(rng.get("owner"))
+            and int(rng.get("lease_until") or 0) > self.store.server_time_ms()
+        )
+        if not alive:
+            log.info(
+                "round %s range %d: its owner is gone (lease expired or released) before "
+                "answering the split request; rescuing it instead",
+                self.round_id,
+                range_id,
+            )
+        return alive
 
 
 __all__ = [

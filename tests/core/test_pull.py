@@ -340,3 +340,42 @@ def test_a_split_round_restored_from_the_mirror_is_still_a_partition(
     assert max(seen.seen.values()) == 2 and seen.seen[101] == 2  # the chunk in hand, again
     totals = t.close_round(rnd.round_id)
     assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
+
+
+def test_a_requester_rescues_a_range_whose_owner_died_before_answering(
+    pg_engine, pg_schema_url, redis_url, key_prefix, caplog
+):
+    keys = list(range(1, 401))
+    analyzed_events(pg_engine, keys)
+    t = traversal(pg_schema_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=400)
+    # another task claimed the range with a 2 s lease, committed one chunk, and died
+    claim = t.store.claim(rnd.round_id, 0, "dead#1", "elsewhere", 2000)
+    t.store.advance(
+        rnd.round_id,
+        0,
+        "dead#1",
+        claim.cursor,
+        t.source.encode([10]),
+        done=10,
+        skipped=0,
+        lease_ms=2000,
+        max_item_attempts=3,
+    )
+    seen = Deliveries()
+    caplog.set_level("INFO", logger="airflow_keyset_provider")
+    res = t.traverse_round(
+        rnd.round_id,
+        lambda chunk: seen.record("w", chunk),
+        options=TraverseOptions(owner_lineage="w", chunk_size=10),
+    )
+    # range 0 looked alive: asked to split, no answer; the requester saw the lease run out and
+    # took the range over instead of waiting SPLIT_ANSWER_LEASES leases
+    assert res.finished and res.splits_asked == 1 and res.splits_won == 0
+    assert "its owner is gone" in caplog.text
+    ran = [r for r in res.ranges if r.rows_read]
+    assert ran[0].range_id == 0 and ran[0].takeover
+    # the request it left pending is answered by the new owner at its first commit: a split
+    # nobody waits for, whose new range the rescue step then runs (still exactly once)
+    assert set(seen.seen) == set(keys[10:]) and max(seen.seen.values()) == 1
+    assert t.close_round(rnd.round_id).done == len(keys)
