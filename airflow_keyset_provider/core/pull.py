@@ -147,7 +147,15 @@ class PullLoop:
     def run(self) -> RoundPullResult:
         try:
             self._check_round()
-            self._steps()
+            for _ in range(3):
+                try:
+                    self._steps()
+                    break
+                except RoundStateLostError:
+                    # lost between ranges (a range lost mid-way is restored by its run): put the
+                    # round back from the mirror, if there is one, and go on
+                    if not self.t.control.restore(self.round_id):
+                        raise
         finally:
             self.result.seconds = time.monotonic() - self.started
         r = self.result
@@ -252,6 +260,8 @@ class PullLoop:
         """A range that is not complete and has no live owner (None: there is none)."""
         for b in briefs:
             if b.state == RangeState.COMPLETE or b.range_id in self.skipped:
+                continue
+            if b.range_id in self.finished:
                 continue
             if not b.live_owner:
                 return b.range_id
