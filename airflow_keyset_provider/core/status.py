@@ -3,7 +3,8 @@
 The CLI, the Airflow UI page, the barrier and the engine's own errors all read a round through
 these records (built by ``StreamControl``); none of them re-maps Redis hashes itself.
 
-- **States** (:class:`RangeState`, :class:`RoundState`): the only values the store writes.
+- **States** (:class:`RangeState`, :class:`RoundState`): the only values the store writes
+  (defined in ``core/states.py``, re-exported here).
 - **Progress** is measured in *key space*: a range's fraction is where its cursor sits between
   ``lo`` and ``hi`` on the first key column where they differ (integers, decimals, dates,
   timestamps, UUIDs; text coarsely by its first 8 bytes). Ranges are balanced by row count, so a
@@ -22,46 +23,14 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Any
 
 from .keys import decode_user_key as decode
 from .keys import display_key, to_json
 from .keys import key_label as value_label
 from .progress import key_eta, key_fraction
+from .states import RangeState, RoundState, range_state, round_state
 from .stream_control import ControlState
-
-
-class RangeState(StrEnum):
-    """What the store records in a range's ``state`` field."""
-
-    PENDING = "pending"  #: not claimed yet, released unfinished, or re-opened by a replay
-    RUNNING = "running"  #: claimed by an owner token (its lease may have run out since)
-    COMPLETE = "complete"  #: cursor at ``hi`` and no item waiting for a retry (terminal)
-
-
-class RoundState(StrEnum):
-    """What the store records in a round's ``state`` field."""
-
-    OPEN = "open"  #: planned; ranges are being traversed
-    CLOSED = "closed"  #: every range complete, coverage proven, watermark moved (terminal)
-    UNRECOVERABLE = "unrecoverable"  #: the source lost rows the round had to read; never closes
-
-
-def range_state(value: str) -> RangeState | str:
-    """The named state for a stored value (an unknown value is passed through, never hidden)."""
-    try:
-        return RangeState(value)
-    except ValueError:
-        return value
-
-
-def round_state(value: str) -> RoundState | str:
-    try:
-        return RoundState(value)
-    except ValueError:
-        return value
-
 
 # ---- wording shared by the terminal and the page ------------------------------------------
 
