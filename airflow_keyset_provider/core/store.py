@@ -78,16 +78,18 @@ State changes that are *not* a Lua script, and why each is still safe::
 
 The module: ``store_reads.py`` holds the key names and the reads (``StoreReads``),
 ``store_pull.py`` what tasks that pull ranges need (next unclaimed range, briefs, split requests
-and the owner's split), this module the other writes (``CursorStore``) and their named results,
-``store_scripts.py`` the Lua scripts. Only these
-modules touch the Redis client or build a key: the rest of the package names keys with the
-``*_key`` properties and runs its own scripts (pause, rate budget, health) through
+and the owner's split), this module the other writes (``CursorStore``), ``store_results.py``
+their named results (``Claim``, ``Advanced``, ``Closed``, ...: re-exported here),
+``store_server.py`` the connection and the eviction-policy check, ``store_scripts.py`` the Lua
+scripts. Only these modules touch the Redis client or build a key: the rest of the package names
+keys with the ``*_key`` properties and runs its own scripts (pause, rate budget, health) through
 ``store.script(source)``, which registers them on the store's client (EVALSHA, reloaded on
-NOSCRIPT).
+NOSCRIPT). This docstring is the one place the key layout and the reasons behind it are written
+down, on purpose: it makes the module longer than the others, and the code itself is short.
 
 The states written here (``open``/``closed``/``unrecoverable`` for rounds, ``pending``/
-``running``/``complete`` for ranges) are named in ``core/status.py`` (``RoundState``,
-``RangeState``); the Lua scripts spell the same strings.
+``running``/``complete`` for ranges) are named in ``core/states.py`` (``RoundState``,
+``RangeState``, re-exported by ``core/status.py``); the Lua scripts spell the same strings.
 """
 
 from __future__ import annotations
@@ -95,24 +97,26 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis
-import redis.cluster
 
-from .errors import (
-    ConfigurationError,
-    CursorConflictError,
-    DeadLetterCapError,
-    EvictionPolicyError,
-    LeaseHeldError,
-    LeaseLostError,
-    RoundStateLostError,
-)
-from .status import RangeState, RoundState
+from .errors import LeaseHeldError, RoundStateLostError
 from .store_pull import RangePull
 from .store_reads import _s, glob_literal
+from .store_results import (
+    Advanced,
+    Claim,
+    Closed,
+    CloseResult,
+    Gap,
+    Held,
+    Incomplete,
+    Unrecoverable,
+    advance_result,
+    claim_result,
+    close_result,
+)
 from .store_scripts import (
     ADVANCE,
     CLAIM,
@@ -127,95 +131,9 @@ from .store_scripts import (
     REQUEUE_DEAD,
     RESTORE_ROUND,
 )
+from .store_server import CLUSTER_SCHEMES, check_eviction_policy, connect_redis
 
 log = logging.getLogger("airflow_keyset_provider")
-
-CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
-
-
-def connect_redis(url: str) -> redis.Redis:
-    """A client for ``url``: ``redis://`` / ``rediss://`` / ``unix://`` give one server,
-    ``redis+cluster://host:port`` (``rediss+cluster://`` with TLS) a ``RedisCluster`` that
-    discovers the other nodes from that one. Socket timeouts are set so a hung server fails."""
-    opts: dict[str, Any] = {"socket_connect_timeout": 5, "socket_timeout": 30}
-    try:
-        if url.startswith(CLUSTER_SCHEMES):
-            plain = url.replace("+cluster", "", 1)
-            return redis.cluster.RedisCluster.from_url(plain, **opts)  # type: ignore[return-value]
-        return redis.Redis.from_url(url, health_check_interval=30, **opts)
-    except (ValueError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
-        raise ConfigurationError(f"redis_url is not valid or not reachable: {exc}") from exc
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What a successful claim hands the worker: the cursor to resume from and the range's
-    counters so far. ``takeover`` is true when a previous owner's lease was broken."""
-
-    token: str
-    cursor: str
-    epoch: int
-    done: int
-    skipped: int
-    dead: int
-    takeover: bool
-    retries: int
-    complete: bool = False
-
-
-class Held(NamedTuple):
-    """A claim refused because a live owner holds the range for ``ms_left`` more milliseconds
-    (nothing written). A named tuple: it still unpacks as ``owner, ms_left``."""
-
-    owner: str
-    ms_left: int
-
-
-@dataclass(frozen=True)
-class Advanced:
-    """A committed chunk: the range's cursor and counters after it."""
-
-    cursor: str
-    done: int
-    skipped: int
-    dead: int
-    retries: int
-    complete: bool
-    split_req: str = ""  # an idle task asks the owner to split the range ('' = nobody)
-
-
-@dataclass(frozen=True)
-class Closed:
-    """The round is closed (now or before): its totals and the stream's watermark ('' if none)."""
-
-    done: int
-    skipped: int
-    dead: int
-    watermark: str
-
-
-@dataclass(frozen=True)
-class Incomplete:
-    """Nothing written: these ranges are not complete."""
-
-    range_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Gap:
-    """Nothing written: the ranges do not cover (start, end] at this range (n_ranges: the end)."""
-
-    range_id: int
-
-
-@dataclass(frozen=True)
-class Unrecoverable:
-    """Nothing written: the round was marked unrecoverable, for this reason."""
-
-    reason: str
-
-
-CloseResult = Closed | Incomplete | Gap | Unrecoverable
 
 
 class CursorStore(RangePull):
@@ -371,50 +289,9 @@ class CursorStore(RangePull):
         store was opened with ``allow_unverified_eviction_policy=True``. On a cluster every
         primary is checked.
         """
-        policies = self._eviction_policies()
-        if not policies:
-            if self.allow_unverified_eviction_policy:
-                log.warning(
-                    "stream %s: the Redis maxmemory-policy could not be read (CONFIG and INFO "
-                    "refused); planning anyway because allow_unverified_eviction_policy is set",
-                    self.stream,
-                )
-                return "unverified"
-            raise EvictionPolicyError(
-                f"stream {self.stream!r}: could not read the Redis server's maxmemory-policy "
-                "(CONFIG GET and INFO memory were both refused), so it is unknown whether Redis "
-                "may evict the stream's cursors. Run it on a server whose policy is noeviction "
-                "(or volatile-*), or, if you know it is, pass "
-                "allow_unverified_eviction_policy=True. Nothing was written."
-            )
-        bad = sorted({p for p in policies if not _policy_keeps_keys(p)})
-        if bad:
-            raise EvictionPolicyError(
-                f"stream {self.stream!r}: the Redis server's maxmemory-policy is "
-                f"{', '.join(bad)}, which may evict any key, including the stream's cursors "
-                "and dead letters. Set `CONFIG SET maxmemory-policy noeviction` (and in "
-                "redis.conf), or give the cursor store a dedicated Redis. Nothing was written."
-            )
-        return ", ".join(sorted(set(policies)))
-
-    def _eviction_policies(self) -> list[str]:
-        """The maxmemory-policy of each server (each primary of a cluster) that answered."""
-        # every primary of a cluster (each may be configured differently), else the one server
-        where: dict[str, Any] = {}
-        if isinstance(self.client, redis.cluster.RedisCluster):
-            where = {"target_nodes": redis.cluster.RedisCluster.PRIMARIES}
-        client: Any = self.client
-        try:
-            out = _policy_values(client.config_get("maxmemory-policy", **where), "maxmemory-policy")
-        except redis.ResponseError:
-            out = []
-        if out:
-            return out
-        try:
-            info = client.info("memory", **where)
-        except redis.ResponseError:
-            return []
-        return _policy_values(info, "maxmemory_policy")
+        return check_eviction_policy(
+            self.client, self.stream, allow_unverified=self.allow_unverified_eviction_policy
+        )
 
     # ---- one range -------------------------------------------------------------------------
     def claim(
@@ -427,28 +304,7 @@ class CursorStore(RangePull):
             *self._range_keys(round_id, range_id),
         ]
         res = self._call(self._claim, keys, [token, lineage, lease_ms])
-        status = _s(res[0])
-        if status == "lost":
-            raise RoundStateLostError(
-                f"{self._where(round_id, range_id)} has no state in Redis; it was lost, not "
-                "finished. Re-plan or restore from the checkpoint mirror."
-            )
-        if status == RangeState.COMPLETE:
-            return Claim(
-                token, _s(res[1]), 0, int(res[2]), int(res[3]), int(res[4]), False, 0, True
-            )
-        if status == "held":
-            return Held(_s(res[1]), int(res[2]))
-        return Claim(
-            token,
-            _s(res[1]),
-            int(res[2]),
-            int(res[3]),
-            int(res[4]),
-            int(res[5]),
-            bool(int(res[6])),
-            int(res[7]),
-        )
+        return claim_result(self._where(round_id, range_id), token, res)
 
     def heartbeat(self, round_id: str, range_id: int, token: str, lease_ms: int) -> bool:
         return bool(
@@ -472,26 +328,10 @@ class CursorStore(RangePull):
         failed: Iterable[tuple[str, str]] = (),
     ) -> Advanced:
         """Commit one chunk's outcome. Raises ``LeaseLostError`` or ``CursorConflictError`` (and
-        changes nothing) when the fence refuses it."""
-        args: list[Any] = [
-            token,
-            expected,
-            new,
-            done,
-            skipped,
-            lease_ms,
-            max_item_attempts,
-            dead_cap,
-            f"{round_id}:{range_id}",
-        ]
-        res_list = list(resolved)
-        args.append(len(res_list))
-        for k, outcome in res_list:
-            args += [k, outcome]
-        fail_list = list(failed)
-        args.append(len(fail_list))
-        for k, err in fail_list:
-            args += [k, err.replace("\n", " ")[:500]]
+        changes nothing) when the fence refuses it; ``DeadLetterCapError`` (nothing committed)
+        when the step would push the range's dead letters past ``dead_cap``."""
+        fence = [token, expected, new, done, skipped, lease_ms, max_item_attempts, dead_cap]
+        args = _advance_args([*fence, f"{round_id}:{range_id}"], resolved, failed)
         keys = [
             self.range_key(round_id, range_id),
             self.retry_key(round_id, range_id),
@@ -499,28 +339,9 @@ class CursorStore(RangePull):
             self.events_channel,
         ]
         res = self._call(self._advance, keys, args)
-        status = _s(res[0])
-        if status == "ok":
-            return Advanced(
-                _s(res[1]),
-                int(res[2]),
-                int(res[3]),
-                int(res[4]),
-                int(res[5]),
-                _s(res[6]) == RangeState.COMPLETE,
-                _s(res[7]) if len(res) > 7 else "",
-            )
-        if status == "dead_cap":
-            raise DeadLetterCapError(
-                f"{self._where(round_id, range_id)} holds {_s(res[1])} dead letter(s) and this "
-                f"step would add {_s(res[2])}, more than dead_cap={_s(res[3])}. Dead letters are "
-                "never dropped, so nothing of it was committed (the cursor stays at "
-                f"{expected!r}). "
-                f"List them with dead_letters({round_id!r}, {range_id}) (CLI: airflow-keyset "
-                "dead-letters), fix the processor or the data and replay_dead_letters, or raise "
-                "dead_cap and run the range again."
-            )
-        raise _advance_refused(self._where(round_id, range_id), status, res, expected, new)
+        return advance_result(
+            self._where(round_id, range_id), round_id, range_id, res, expected, new
+        )
 
     def release(self, round_id: str, range_id: int, token: str) -> bool:
         return bool(self._call(self._release, [self.range_key(round_id, range_id)], [token]))
@@ -593,18 +414,7 @@ class CursorStore(RangePull):
         for i in range(int(info["n_ranges"])):
             keys += self._range_keys(round_id, i)
         res = self._call(self._close, keys, [])
-        status, values = _s(res[0]), [_s(x) for x in res[1:]]
-        if status == "lost":
-            raise RoundStateLostError(
-                f"round {round_id} of stream {self.stream!r} lost state in Redis"
-            )
-        if status == RoundState.CLOSED:
-            return Closed(int(values[0]), int(values[1]), int(values[2]), values[3])
-        if status == RoundState.UNRECOVERABLE:
-            return Unrecoverable(values[0])
-        if status == "gap":
-            return Gap(int(values[0]))
-        return Incomplete(tuple(int(v) for v in values))
+        return close_result(round_id, self.stream, res)
 
     def mark_unrecoverable(self, round_id: str, reason: str) -> bool:
         """The source lost rows the round still had to read: the round can never close. Returns
@@ -622,48 +432,34 @@ class CursorStore(RangePull):
         return int(self._call(self._delete, keys, [round_id, info.get("round_key") or ""]))
 
 
-def _advance_refused(
-    where: str, status: str, res: Sequence[Any], expected: str, new: str
-) -> Exception:
-    """The error for a refused ``ADVANCE`` (nothing was written)."""
-    if status == "lost":
-        return RoundStateLostError(
-            f"{where} lost state in Redis (its range hash, retry hash or dead list is missing or "
-            "does not match the counts it keeps: flushed, evicted or deleted); nothing was "
-            "committed. Restore it from the checkpoint mirror or re-plan the round."
-        )
-    if status == "not_owner":
-        return LeaseLostError(
-            f"{where} is now owned by {_s(res[1]) or 'nobody'}; this worker "
-            "lost its lease and its advance was refused (fencing)"
-        )
-    if status == "expired":
-        return LeaseLostError(f"the lease on {where} expired before the advance; refused (fencing)")
-    if status == "cursor":
-        return CursorConflictError(
-            f"{where}: cursor is {_s(res[1])!r}, expected {expected!r}; refused"
-        )
-    if status == "backwards":
-        return CursorConflictError(
-            f"{where}: advance from {expected!r} to {new!r} moves backwards; refused"
-        )
-    return CursorConflictError(f"{where}: advance to {new!r} passes hi {_s(res[1])!r}; refused")
+def _advance_args(
+    head: list[Any], resolved: Iterable[tuple[str, str]], failed: Iterable[tuple[str, str]]
+) -> list[Any]:
+    """``ADVANCE``'s ARGV: ``head`` (token .. label), then the count and the (key, outcome) pairs
+    of the resolved retries, then the count and the (key, error) pairs of this pass's failures
+    (an error on one line, at most 500 characters)."""
+    args = list(head)
+    res_list = list(resolved)
+    args.append(len(res_list))
+    for k, outcome in res_list:
+        args += [k, outcome]
+    fail_list = list(failed)
+    args.append(len(fail_list))
+    for k, err in fail_list:
+        args += [k, err.replace("\n", " ")[:500]]
+    return args
 
 
-def _policy_keeps_keys(policy: str) -> bool:
-    """True when the policy never evicts a key without a TTL (the stream's keys have none)."""
-    return policy == "noeviction" or policy.startswith("volatile-")
-
-
-def _policy_values(reply: Any, name: str) -> list[str]:
-    """The policy values in a CONFIG GET / INFO reply: one server's dict, or a cluster's dict of
-    node -> dict (redis-py merges or keeps per node depending on the command)."""
-    if not isinstance(reply, dict):
-        return []
-    if name in reply or name.encode() in reply:
-        v = reply.get(name, reply.get(name.encode()))
-        return [_s(v)] if v not in (None, "", b"") else []
-    out: list[str] = []
-    for sub in reply.values():
-        out += _policy_values(sub, name)
-    return out
+__all__ = [
+    "CLUSTER_SCHEMES",
+    "Advanced",
+    "Claim",
+    "CloseResult",
+    "Closed",
+    "CursorStore",
+    "Gap",
+    "Held",
+    "Incomplete",
+    "Unrecoverable",
+    "connect_redis",
+]
