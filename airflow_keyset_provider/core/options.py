@@ -7,6 +7,7 @@ Adding a setting means adding one documented field here (and reading it where it
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,6 +218,17 @@ class TraverseOptions:
 OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(TraverseOptions))
 
 
+def call_options(arguments: Mapping[str, Any], options: TraverseOptions | None) -> TraverseOptions:
+    """The options of a call that takes its settings as keywords *or* as one ``options`` object
+    (``KeysetTraversal.traverse``). ``arguments`` is the call's arguments by name (its
+    ``locals()``); those named like a ``TraverseOptions`` field are the keyword settings. Both at
+    once (``options`` and a keyword away from its default) is refused."""
+    given = TraverseOptions(**{n: v for n, v in arguments.items() if n in OPTION_NAMES})
+    if options is not None and given != TraverseOptions():
+        raise ConfigurationError("give the traverse settings as keywords or as options=, not both")
+    return options or given
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -233,4 +245,4 @@ def _check_integer(name: str, value: Any, *, allow_zero: bool = False) -> None:
         raise ConfigurationError(f"{name} must be a {kind} integer, got {value!r}")
 
 
-__all__ = ["OPTION_NAMES", "TraverseOptions"]
+__all__ = ["OPTION_NAMES", "TraverseOptions", "call_options"]

@@ -11,12 +11,25 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from typing import Any
+
+from .errors import ConfigurationError
 
 # The engine's own ceiling on ranges per round: every range is a Redis hash written when the round
 # is planned (one Lua call) and read by every barrier check and status view, so the round's control
 # state grows with this number. Airflow adds its own cap, ``[core] max_map_length`` (1024 by
 # default): the operators read it from Airflow's configuration, the engine does not know it.
 MAX_RANGES = 100_000
+
+
+def check_max_ranges(max_ranges: Any) -> None:
+    """Refuse a ``max_ranges`` that is not an integer from 1 to ``MAX_RANGES``."""
+    is_int = isinstance(max_ranges, int) and not isinstance(max_ranges, bool)
+    if not is_int or not 1 <= max_ranges <= MAX_RANGES:
+        raise ConfigurationError(
+            f"max_ranges must be an integer from 1 to {MAX_RANGES} (the engine's limit on "
+            f"ranges per round), got {max_ranges!r}"
+        )
 
 
 def split(start: str, end: str, cuts: Iterable[str], max_ranges: int) -> list[tuple[str, str]]:

@@ -36,8 +36,8 @@ from .errors import (
 from .keys import MIN_KEY, KeyEncodingError, coerce_bound, decode_user_key, display_key, encode_key
 from .metrics import Metrics, NullMetrics
 from .mirror import CheckpointMirror
-from .options import TraverseOptions
-from .planner import MAX_RANGES, split
+from .options import TraverseOptions, call_options
+from .planner import check_max_ranges, split
 from .pull import PullLoop, RoundPullResult
 from .range_run import run_range
 from .run_state import ProgressCallback, ProgressHook, RangeResult
@@ -142,7 +142,7 @@ class KeysetTraversal:
         the same key always returns the same round, open or closed. Validation happens before
         anything is written; a refused plan writes nothing.
         """
-        _check_max_ranges(max_ranges)
+        check_max_ranges(max_ranges)
         self.store.ping()
         self.store.check_eviction_policy()
         self.source.validate()
@@ -157,12 +157,7 @@ class KeysetTraversal:
             )
             return self.round(existing)
         start, end = self._round_bounds(start_key, end_key)
-        cuts = (
-            self.source.quantile_keys(start, end, max_ranges, exact_limit, sample_rows)
-            if max_ranges > 1 and end != start
-            else []
-        )
-        bounds = split(start, end, cuts, max_ranges)
+        bounds = self._range_bounds(start, end, max_ranges, exact_limit, sample_rows)
         round_id, created = self.store.create_round(
             idempotency_key=round_key,
             chained=chained,
@@ -205,6 +200,18 @@ class KeysetTraversal:
                 f"{display_key(end, self.arity)}: a round is start < key <= end"
             )
         return start, end
+
+    def _range_bounds(
+        self, start: str, end: str, max_ranges: int, exact_limit: int, sample_rows: int
+    ) -> list[tuple[str, str]]:
+        """The new round's ranges: ``(start, end]`` cut at row-count quantiles of the source (one
+        range when ``max_ranges`` is 1 or the round is empty)."""
+        cuts = (
+            self.source.quantile_keys(start, end, max_ranges, exact_limit, sample_rows)
+            if max_ranges > 1 and end != start
+            else []
+        )
+        return split(start, end, cuts, max_ranges)
 
     def round(self, round_id: str) -> Round:
         return self.control.round(round_id)
@@ -283,32 +290,8 @@ class KeysetTraversal:
         (``group_commit_chunks`` > 1 and/or ``group_commit_seconds``) commits the cursor once per
         group of chunks; the replay bound after a crash widens from one chunk to one group.
         """
-        given = TraverseOptions(
-            chunk_size=chunk_size,
-            lease_seconds=lease_seconds,
-            max_chunk_attempts=max_chunk_attempts,
-            max_item_attempts=max_item_attempts,
-            owner_lineage=owner_lineage,
-            claim_timeout=claim_timeout,
-            chunk_timeout=chunk_timeout,
-            backoff_base=backoff_base,
-            backoff_max=backoff_max,
-            item_retry_delay=item_retry_delay,
-            outage_failure_ratio=outage_failure_ratio,
-            prefetch=prefetch,
-            log_every_seconds=log_every_seconds,
-            dead_cap=dead_cap,
-            group_commit_chunks=group_commit_chunks,
-            group_commit_seconds=group_commit_seconds,
-        )
-        if options is not None and given != TraverseOptions():
-            raise ConfigurationError(
-                "give the traverse settings as keywords or as options=, not both"
-            )
-        if not callable(processor):
-            raise ConfigurationError(
-                f"processor must be callable (chunk) -> ChunkResult | None, got {processor!r}"
-            )
+        settings = call_options(locals(), options)  # the keywords above, or options=
+        _check_processor(processor)
         if not isinstance(progress_every_seconds, (int, float)) or progress_every_seconds < 0:
             raise ConfigurationError(
                 "progress_every_seconds must be a non-negative number, "
@@ -317,7 +300,7 @@ class KeysetTraversal:
         self.source.ensure_validated()
         self._progress = ProgressHook(on_progress, progress_every_seconds)
         try:
-            return self._traverse_restoring(round_id, range_id, processor, options or given)
+            return self._traverse_restoring(round_id, range_id, processor, settings)
         finally:
             self._stop.clear()  # a stop request ends this call, not the traversal object
             self._progress = ProgressHook()
@@ -342,10 +325,7 @@ class KeysetTraversal:
         ``yielded`` (``"budget"`` after ``options.max_task_seconds``, or the pacer's reasons)
         or ``stopped``; raises what ``traverse`` raises for the range in hand.
         """
-        if not callable(processor):
-            raise ConfigurationError(
-                f"processor must be callable (chunk) -> ChunkResult | None, got {processor!r}"
-            )
+        _check_processor(processor)
         self.source.ensure_validated()
         loop = PullLoop(self, round_id, processor, options or TraverseOptions(), first_range, split)
         try:
@@ -437,12 +417,10 @@ class KeysetTraversal:
         self.source.close()
 
 
-def _check_max_ranges(max_ranges: Any) -> None:
-    is_int = isinstance(max_ranges, int) and not isinstance(max_ranges, bool)
-    if not is_int or not 1 <= max_ranges <= MAX_RANGES:
+def _check_processor(processor: Any) -> None:
+    if not callable(processor):
         raise ConfigurationError(
-            f"max_ranges must be an integer from 1 to {MAX_RANGES} (the engine's limit on "
-            f"ranges per round), got {max_ranges!r}"
+            f"processor must be callable (chunk) -> ChunkResult | None, got {processor!r}"
         )
 
 
