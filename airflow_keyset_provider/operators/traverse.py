@@ -7,16 +7,16 @@ budget, unhealthy source) defer to ``KeysetResumeTrigger``. The task state store
 ``keyset_range`` mirrors the range's committed cursor and counters (Redis stays the authority).
 See ``airflow_keyset_provider.operators.keyset`` for the DAG shape and all guarantees.
 
-One concept, kept in one module: a try of one range, with the waits it defers and the state it
-mirrors (the parameter reference in the class docstring is most of its length).
+A try of one range lives here; its siblings hold the parts around it: ``traverse_state`` the
+mirror in the task state store, ``traverse_waits`` the wording and the trigger of a deferral,
+``traverse_pull`` pull mode. The parameter reference in the class docstring is most of this
+module's length.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from airflow.sdk import BaseOperator, Context
@@ -38,11 +38,7 @@ from airflow_keyset_provider.core import (
     RoundPullResult,
     load_processor,
 )
-from airflow_keyset_provider.core.keys import to_json
 from airflow_keyset_provider.core.options import TraverseOptions
-from airflow_keyset_provider.core.range_run import BUDGET
-from airflow_keyset_provider.core.run_state import CommittedRange
-from airflow_keyset_provider.core.status import RangeState
 from airflow_keyset_provider.hooks.keyset import KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
 from airflow_keyset_provider.operators.traverse_pull import (
@@ -51,28 +47,50 @@ from airflow_keyset_provider.operators.traverse_pull import (
     report_pull,
     run_pull,
 )
-from airflow_keyset_provider.triggers.keyset import KeysetResumeTrigger, ResumeEvent
+from airflow_keyset_provider.operators.traverse_state import (
+    RANGE_STATE_KEY,
+    checked_state_store_seconds,
+    mirror_final_range_state,
+    range_state_mirror,
+)
+from airflow_keyset_provider.operators.traverse_waits import log_yield, resume_trigger
+from airflow_keyset_provider.triggers.keyset import ResumeEvent
 
-#: The task state store key under which a traverse task instance mirrors its range.
-RANGE_STATE_KEY = "keyset_range"
+#: The operator's arguments that are ``TraverseOptions`` fields of the same name and meaning.
+_ENGINE_KNOBS = (
+    "chunk_size",
+    "lease_seconds",
+    "max_chunk_attempts",
+    "max_item_attempts",
+    "chunk_timeout",
+    "log_every_seconds",
+    "prefetch",
+    "group_commit_chunks",
+    "group_commit_seconds",
+    "control_poll_seconds",
+    "health_poll_seconds",
+    "target_chunk_seconds",
+    "min_chunk_size",
+    "max_chunk_size",
+)
 
 
-def _traverse_options(
-    *,
-    defer_after_seconds: float,
-    claim_timeout: float | None,
-    health_checks: Sequence[Any],
-    resume_poll_seconds: float,
-    **knobs: Any,
-) -> TraverseOptions:
-    """The engine's options from the operator's tuning arguments: ``defer_after_seconds`` is the
-    engine's ``yield_after_seconds`` and the default ``claim_timeout``. A bad setting fails the
-    task at once (``AirflowFailException``), naming it."""
+def _traverse_options(arguments: Mapping[str, Any]) -> TraverseOptions:
+    """The engine's options from the operator's arguments (``arguments``: ``__init__``'s, by
+    name): the ``_ENGINE_KNOBS`` as given; ``defer_after_seconds`` is the engine's
+    ``yield_after_seconds`` and the default ``claim_timeout``; ``max_task_seconds`` defaults to
+    an hour in pull mode (``pull_budget``). A bad setting fails the task at once
+    (``AirflowFailException``), naming it."""
+    defer_after_seconds = arguments["defer_after_seconds"]
+    claim_timeout = arguments["claim_timeout"]
+    resume_poll_seconds = arguments["resume_poll_seconds"]
+    max_task_seconds = pull_budget(arguments["pull"], arguments["max_task_seconds"])
     with airflow_errors():
         options = TraverseOptions(
-            **knobs,
+            **{name: arguments[name] for name in _ENGINE_KNOBS},
+            max_task_seconds=max_task_seconds,
             yield_after_seconds=defer_after_seconds,
-            health_checks=tuple(health_checks),
+            health_checks=tuple(arguments["health_checks"]),
             claim_timeout=defer_after_seconds if claim_timeout is None else claim_timeout,
         )
         if not resume_poll_seconds > 0:
@@ -80,18 +98,6 @@ def _traverse_options(
                 f"resume_poll_seconds must be a positive number, got {resume_poll_seconds!r}"
             )
     return options
-
-
-def _check_state_store_seconds(state_store_seconds: Any) -> None:
-    if state_store_seconds is not None and (
-        isinstance(state_store_seconds, bool)
-        or not isinstance(state_store_seconds, (int, float))
-        or state_store_seconds < 0
-    ):
-        raise ValueError(
-            f"state_store_seconds must be None or a non-negative number, got "
-            f"{state_store_seconds!r}"
-        )
 
 
 class TraverseRangeOperator(BaseOperator):
@@ -219,44 +225,14 @@ class TraverseRangeOperator(BaseOperator):
         if kwargs.get("map_index_template") is None:  # unmapping passes None explicitly
             kwargs["map_index_template"] = DEFAULT_MAP_INDEX_TEMPLATE
         super().__init__(**kwargs)
-        self.round_id = round_id
-        self.range_id = range_id
-        self.processor = processor
-        self.source_conn_id = source_conn_id
-        self.table = table
-        self.key = key
-        self.lo = lo
-        self.hi = hi
-        self.stream = stream
-        self.where = where
-        self.where_params = where_params
-        self.columns = columns
-        self.redis_conn_id = redis_conn_id
-        self.key_prefix = key_prefix
-        self.options = _traverse_options(
-            chunk_size=chunk_size,
-            lease_seconds=lease_seconds,
-            max_chunk_attempts=max_chunk_attempts,
-            max_item_attempts=max_item_attempts,
-            chunk_timeout=chunk_timeout,
-            log_every_seconds=log_every_seconds,
-            prefetch=prefetch,
-            group_commit_chunks=group_commit_chunks,
-            group_commit_seconds=group_commit_seconds,
-            control_poll_seconds=control_poll_seconds,
-            defer_after_seconds=defer_after_seconds,
-            health_checks=health_checks,
-            health_poll_seconds=health_poll_seconds,
-            target_chunk_seconds=target_chunk_seconds,
-            min_chunk_size=min_chunk_size,
-            max_chunk_size=max_chunk_size,
-            max_task_seconds=pull_budget(pull, max_task_seconds),
-            claim_timeout=claim_timeout,
-            resume_poll_seconds=resume_poll_seconds,
-        )
+        self.round_id, self.range_id, self.processor = round_id, range_id, processor
+        self.source_conn_id, self.table, self.key = source_conn_id, table, key
+        self.lo, self.hi, self.stream = lo, hi, stream
+        self.where, self.where_params, self.columns = where, where_params, columns
+        self.redis_conn_id, self.key_prefix = redis_conn_id, key_prefix
+        self.options = _traverse_options(locals())  # the tuning arguments, checked now
         self.checkpoint_conn_id = checkpoint_conn_id
-        _check_state_store_seconds(state_store_seconds)
-        self.state_store_seconds = state_store_seconds
+        self.state_store_seconds = checked_state_store_seconds(state_store_seconds)
         self.defer_after_seconds = defer_after_seconds
         self.resume_poll_seconds = resume_poll_seconds
         self.pull, self.worker, self.workers = bool(pull), worker, workers
@@ -314,7 +290,7 @@ class TraverseRangeOperator(BaseOperator):
                 key_prefix=self.key_prefix,
             )
             self._traversal = t
-            mirror = self._range_state_mirror(context, t, range_id, stream)
+            mirror = range_state_mirror(self, context, t, range_id, stream)
             # An orphan of a dead supervisor stops within one chunk (core/supervision.py).
             watch = supervisor_watch(t.request_stop, f"round {self.round_id} range {range_id}")
             try:
@@ -339,11 +315,11 @@ class TraverseRangeOperator(BaseOperator):
                     self.log.info("%s; deferring until the lease is free", exc)
                     self._defer(stream, range_id, "lease")
                 if res.yielded:
-                    self._log_yield(t, res.yielded, res.retry_after)
+                    log_yield(self, t, res.yielded, res.retry_after)
             finally:
                 watch.stop()
                 self._traversal = None
-                self._mirror_final_range_state(mirror, t, range_id)
+                mirror_final_range_state(self, mirror, t, range_id)
                 t.close()
         return res
 
@@ -389,117 +365,9 @@ class TraverseRangeOperator(BaseOperator):
 
         return table_lineage(self.source_conn_id, self.table)
 
-    # ---- Airflow's task state store: a mirror of the range for the UI and REST API ----------
-    def _range_state_mirror(
-        self, context: Context, t: KeysetTraversal, range_id: int, stream: str
-    ) -> Callable[[CommittedRange], None] | None:
-        """A callback writing the range's committed state to the task state store (key
-        ``keyset_range``), or None without a task state store or with ``state_store_seconds``
-        None. Redis stays the authority: nothing ever reads the cursor back from here."""
-        store = context.get("task_state_store")  # Airflow >= 3.3
-        if store is None or self.state_store_seconds is None or self.pull:
-            return None  # a pull task has no one range to mirror
-        ti = context["ti"]
-        base = {
-            "stream": stream,
-            "round_id": str(self.round_id),
-            "range_id": range_id,
-            "lo": self.lo,
-            "hi": self.hi,
-            "try_number": getattr(ti, "try_number", None),
-            "authority": "redis",
-        }
-
-        def record(state: CommittedRange) -> None:
-            store.set(
-                RANGE_STATE_KEY,
-                {
-                    **base,
-                    "cursor": to_json(t.decode(state.cursor)),
-                    "done": state.done,
-                    "skipped": state.skipped,
-                    "dead": state.dead,
-                    "retries": state.retries,
-                    "complete": state.complete,
-                    "updated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                },
-            )
-
-        return record
-
-    def _mirror_final_range_state(
-        self, mirror: Callable[[CommittedRange], None] | None, t: KeysetTraversal, range_id: int
-    ) -> None:
-        """Once the try ends (complete, stopped or failed): the range as Redis holds it now. Best
-        effort: a failure here must not hide the try's own outcome."""
-        if mirror is None:
-            return
-        try:
-            status = next(r for r in t.range_status(str(self.round_id)) if r.range_id == range_id)
-            mirror(
-                CommittedRange(
-                    status.cursor_encoded,
-                    status.done,
-                    status.skipped,
-                    status.dead,
-                    status.retries,
-                    status.state == RangeState.COMPLETE,
-                )
-            )
-        except Exception as exc:
-            self.log.warning(
-                "round %s range %s: could not mirror the range into the task state store: %s",
-                self.round_id,
-                range_id,
-                exc,
-            )
-
-    def _log_yield(self, t: KeysetTraversal, why: str, retry_after: float) -> None:
-        if why == "paused":
-            c = t.control.control_state()
-            self.log.warning(
-                "stream %s is paused%s (%s); chunk committed, lease released; deferring until "
-                "`airflow-keyset resume` (the worker slot is freed)",
-                t.stream,
-                f" by {c.paused_by}" if c.paused_by else "",
-                c.reason or "no reason given",
-            )
-        elif why == "unhealthy":
-            self.log.warning(
-                "stream %s: the source is unhealthy; chunk committed, lease released; deferring "
-                "%.1f s (the worker slot is freed)",
-                t.stream,
-                retry_after,
-            )
-        elif why == BUDGET:
-            self.log.info(
-                "stream %s: this task ran max_task_seconds=%g s; chunk committed, range "
-                "released; deferring for a moment to continue in a fresh process",
-                t.stream,
-                self.options.max_task_seconds,
-            )
-        else:
-            self.log.info(
-                "stream %s is over its rows/s budget for %.1f s more; chunk committed, lease "
-                "released; deferring (the worker slot is freed)",
-                t.stream,
-                retry_after,
-            )
-
     def _defer(self, stream: str, range_id: int, why: str, retry_after: float = 0.0) -> NoReturn:
         self.defer(
-            trigger=KeysetResumeTrigger(
-                stream=stream,
-                round_id=self.round_id,
-                range_id=range_id,
-                wait_for=why,
-                redis_conn_id=self.redis_conn_id,
-                key_prefix=self.key_prefix,
-                poll_interval=self.resume_poll_seconds,
-                until=(
-                    time.time() + retry_after if why in ("throttled", "unhealthy", BUDGET) else None
-                ),
-            ),
+            trigger=resume_trigger(self, stream, range_id, why, retry_after),
             method_name="execute_resume",
         )
 
