@@ -2,7 +2,7 @@
 ranges stays under 1 MB of Redis at every stage, ``tests/core/test_redis_footprint.py``).
 
 - A range is created with ``lo``, ``hi``, ``cursor``, ``state``, ``dead`` and ``retries`` (these two
-  always: they are what partial-loss detection compares, ``intact`` in ``store_scripts.py``).
+  always: they are what partial-loss detection compares, ``intact`` in ``store_lua.py``).
 - Its owner's claim, heartbeats and commits add the other fields.
 - When its owner releases a *complete* range (or the next claim finds a complete range whose owner
   died), the hash is written anew with only ``lo``, ``hi``, ``state``, ``retries``, ``dead``,
