@@ -1,4 +1,4 @@
-"""Scenario 11, dynamic splitting under crashes and takeovers: a model-based property test.
+"""Scenario 12, dynamic splitting under crashes and takeovers: a model-based property test.
 
 Guarantee: whatever the interleaving of pulls, chunk commits, split requests, owner splits
 (above everything the owner has read, prefetch included), releases, crashes (with or without a
