@@ -8,7 +8,7 @@ not load the operators and the names cannot drift apart.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -20,6 +20,7 @@ from .core.errors import (
     RoundStateLostError,
 )
 from .core.keys import key_label
+from .core.supervision import SupervisorWatch
 
 #: Context variable set by ``TraverseRangeOperator.execute``; the default ``map_index_template``
 #: renders it, e.g. ``range 3 (1000, 2000]``.
@@ -59,6 +60,33 @@ def airflow_errors() -> Iterator[None]:
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
 
 
+def forked_by_task_supervisor() -> bool:
+    """True when this code runs in a task process that Airflow's task supervisor forked (a Celery
+    or LocalExecutor worker's): the task runner then talks to its supervisor over a socket
+    (``task_runner.SUPERVISOR_COMMS`` is a ``CommsDecoder``). False in-process (``dag.test()``:
+    the supervisor is this very process) and outside a task runner (a direct ``execute``)."""
+    try:
+        from airflow.sdk.execution_time import task_runner
+        from airflow.sdk.execution_time.comms import CommsDecoder
+    except ImportError:  # another Airflow layout: nothing known to watch
+        return False
+    return isinstance(getattr(task_runner, "SUPERVISOR_COMMS", None), CommsDecoder)
+
+
+def supervisor_watch(request_stop: Callable[[], None], what: str) -> SupervisorWatch:
+    """A ``SupervisorWatch`` for a traverse task: enabled only in a process forked by Airflow's
+    task supervisor (``forked_by_task_supervisor``), whose death it then turns into a stop."""
+    return SupervisorWatch(
+        request_stop,
+        what,
+        then=(
+            "Airflow's retry of this task instance takes the range over from the committed "
+            "cursor, once the scheduler has timed out the dead supervisor's heartbeats"
+        ),
+        enabled=forked_by_task_supervisor(),
+    )
+
+
 __all__ = [
     "DEFAULT_KEY_PREFIX",
     "DEFAULT_MAP_INDEX_TEMPLATE",
@@ -67,6 +95,8 @@ __all__ = [
     "ROUND_ID_XCOM_KEY",
     "ROUND_XCOM_KEY",
     "airflow_errors",
+    "forked_by_task_supervisor",
     "key_label",
     "run_key",
+    "supervisor_watch",
 ]

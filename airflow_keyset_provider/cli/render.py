@@ -93,7 +93,7 @@ def range_table(rnd: RoundStatus, *, title: str | None = None, wide: bool = Fals
         cols += [("rate", "right"), ("ETA", "right"), ("owner", "left"), ("beat", "right")]
     for name, justify in cols:
         t.add_column(name, justify=justify, no_wrap=True)
-    for r in rnd.ranges:
+    for r in rnd.in_key_order:
         lagging = not rnd.closed and not r.complete
         cells: list[Any] = [
             str(r.range_id),

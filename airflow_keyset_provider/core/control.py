@@ -4,13 +4,26 @@ Used by the barrier (sensor and trigger), the CLI and the UI, none of which need
 connection to answer "how far is this round?" or to close it. Status is read into the records
 of ``core/status.py`` (``stream_status``, ``round_status``, ``range_status``), the one model every
 reader renders.
+
+What each reader sees (the reads are ``StoreReads.ranges``: batches of ranges, pipelined, so a
+status read of thousands of ranges never holds Redis for more than one small script):
+
+- ``round_status`` / ``range_status`` / ``stream_status`` (CLI, UI page): each range read
+  atomically with its retry and dead-letter counts (checked intact), the ranges of a round not at
+  one instant; they cover the round even while ranges are split.
+- ``check_round`` (the barrier's poll): the same read; ``complete`` only says that ``close_round``
+  is worth calling. ``close_round`` alone decides, in one script over every range (coverage with
+  no gap, every range complete): it runs once per round, when the batched read saw it complete.
+- the checkpoint mirror (``_mirror_round``, at plan and close): each range with its retry
+  entries and dead letters in one script call (``snapshot_ranges``), ranges not at one instant:
+  the mirror's guarantee is per range (a mirrored cursor is never ahead of its committed one).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -157,7 +170,7 @@ class StreamControl:
     def _mirror_round(self, round_id: str) -> None:
         if self.mirror is not None:
             info = self.store.round_info(round_id)
-            ranges = [self.store.snapshot_range(round_id, i) for i in range(int(info["n_ranges"]))]
+            ranges = self.store.snapshot_ranges(round_id, range(int(info["n_ranges"])))
             self.mirror.save_round(self.stream, round_id, info, ranges)
 
     def _arity(self, info: dict[str, str]) -> int:
@@ -199,17 +212,22 @@ class StreamControl:
             return None
         return from_tuple(decode_key(wm), len(decode_key(wm)))
 
-    def retention_floor(self) -> Any:
+    def retention_floor(self, open_rounds: Sequence[RoundStatus] | None = None) -> Any:
         """The highest key at or below which the source may delete rows without harming any round
         (None: keep everything). It is the lowest of: each incomplete range's cursor (its ``lo``
         while it has items waiting for a retry, which are re-read by key), and the watermark unless
-        a chained round is open (the next chained round starts there)."""
+        a chained round is open (the next chained round starts there). ``open_rounds``: the
+        stream's open rounds as just read (else they are read here). The ranges are read in
+        batches (``StoreReads.ranges``): they cover each round, so the floor is never above a key
+        some range still has to read."""
         candidates: list[str] = []
         chained_open = self.store.lookup(None, chained=True)
-        for rid in self.store.open_rounds():
-            for r in self.store.ranges(rid):
-                if r["state"] != RangeState.COMPLETE:
-                    candidates.append(r["lo"] if int(r["retries"]) else r["cursor"])
+        if open_rounds is None:
+            open_rounds = [self.round_status(rid) for rid in self.store.open_rounds()]
+        for rnd in open_rounds:
+            for r in rnd.ranges:
+                if r.state != RangeState.COMPLETE:
+                    candidates.append(r.lo_encoded if r.retries else r.cursor_encoded)
         if chained_open is None:
             candidates.append(self.store.watermark() or MIN_KEY)
         floor = min(candidates) if candidates else MIN_KEY
@@ -222,12 +240,13 @@ class StreamControl:
         return self.store.open_rounds()
 
     def range_status(self, round_id: str) -> list[RangeStatus]:
-        """Every range of the round as a ``RangeStatus`` (one pipelined read), lease and heartbeat
-        ages on the Redis server's clock."""
+        """Every range of the round as a ``RangeStatus`` (one pipelined read of batches), lease
+        and heartbeat ages on the Redis server's clock."""
         return list(self.round_status(round_id).ranges)
 
     def round_status(self, round_id: str) -> RoundStatus:
-        """The round and its ranges as one ``RoundStatus`` (average rate since planned)."""
+        """The round and its ranges as one ``RoundStatus`` (average rate since planned); the
+        ranges in id order, each read atomically, not all at one instant (module docstring)."""
         info = self.store.round_info(round_id)
         arity = self._arity(info)
         now_ms = self._now_ms()
@@ -258,10 +277,11 @@ class StreamControl:
         self.require_stream()
         open_ids = self.open_rounds()
         rounds: list[RoundStatus] = []
+        floor_from: list[RoundStatus] | None = None
         if round_id is not None:
             rounds = [self.round_status(round_id)]
         elif with_rounds:
-            rounds = [self.round_status(rid) for rid in open_ids]
+            rounds = floor_from = [self.round_status(rid) for rid in open_ids]
         wm = self.store.watermark()
         arity = (len(decode_key(wm)) if wm else 0) or 1
         return StreamStatus(
@@ -269,7 +289,7 @@ class StreamControl:
             key_prefix=self.store.stream_prefix,
             watermark_encoded=wm,
             arity=arity,
-            retention_floor=self.retention_floor(),
+            retention_floor=self.retention_floor(floor_from),
             rounds_planned=self.store.round_counter() or 0,
             open_rounds=tuple(open_ids),
             rounds=tuple(rounds),
@@ -306,15 +326,15 @@ class StreamControl:
         return self.restoring(round_id, lambda: self._check_round(round_id))
 
     def _check_round(self, round_id: str) -> RoundCheck:
-        info = self.store.round_info(round_id)
-        if info["state"] == RoundState.CLOSED:
+        if self.store.round_state(round_id) == RoundState.CLOSED:
             return RoundCheck(round_id, RoundState.CLOSED, True, [])
+        rnd = self.round_status(round_id)
         lagging = [
             r
-            for r in self.range_status(round_id)
+            for r in rnd.ranges
             if r.state != RangeState.COMPLETE or r.cursor_encoded != r.hi_encoded
         ]
-        return RoundCheck(round_id, info["state"], not lagging, lagging)
+        return RoundCheck(round_id, rnd.state, not lagging, lagging)
 
     def close_round(self, round_id: str) -> RoundTotals:
         """Close the round if every range is complete and they cover ``(start, end]`` with no gap;

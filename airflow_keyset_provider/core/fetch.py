@@ -82,6 +82,28 @@ def driver_call(dialect: sa.Dialect, stmt: Any) -> tuple[str, Callable[[dict[str
     return compiled.string, params_for
 
 
+def _converter(
+    active: list[tuple[int, Callable[[Any], Any]]],
+) -> Callable[[Sequence[Any]], list[tuple]]:
+    """DBAPI rows -> tuples with the result processors in ``active`` (column index, processor)
+    applied; ``active`` is read on each call, so processors learned later take effect."""
+
+    def convert(rows: Sequence[Any]) -> list[tuple]:
+        if not active:
+            return (
+                list(rows) if not rows or isinstance(rows[0], tuple) else [tuple(r) for r in rows]
+            )
+        out = []
+        for row in rows:
+            lst = list(row)
+            for i, p in active:
+                lst[i] = p(lst[i])
+            out.append(tuple(lst))
+        return out
+
+    return convert
+
+
 def compile_fetcher(
     conn: sa.Connection,
     stmt: Any,
@@ -110,18 +132,7 @@ def compile_fetcher(
                 active.append((i, proc))
         known = True
 
-    def convert(rows: Sequence[Any]) -> list[tuple]:
-        if not active:
-            return (
-                list(rows) if not rows or isinstance(rows[0], tuple) else [tuple(r) for r in rows]
-            )
-        out = []
-        for row in rows:
-            lst = list(row)
-            for i, p in active:
-                lst[i] = p(lst[i])
-            out.append(tuple(lst))
-        return out
+    convert = _converter(active)
 
     def run(lo: str, hi: str, n: int) -> Sequence[tuple]:
         values: dict[str, Any] = {"n": n, **key_values(lo, hi)}

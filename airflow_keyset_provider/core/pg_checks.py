@@ -1,7 +1,7 @@
 """Catalog checks that decide whether a key gives a stable total order (PostgreSQL and SQLite).
 
 Each function reads the system catalogs only, never the table's rows. The refusals built from
-them (in ``source.py``) name the object and the fix.
+them (in ``key_checks.py`` and ``source.py``) name the object and the fix.
 
 - ``unique_indexes``: only a valid unique index (or the index behind a primary key / unique
   constraint) *without a predicate* and *without expressions* proves that its key columns are

@@ -3,10 +3,8 @@
 Guarantees:
 
 - ``validate`` refuses a database other than PostgreSQL and SQLite, and a key that does not
-  define a stable total order (missing, nullable, not covered by a unique index/constraint
-  *without predicate or expression*, no index to page by, a type whose order cannot be encoded
-  exactly, a text column whose collation - provider included - does not sort by code point) with
-  an error that names the object and the fix. It reads the catalog only (``pg_checks``).
+  define a stable total order, with an error that names the object and the fix; it reads the
+  catalog only (``key_checks``).
 - ``upper_bound`` on PostgreSQL returns a bound such that every key ``<= bound`` that will ever
   commit has committed (or aborted) when it returns: it waits, bounded, for the transactions of
   this database (prepared ones included) that were open when ``max(key)`` was read
@@ -16,12 +14,12 @@ Guarantees:
   wait; ``settle_seconds`` there is a plain delay.
 - ``fetch`` returns the rows with ``lo < key <= hi`` in key order, at most ``n`` of them, with one
   round trip, using row-value comparison (an index range scan on PostgreSQL).
+- ``estimate_rows`` and ``quantile_keys`` serve the planner (``sampling``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
 import time
@@ -31,32 +29,17 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from . import commit_order, pg_checks
-from .errors import (
-    ConfigurationError,
-    KeyValidationError,
-    UnsupportedKeyTypeError,
-)
+from . import commit_order, key_checks, pg_checks, sampling
+from .errors import ConfigurationError
 from .fetch import FetchedRows as FetchedRows  # re-exported: the fetcher moved to .fetch
 from .fetch import compile_fetcher, driver_call
 from .fetch import materialize as materialize
 from .fetch import release as release
+from .key_checks import _BYTE_ORDER_COLLATIONS as _BYTE_ORDER_COLLATIONS  # re-exported
+from .key_checks import SUPPORTED_DIALECTS as SUPPORTED_DIALECTS  # re-exported
 from .keys import MIN_KEY, decode_key, encode_key
 
 log = logging.getLogger(__name__)
-
-SUPPORTED_DIALECTS = ("postgresql", "sqlite")
-# collation names that sort by code point (libc C/POSIX/C.UTF-8, PostgreSQL 17+ builtin); the check
-# itself goes by provider and locale (pg_checks.sorts_by_code_point), this list serves tests
-_BYTE_ORDER_COLLATIONS = {
-    "C",
-    "POSIX",
-    "C.UTF-8",
-    "C.utf8",
-    "ucs_basic",
-    "pg_c_utf8",
-    "pg_unicode_fast",
-}
 
 
 def make_engine(url: str | Engine) -> Engine:
@@ -69,30 +52,6 @@ def make_engine(url: str | Engine) -> Engine:
         return sa.create_engine(url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise ConfigurationError(f"source URL is not usable: {exc}") from exc
-
-
-def _key_kind(col: sa.Column) -> str:
-    t = col.type
-    if isinstance(t, (sa.Float, sa.Boolean)):
-        raise UnsupportedKeyTypeError(
-            f"key column {col.name!r} has type {t}, whose values are not exact or not unique "
-            "enough to order by. Use an integer, text, timestamp, date, UUID or numeric column."
-        )
-    if isinstance(t, sa.DateTime):
-        return "timestamptz" if t.timezone else "timestamp"
-    for cls, kind in (
-        (sa.Integer, "int"),
-        (sa.Numeric, "decimal"),
-        (sa.Date, "date"),
-        (sa.Uuid, "uuid"),
-        (sa.String, "text"),
-    ):
-        if isinstance(t, cls):
-            return kind
-    raise UnsupportedKeyTypeError(
-        f"key column {col.name!r} has type {t}, which has no exact order-preserving encoding. "
-        "Supported: integer, text/varchar, timestamp(tz), date, uuid, numeric."
-    )
 
 
 class SqlSource:
@@ -195,124 +154,9 @@ class SqlSource:
             self.validate()
 
     def validate(self) -> None:
-        """Refuse a key that does not give a stable total order. Reads the catalog only."""
-        self._check_dialect()
-        table = self._reflect_table()
-        key_cols = [table.c[k] for k in self.key_names]
-        self._check_not_null(table, key_cols)
-        self._check_unique_and_indexed(table)
-        if self.dialect == "postgresql":
-            self._check_collation(key_cols)
-        self._table = table
-        self.key_kinds = [_key_kind(c) for c in key_cols]
-
-    def _check_dialect(self) -> None:
-        if self.dialect not in SUPPORTED_DIALECTS:
-            raise ConfigurationError(
-                f"unsupported dialect {self.dialect!r} for {self.qualified_name!r}; supported: "
-                f"{', '.join(SUPPORTED_DIALECTS)}. The key and commit-order checks (uniqueness, collation, "
-                "in-flight transactions) exist only for those, so no round is planned on another database."
-            )
-
-    def _reflect_table(self) -> sa.Table:
-        """The table as the catalog describes it; refuses a missing table or column."""
-        insp = sa.inspect(self.engine)
-        if not insp.has_table(self.table_name, schema=self.schema):
-            raise KeyValidationError(
-                f"table {self.qualified_name!r} does not exist (dialect {self.dialect}). Check the "
-                "name and schema ('schema.table'), and that the connection points at the right database."
-            )
-        table = sa.Table(
-            self.table_name, sa.MetaData(), schema=self.schema, autoload_with=self.engine
-        )
-        missing = [c for c in self.column_names if c not in table.c]
-        if missing:
-            raise KeyValidationError(
-                f"column {missing[0]!r} does not exist in {self.qualified_name!r}; its columns are "
-                f"{sorted(table.c.keys())}"
-            )
-        return table
-
-    def _check_not_null(self, table: sa.Table, key_cols: Sequence[sa.Column]) -> None:
-        """Every key column is NOT NULL and of a type whose order can be encoded exactly."""
-        pk_cols = list(table.primary_key.columns)
-        for col in key_cols:
-            # SQLite's INTEGER PRIMARY KEY aliases the rowid and can never be NULL, though it
-            # reflects as nullable; any other SQLite primary key column does accept NULL.
-            rowid_alias = (
-                self.dialect == "sqlite" and pk_cols == [col] and isinstance(col.type, sa.Integer)
-            )
-            if col.nullable and not rowid_alias:
-                raise KeyValidationError(
-                    f"key column {col.name!r} of {self.qualified_name!r} is nullable: NULL keys have no "
-                    f"place in the order and would be skipped. Fix: ALTER TABLE {self.qualified_name} "
-                    f"ALTER COLUMN {col.name} SET NOT NULL (after filling NULLs)."
-                )
-            _key_kind(col)
-
-    def _check_unique_and_indexed(self, table: sa.Table) -> None:
-        """A primary key, unique constraint or unique index (no predicate, no expression) covers
-        the key, and an index starts with the key columns in order."""
-        keyset = set(self.key_names)
-        pk = [c.name for c in table.primary_key.columns]
-        # Uniqueness is proven by an index of the catalog only: primary keys and unique
-        # constraints are backed by one (SQLite's INTEGER PRIMARY KEY is the rowid itself).
-        with self.engine.connect() as conn:
-            indexes = pg_checks.unique_indexes(conn, self.dialect, self._rel, self.table_name)
-        rowid_pk = (
-            self.dialect == "sqlite"
-            and len(pk) == 1
-            and isinstance(table.c[pk[0]].type, sa.Integer)
-        )
-        unique_sets: list[set[str]] = [set(pk)] if rowid_pk else []
-        ordered_prefixes = [pk] if pk else []
-        for ix in indexes:
-            if ix.proves_unique:
-                unique_sets.append({c for c in ix.columns if c is not None})
-            plain = list(
-                itertools.takewhile(lambda c: c is not None, ix.columns)
-            )  # up to an expression
-            ordered_prefixes.append([c for c in plain if c is not None])
-        if not any(s and s <= keyset for s in unique_sets):
-            listed = ", ".join(self.key_names)
-            near = [
-                ix
-                for ix in indexes
-                if ix.unique
-                and not ix.proves_unique
-                and {c for c in ix.columns if c is not None} <= keyset
-            ]
-            why = "".join(
-                f" Unique index {ix.name!r} does not count: it {ix.defect}." for ix in near
-            )
-            raise KeyValidationError(
-                f"key ({listed}) of {self.qualified_name!r} is not unique: no primary key, unique "
-                "constraint or unique index covers it, so two rows could share a cursor position and "
-                f"one would be skipped. Fix: CREATE UNIQUE INDEX ON {self.qualified_name} ({listed}), or "
-                f"add the primary key as the last key column, e.g. key=['created_at', 'id'].{why}"
-            )
-        if not any(p[: self.arity] == self.key_names for p in ordered_prefixes):
-            listed = ", ".join(self.key_names)
-            raise KeyValidationError(
-                f"no index of {self.qualified_name!r} starts with the key columns ({listed}) in that "
-                f"order; every chunk would scan the table. Fix: CREATE INDEX ON {self.qualified_name} ({listed})."
-            )
-
-    def _check_collation(self, key_cols: Sequence[sa.Column]) -> None:
-        text_cols = [c.name for c in key_cols if isinstance(c.type, sa.String)]
-        if not text_cols:
-            return
-        with self.engine.connect() as conn:
-            found = pg_checks.collations(conn, self._rel, text_cols)
-        for c in found:
-            if not pg_checks.sorts_by_code_point(c):
-                provider = {"c": "libc", "i": "ICU", "b": "builtin"}.get(c.provider, c.provider)
-                raise KeyValidationError(
-                    f"text key column {c.column!r} uses collation {c.collation!r}, which does not order by "
-                    "code point, so cursors compared in Redis would disagree with the database. Fix: "
-                    f'ALTER TABLE {self.qualified_name} ALTER COLUMN {c.column} TYPE text COLLATE "C" '
-                    f"(or page by another key). It sorts by the {provider} locale {c.locale!r}."
-                )
+        """Refuse a key that does not give a stable total order (``key_checks``). Reads the
+        catalog only."""
+        self._table, self.key_kinds = key_checks.validate(self)
 
     # ---- encoding ----------------------------------------------------------------------------
     def encode(self, key_values: Sequence[Any]) -> str:
@@ -525,73 +369,14 @@ class SqlSource:
 
     # ---- planning support --------------------------------------------------------------------
     def estimate_rows(self, lo: str, hi: str) -> int:
-        """Planner's row estimate for ``lo < key <= hi`` (PostgreSQL), exact count elsewhere."""
-        stmt = sa.select(*[self.table.c[k] for k in self.key_names]).where(
-            *self._range_filter(lo != MIN_KEY)
-        )
-        params = self._key_params(hi, "h") | (self._key_params(lo, "c") if lo != MIN_KEY else {})
-        with self.engine.connect() as conn:
-            if self.dialect == "postgresql":
-                sql, params_for = self._driver_call(stmt)
-                plan: Any = conn.exec_driver_sql(
-                    "EXPLAIN (FORMAT JSON) " + sql, params_for(params)
-                ).scalar()
-                doc = plan if isinstance(plan, list) else json.loads(plan)
-                return int(doc[0]["Plan"]["Plan Rows"])
-            count = sa.select(sa.func.count()).select_from(stmt.subquery())
-            return int(conn.execute(count, params).scalar() or 0)
+        """Planner's row estimate for ``lo < key <= hi`` (PostgreSQL), exact count elsewhere
+        (``sampling.estimate_rows``)."""
+        return sampling.estimate_rows(self, lo, hi)
 
     def quantile_keys(
         self, lo: str, hi: str, parts: int, exact_limit: int, sample_rows: int
     ) -> list[str]:
         """Up to ``parts - 1`` real keys splitting ``(lo, hi]`` into parts of about equal row
-        count: exact (one ordered pass) when the range is small, else from a block sample."""
-        est = self.estimate_rows(lo, hi)
-        params = self._key_params(hi, "h") | (self._key_params(lo, "c") if lo != MIN_KEY else {})
-        keys = [self.table.c[k] for k in self.key_names]
-        filt = self._range_filter(lo != MIN_KEY)
-        with self.engine.connect() as conn:
-            if self.dialect == "postgresql" and est > exact_limit:
-                # Block sampling of a table stored in key order draws whole runs of neighbouring
-                # keys, so read at least ~2048 blocks and thin them at random back to sample_rows.
-                # Blocks from the file sizes (a partitioned parent's relpages is -1, a never-analysed
-                # table's 0): TABLESAMPLE on a parent samples each partition at that percentage.
-                pages, leaves = pg_checks.table_pages(conn, self._rel)
-                fraction = min(1.0, max(sample_rows / max(est, 1), 2048 / max(pages, 1)))
-                keep = min(1.0, sample_rows / max(est * fraction, 1))
-                self.last_sample_percent = 100.0 * fraction
-                log.info(
-                    "%s: sampling %.2f%% of %d blocks (%d relation(s)) for ~%d estimated rows",
-                    self.qualified_name,
-                    100.0 * fraction,
-                    pages,
-                    leaves,
-                    est,
-                )
-                sampled = self.table.tablesample(sa.func.system(100.0 * fraction), name="s")
-                scols = [sampled.c[k] for k in self.key_names]
-                stmt = sa.select(*scols).where(*self._range_filter(lo != MIN_KEY, on=sampled))
-                if keep < 1.0:
-                    stmt = stmt.where(sa.func.random() < keep)
-                sample = sorted(tuple(r) for r in conn.execute(stmt, params))
-                if len(sample) >= parts * 4:
-                    step = len(sample) / parts
-                    picks = [sample[round(step * i) - 1] for i in range(1, parts)]
-                    return sorted({encode_key(p) for p in picks})
-            total = int(
-                conn.execute(
-                    sa.select(sa.func.count()).where(*filt).select_from(self.table), params
-                ).scalar()
-                or 0
-            )
-            if total <= 1:
-                return []
-            step = max(1, -(-total // parts))
-            rn = sa.func.row_number().over(order_by=keys).label("rn")
-            inner = sa.select(*keys, rn).where(*filt).subquery()
-            stmt = (
-                sa.select(*[inner.c[k] for k in self.key_names])
-                .where(inner.c.rn % step == 0, inner.c.rn < total)
-                .order_by(*[inner.c[k] for k in self.key_names])
-            )
-            return [encode_key(tuple(r)) for r in conn.execute(stmt, params)]
+        count: exact (one ordered pass) when the range is small, else from a block sample
+        (``sampling.quantile_keys``)."""
+        return sampling.quantile_keys(self, lo, hi, parts, exact_limit, sample_rows)

@@ -321,6 +321,12 @@ class RoundStatus:
     items = property(lambda self: sum(r.items for r in self.ranges))
 
     @property
+    def in_key_order(self) -> tuple[RangeStatus, ...]:
+        """The ranges sorted by ``lo`` (``ranges`` is in id order; a split appends a range whose
+        keys sit inside its parent's old bounds, so ids are not in key order after one)."""
+        return tuple(sorted(self.ranges, key=lambda r: (r.lo_encoded, r.range_id)))
+
+    @property
     def closed(self) -> bool:
         return self.state == RoundState.CLOSED
 

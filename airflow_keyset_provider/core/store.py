@@ -14,9 +14,11 @@ Key layout (``P`` is the key prefix, ``ks`` by default; ``S`` the stream)::
     P:{S}:by_key                    hash    idempotency key (e.g. Airflow run id) -> round id
     P:{S}:ahead                     hash    closed rounds above a gap: round id -> "start|end"
     P:{S}:round:R                   hash    start, end, n_ranges, state, chained, source, totals
-    P:{S}:round:R:range:I           hash    lo, hi, cursor, owner, lineage, epoch, lease_until,
-                                            heartbeat_ms, done, skipped, dead, retries, state,
-                                            takeovers
+    P:{S}:round:R:range:I           hash    lo, hi, cursor, state, dead, retries; as it runs:
+                                            owner, lineage, epoch, lease_until, heartbeat_ms,
+                                            claimed_ms, completed_ms, done, skipped, chunks,
+                                            takeovers, split_* (a field at its default may be
+                                            missing: see below)
     P:{S}:round:R:retry:I           hash    encoded key -> "attempts|last error"   (sparse)
     P:{S}:round:R:dead:I            list    JSON dead letters, newest first, never trimmed (sparse)
     P:{S}:control                   hash    pause, reason, rate (``core/stream_control.py``)
@@ -29,6 +31,14 @@ No key has a TTL (nothing here calls EXPIRE or SET with EX/PX) but the three thr
 (``control:bucket``, ``control:health``, ``control:health_lock``: their scripts set one; losing
 one costs a fresh burst or a fresh probe, never a cursor), so a ``volatile-*`` eviction policy
 never evicts the others; ``allkeys-*`` could, and ``check_eviction_policy`` refuses it.
+
+Small state (issue #11: a 4,096-range round stays under 1 MB, ``tests/core/
+test_redis_footprint.py``; the rules in ``store_layout.py``): a range is created with lo, hi,
+cursor, state, dead and retries only; the scripts and the readers fill every other field in with
+its default ('' or 0; a missing cursor is hi once complete, else lo). When its owner releases a
+complete range, the hash is written anew with lo, hi, state, retries, dead, completed_ms and its
+non-zero counters: the owner token, lineage, lease, cursor, epoch and claim time go. A hash
+written by an older version (every field) reads the same.
 
 Partial loss is detected, not only total loss: each range hash keeps ``retries`` (= HLEN of its
 retry hash) and ``dead`` (= LLEN of its dead list), changed in the same script as what they
@@ -66,9 +76,11 @@ State changes that are *not* a Lua script, and why each is still safe::
                        command; pause and resume are scripts (``core/stream_control.py``)
     reset_bucket       DEL of the token bucket: the next charge starts with a full burst
 
-The module: ``store_reads.py`` holds the key names and the reads (``StoreReads``), this module the
-writes (``CursorStore``) and their named results, ``store_scripts.py`` the Lua scripts. Only these
-two modules touch the Redis client or build a key: the rest of the package names keys with the
+The module: ``store_reads.py`` holds the key names and the reads (``StoreReads``),
+``store_pull.py`` what tasks that pull ranges need (next unclaimed range, briefs, split requests
+and the owner's split), this module the other writes (``CursorStore``) and their named results,
+``store_scripts.py`` the Lua scripts. Only these
+modules touch the Redis client or build a key: the rest of the package names keys with the
 ``*_key`` properties and runs its own scripts (pause, rate budget, health) through
 ``store.script(source)``, which registers them on the store's client (EVALSHA, reloaded on
 NOSCRIPT).
@@ -97,10 +109,10 @@ from .errors import (
     LeaseHeldError,
     LeaseLostError,
     RoundStateLostError,
-    StoreUnavailableError,
 )
 from .status import RangeState, RoundState
-from .store_reads import StoreReads, _s, glob_literal
+from .store_pull import RangePull
+from .store_reads import _s, glob_literal
 from .store_scripts import (
     ADVANCE,
     CLAIM,
@@ -169,6 +181,7 @@ class Advanced:
     dead: int
     retries: int
     complete: bool
+    split_req: str = ""  # an idle task asks the owner to split the range ('' = nobody)
 
 
 @dataclass(frozen=True)
@@ -205,7 +218,7 @@ class Unrecoverable:
 CloseResult = Closed | Incomplete | Gap | Unrecoverable
 
 
-class CursorStore(StoreReads):
+class CursorStore(RangePull):
     """Fenced, atomic round/range state for one stream in Redis.
 
     Guarantees (each enforced inside one Lua script, so they hold under any interleaving):
@@ -244,14 +257,6 @@ class CursorStore(StoreReads):
         self._unrecoverable = reg(MARK_UNRECOVERABLE)
         self._totals = reg(REFRESH_TOTALS)
         self._delete = reg(DELETE_ROUND)
-
-    def _call(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        try:
-            return script(keys=list(keys), args=list(args))
-        except redis.ConnectionError as exc:
-            raise StoreUnavailableError(
-                f"Redis is unreachable ({exc}); nothing was written. Check the Redis connection."
-            ) from exc
 
     # ---- the connection and the stream -----------------------------------------------------
     def init_round_counter(self, value: int) -> bool:
@@ -503,6 +508,7 @@ class CursorStore(StoreReads):
                 int(res[4]),
                 int(res[5]),
                 _s(res[6]) == RangeState.COMPLETE,
+                _s(res[7]) if len(res) > 7 else "",
             )
         if status == "dead_cap":
             raise DeadLetterCapError(

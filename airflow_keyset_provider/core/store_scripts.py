@@ -8,6 +8,8 @@ and what it returns. Times come from the Redis server's ``TIME``. The state stri
 
 from __future__ import annotations
 
+from .store_layout import COMPACT_LUA, FIELDS_LUA
+
 # --------------------------------------------------------------------------------------------
 # Lua scripts. Each one: which KEYS, which ARGV, what it returns. Times come from redis TIME.
 # --------------------------------------------------------------------------------------------
@@ -27,6 +29,11 @@ local function intact(range, retry, dead)
   return tonumber(c[1]) == redis.call('HLEN', retry) and tonumber(c[2]) == redis.call('LLEN', dead)
 end
 """
+
+# Range fields at their default may be missing: every script that reads a range's fields reads
+# them with ``fields`` (defaults filled in); RELEASE and CLAIM ``compact`` a complete range
+# (``store_layout.py``).
+_FIELDS = FIELDS_LUA + COMPACT_LUA
 
 CREATE_ROUND = (
     """
@@ -68,8 +75,7 @@ for i = 1, n do
   local state = 'pending'
   if lo == hi then state = 'complete' end
   redis.call('HSET', KEYS[4 + i], 'lo', lo, 'hi', hi, 'cursor', lo, 'state', state,
-    'owner', '', 'lineage', '', 'epoch', 0, 'lease_until', 0, 'heartbeat_ms', 0,
-    'done', 0, 'skipped', 0, 'dead', 0, 'takeovers', 0, 'chunks', 0, 'retries', 0)
+    'dead', 0, 'retries', 0)
 end
 redis.call('SADD', KEYS[2], ARGV[1])
 if ARGV[3] == '1' then redis.call('SET', KEYS[3], ARGV[1]) end
@@ -90,14 +96,21 @@ CLAIM = (
 """
     + _NOW
     + _INTACT
+    + _FIELDS
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 or not intact(KEYS[2], KEYS[3], KEYS[4]) then
   return {'lost'}
 end
-local r = redis.call('HMGET', KEYS[2], 'state', 'owner', 'lineage', 'lease_until', 'cursor',
+local r = fields(KEYS[2], 'state', 'owner', 'lineage', 'lease_until', 'cursor',
   'done', 'skipped', 'dead', 'epoch')
-if r[1] == 'complete' then return {'complete', r[5], r[6], r[7], r[8]} end
 local lease_until = tonumber(r[4])
+if r[1] == 'complete' then
+  -- an owner that completed the range but never released it (it died): its fields go now
+  if r[2] ~= '' and (lease_until <= now or (ARGV[2] ~= '' and r[3] == ARGV[2])) then
+    compact(KEYS[2])
+  end
+  return {'complete', r[5], r[6], r[7], r[8]}
+end
 if r[2] ~= '' and r[2] ~= ARGV[1] and lease_until > now and (ARGV[2] == '' or r[3] ~= ARGV[2]) then
   return {'held', r[2], lease_until - now}
 end
@@ -141,13 +154,14 @@ ADVANCE = (
 -- Refusals change nothing: {'lost'} (range not intact) {'not_owner', owner} {'expired'}
 --   {'cursor', actual} {'backwards'} {'past_hi', hi}
 --   {'dead_cap', dead now, letters this step would add, cap}
--- Returns {'ok', cursor, done, skipped, dead, retries, state}.
+-- Returns {'ok', cursor, done, skipped, dead, retries, state, split request ('' = none)}.
 """
     + _NOW
     + _INTACT
+    + _FIELDS
     + """
 if not intact(KEYS[1], KEYS[2], KEYS[3]) then return {'lost'} end
-local r = redis.call('HMGET', KEYS[1], 'owner', 'lease_until', 'cursor', 'hi', 'dead')
+local r = fields(KEYS[1], 'owner', 'lease_until', 'cursor', 'hi', 'dead')
 if r[1] ~= ARGV[1] then return {'not_owner', r[1]} end
 if tonumber(r[2]) <= now then return {'expired'} end
 if r[3] ~= ARGV[2] then return {'cursor', r[3]} end
@@ -193,7 +207,7 @@ for _, x in ipairs(failures) do
 end
 redis.call('HSET', KEYS[1], 'cursor', new, 'lease_until', now + tonumber(ARGV[6]),
   'heartbeat_ms', now)
-local c = redis.call('HMGET', KEYS[1], 'done', 'skipped', 'dead')
+local c = fields(KEYS[1], 'done', 'skipped', 'dead')
 done = tonumber(c[1]) + done
 skipped = tonumber(c[2]) + skipped
 dead = tonumber(c[3]) + dead
@@ -207,7 +221,7 @@ if new == r[4] and retries == 0 then
   redis.call('HSET', KEYS[1], 'state', state, 'completed_ms', now)
   redis.call('PUBLISH', KEYS[4], ARGV[9] .. ':complete')
 end
-return {'ok', new, done, skipped, dead, retries, state}
+return {'ok', new, done, skipped, dead, retries, state, redis.call('HGET', KEYS[1], 'split_req') or ''}
 """
 )
 
@@ -221,9 +235,10 @@ REQUEUE_DEAD = (
 """
     + _NOW
     + _INTACT
+    + _FIELDS
     + """
 if not intact(KEYS[1], KEYS[3], KEYS[2]) then return {'lost'} end
-local r = redis.call('HMGET', KEYS[1], 'owner', 'lease_until', 'state')
+local r = fields(KEYS[1], 'owner', 'lease_until', 'state', 'cursor')
 if r[1] ~= '' and tonumber(r[2]) > now then return {'held', r[1]} end
 local moved = 0
 for _ = 1, tonumber(ARGV[1]) do
@@ -236,7 +251,7 @@ end
 if moved > 0 then
   redis.call('HINCRBY', KEYS[1], 'dead', -moved)
   redis.call('HSET', KEYS[1], 'retries', redis.call('HLEN', KEYS[3]))
-  if r[3] == 'complete' then redis.call('HSET', KEYS[1], 'state', 'pending') end
+  if r[3] == 'complete' then redis.call('HSET', KEYS[1], 'state', 'pending', 'cursor', r[4]) end
 end
 return {'ok', moved}
 """
@@ -297,16 +312,26 @@ return {0, rewritten}
 """
 )
 
-RELEASE = """
--- Give the range up so the next worker need not wait for the lease to expire.
+RELEASE = (
+    """
+-- Give the range up so the next worker need not wait for the lease to expire. A complete range
+-- is compacted (its owner's fields go); an unfinished one keeps its lineage (a later try of
+-- the same lineage finds it) and its last heartbeat.
 -- KEYS[1] range hash  ARGV[1] owner token.  Returns 1 if released, 0 if not the owner.
+"""
+    + _FIELDS
+    + """
 local r = redis.call('HMGET', KEYS[1], 'owner', 'state')
 if r[1] ~= ARGV[1] then return 0 end
-local state = r[2]
-if state == 'running' then state = 'pending' end
-redis.call('HSET', KEYS[1], 'owner', '', 'lease_until', 0, 'state', state)
+if r[2] == 'complete' then
+  compact(KEYS[1])
+  return 1
+end
+redis.call('HDEL', KEYS[1], 'owner', 'lease_until')
+redis.call('HSET', KEYS[1], 'state', 'pending')
 return 1
 """
+)
 
 CLOSE_ROUND = (
     """
@@ -315,15 +340,17 @@ CLOSE_ROUND = (
 -- only over the contiguous completed prefix: a round that starts above the watermark is parked
 -- in the "ahead" hash and absorbed once the rounds below it have closed.
 -- KEYS[1] round hash  KEYS[2] watermark  KEYS[3] open set  KEYS[4] chained id  KEYS[5] ahead hash
--- KEYS[6..] per range, in range order: range hash, retry hash, dead list.
+-- KEYS[6..] per range (ids 0..n-1): range hash, retry hash, dead list. Ranges are walked in key
+-- order (sorted by lo), not by id: a split appends a range whose keys sit inside the old ones.
 -- Returns {'lost'} (round missing or a range not intact) | {'unrecoverable', reason}
---       | {'gap', range id} (first range whose lo is not the previous hi; n_ranges: end not
---         reached)
+--       | {'gap', range id} (in key order, the first range whose lo is not the previous hi, or
+--         that overlaps it; n_ranges: end not reached)
 --       | {'incomplete', range ids...} | {'closed', done, skipped, dead, watermark}
 --       (idempotent once closed: the stored totals and the current watermark, '' if none)
 """
     + _NOW
     + _INTACT
+    + _FIELDS
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
 local rnd = redis.call('HMGET', KEYS[1], 'state', 'start', 'end', 'id', 'chained')
@@ -339,16 +366,24 @@ local expect = rnd[2]
 local done, skipped, dead = 0, 0, 0
 local lagging = {}
 local n = (#KEYS - 5) / 3
+local walk = {}
 for j = 0, n - 1 do
   local rk = KEYS[6 + 3 * j]
   if not intact(rk, KEYS[7 + 3 * j], KEYS[8 + 3 * j]) then return {'lost'} end
-  local r = redis.call('HMGET', rk, 'lo', 'hi', 'cursor', 'state', 'done', 'skipped', 'dead')
-  if r[1] ~= expect then return {'gap', tostring(j)} end
+  local r = fields(rk, 'lo', 'hi', 'cursor', 'state', 'done', 'skipped', 'dead')
+  r.id = j
+  table.insert(walk, r)
+end
+-- key order; equal lo (an overlap) sorts by id so the walk stops on it deterministically
+table.sort(walk, function(a, b) if a[1] == b[1] then return a.id < b.id end return a[1] < b[1] end)
+for _, r in ipairs(walk) do
+  if r[1] ~= expect or r[2] < r[1] then return {'gap', tostring(r.id)} end
   expect = r[2]
-  if r[4] ~= 'complete' or r[3] ~= r[2] then table.insert(lagging, tostring(j)) end
+  if r[4] ~= 'complete' or r[3] ~= r[2] then table.insert(lagging, tostring(r.id)) end
   done, skipped, dead = done + tonumber(r[5]), skipped + tonumber(r[6]), dead + tonumber(r[7])
 end
 if expect ~= rnd[3] then return {'gap', tostring(n)} end
+table.sort(lagging, function(a, b) return tonumber(a) < tonumber(b) end)
 if #lagging > 0 then return {'incomplete', unpack(lagging)} end
 redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_ms', now, 'done', done,
   'skipped', skipped, 'dead', dead)
@@ -390,20 +425,25 @@ redis.call('HSET', KEYS[1], 'state', 'unrecoverable', 'reason', ARGV[1])
 return 'marked'
 """
 
-REFRESH_TOTALS = """
+REFRESH_TOTALS = (
+    """
 -- Recompute a round's done/skipped/dead totals from its ranges (after a dead-letter replay).
 -- KEYS[1] round hash  KEYS[2..] range hashes
 -- Returns {done, skipped, dead}, or {} when the round or a range is missing (nothing written).
+"""
+    + _FIELDS
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
 local done, skipped, dead = 0, 0, 0
 for i = 2, #KEYS do
-  local r = redis.call('HMGET', KEYS[i], 'done', 'skipped', 'dead')
-  if not r[1] then return {} end
+  if redis.call('EXISTS', KEYS[i]) == 0 then return {} end
+  local r = fields(KEYS[i], 'done', 'skipped', 'dead')
   done, skipped, dead = done + tonumber(r[1]), skipped + tonumber(r[2]), dead + tonumber(r[3])
 end
 redis.call('HSET', KEYS[1], 'done', done, 'skipped', skipped, 'dead', dead)
 return {done, skipped, dead}
 """
+)
 
 RAISE_COUNTER = """
 -- Move the round counter up to at least a value (after it was lost); never down.
@@ -418,8 +458,9 @@ return cur
 """
 
 SNAPSHOT_RANGES = """
--- One atomic read of ranges for the mirror and the status readers: each range hash, its retry
--- hash (entries, or only its size) and its dead list (letters, or only its length).
+-- An atomic read of ranges for the mirror and the status readers (a batch of ranges per call,
+-- ``store_reads.READ_BATCH``): each range hash, its retry hash (entries, or only its size) and
+-- its dead list (letters, or only its length).
 -- KEYS per range: range hash, retry hash, dead list   ARGV[1] '1' = entries, '0' = sizes only
 -- Returns per range {hash as a flat list, retry (flat list or size), dead (list or length)}.
 local out = {}
@@ -435,6 +476,16 @@ end
 return out
 """
 
+NEXT_UNCLAIMED = """
+-- Hand out the next range id of a round that this counter never handed out (a hint for tasks
+-- that pull ranges: the claim that follows is fenced per range as always).
+-- KEYS[1] round hash.  Returns {'lost'} (no round: nothing written) | {'closed'} (round not open)
+--       | {'ok', id} (id >= n_ranges: every range was handed out once).
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
+if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return {'closed'} end
+return {'ok', redis.call('HINCRBY', KEYS[1], 'next', 1) - 1}
+"""
+
 DELETE_ROUND = """
 -- Remove one round's keys and its index entries; never touches the watermark.
 -- KEYS[1] open set  KEYS[2] chained id  KEYS[3] by_key hash  KEYS[4..] the round's keys
@@ -447,3 +498,98 @@ if ARGV[2] ~= '' then redis.call('HDEL', KEYS[3], ARGV[2]) end
 if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 return n
 """
+
+REQUEST_SPLIT = (
+    """
+-- An idle task asks the live owner of a running range to split it at its next chunk boundary.
+-- KEYS[1] round hash  KEYS[2] range hash  ARGV[1] requester token  ARGV[2] ms after which an
+-- unanswered request of another requester may be replaced
+-- Returns 'lost' | 'closed' (round not open) | 'not_running' (complete, pending, released or
+--   lease expired: claim it instead) | 'busy' (another request is pending) | 'asked'
+"""
+    + _NOW
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return 'lost' end
+if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return 'closed' end
+local r = redis.call('HMGET', KEYS[2], 'state', 'owner', 'lease_until', 'split_req', 'split_req_ms')
+if r[1] ~= 'running' or (r[2] or '') == '' or tonumber(r[3] or '0') <= now then
+  return 'not_running'
+end
+if (r[4] or '') ~= '' and r[4] ~= ARGV[1] and now - tonumber(r[5] or '0') < tonumber(ARGV[2]) then
+  return 'busy'
+end
+redis.call('HSET', KEYS[2], 'split_req', ARGV[1], 'split_req_ms', now)
+return 'asked'
+"""
+)
+
+SPLIT = (
+    """
+-- The owner splits its range at a chunk boundary: (lo, hi] becomes (lo, at] and a new range
+-- (at, hi], pending and unowned, is appended to the round; or it declines the pending request.
+-- The owner passes an ``at`` above every key it has read (prefetch included); the script
+-- refuses one that is not strictly between the committed cursor and hi, so no committed key,
+-- retry or dead letter (all <= cursor) changes range, and the ranges still partition the round.
+-- KEYS[1] round hash  KEYS[2] range hash  KEYS[3] retry hash  KEYS[4] dead list
+-- KEYS[5] new range hash  KEYS[6] new retry hash  KEYS[7] new dead list  KEYS[8] events channel
+-- ARGV[1] owner token  ARGV[2] at ('' = decline the request)  ARGV[3] new range id (= n_ranges
+-- as the caller read it)  ARGV[4] this range's id
+-- Returns {'lost'} | {'not_owner', owner} | {'expired'} | {'closed'} (round not open)
+--       | {'declined'} | {'moved', n_ranges} (another split took that id: read n again)
+--       | {'bad_key', cursor, hi} | {'taken'} (the new range's keys exist) | {'ok', new id}
+"""
+    + _NOW
+    + _INTACT
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 or not intact(KEYS[2], KEYS[3], KEYS[4]) then
+  return {'lost'}
+end
+local r = redis.call('HMGET', KEYS[2], 'owner', 'lease_until', 'cursor', 'hi', 'split_req')
+if r[1] ~= ARGV[1] then return {'not_owner', r[1] or ''} end
+if tonumber(r[2]) <= now then return {'expired'} end
+local rnd = redis.call('HMGET', KEYS[1], 'state', 'n_ranges')
+if rnd[1] ~= 'open' then return {'closed'} end
+local asked = r[5] or ''
+local at = ARGV[2]
+if at == '' then
+  if asked ~= '' then redis.call('HSET', KEYS[2], 'split_req', '', 'split_answer', asked .. '|no') end
+  return {'declined'}
+end
+if rnd[2] ~= ARGV[3] then return {'moved', rnd[2]} end
+if not (at > r[3] and at < r[4]) then return {'bad_key', r[3], r[4]} end
+if redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[7]) > 0 then return {'taken'} end
+redis.call('HSET', KEYS[5], 'lo', at, 'hi', r[4], 'cursor', at, 'state', 'pending',
+  'dead', 0, 'retries', 0, 'split_from', ARGV[4], 'created_ms', now)
+local answer = ''
+if asked ~= '' then answer = asked .. '|' .. ARGV[3] end
+redis.call('HSET', KEYS[2], 'hi', at, 'split_req', '', 'split_answer', answer)
+redis.call('HSET', KEYS[1], 'n_ranges', tonumber(ARGV[3]) + 1)
+redis.call('HINCRBY', KEYS[1], 'splits', 1)
+redis.call('PUBLISH', KEYS[8], ARGV[4] .. ':split:' .. ARGV[3])
+return {'ok', ARGV[3]}
+"""
+)
+
+SPLIT_ANSWER = (
+    """
+-- Read-only: the answer to a split request. KEYS[1] range hash  ARGV[1] requester token
+-- Returns {'pending'} (asked, the owner is live and has not reached a chunk boundary yet)
+--       | {'ok', new range id} | {'no'} (declined, or the request is moot: the range completed,
+--         its owner released it or its lease ran out, or another request replaced this one)
+"""
+    + _NOW
+    + """
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'lease_until', 'split_req', 'split_answer')
+local answer = r[5] or ''
+local head = ARGV[1] .. '|'
+if string.sub(answer, 1, #head) == head then
+  local v = string.sub(answer, #head + 1)
+  if v == 'no' then return {'no'} end
+  return {'ok', v}
+end
+if r[4] == ARGV[1] and r[1] == 'running' and (r[2] or '') ~= '' and tonumber(r[3] or '0') > now then
+  return {'pending'}
+end
+return {'no'}
+"""
+)

@@ -685,63 +685,73 @@ class _TemplateCache:
 _CASE_TEMPLATES = _TemplateCache()
 
 
+def _case_guard(
+    table: sa.Table, expected: Guard
+) -> tuple[ColumnElement[bool] | None, dict[str, Any], _TemplateCache, Hashable]:
+    """The guard of a CASE update: the clause, its bound values, the template cache and the
+    guard's part of the template's shape. ``{column: value}`` guards bind their values and share
+    the module's cache; a guard expression is used as given and gets a cache of its own."""
+    if expected is not None and not isinstance(expected, Mapping):
+        return expected, {}, _TemplateCache(8), None
+    guard_params: dict[str, Any] = {}
+    parts: list[ColumnElement[bool]] = []
+    shape = []
+    for i, (name, value) in enumerate((expected or {}).items()):
+        col = table.c[name]
+        if value is None:
+            parts.append(col.is_(None))
+        else:
+            parts.append(col == sa.bindparam(f"keyset_guard_{i}", type_=col.type))
+            guard_params[f"keyset_guard_{i}"] = value
+        shape.append((name, value is None))
+    guard = sa.and_(*parts) if parts else None
+    return guard, guard_params, _CASE_TEMPLATES, tuple(shape)
+
+
+def _case_template(
+    target: _Target, value_cols: list[str], guard: ColumnElement[bool] | None, n: int
+) -> sa.Update:
+    """The CASE update for ``n`` rows, naming parameters only (``keyset_k{i}_{j}`` for key
+    column j of row i, ``keyset_v{i}_{m}`` for value column m)."""
+    table, key_cols = target.table, target.key_cols
+    keys = [
+        [sa.bindparam(f"keyset_k{i}_{j}", type_=col.type) for j, col in enumerate(key_cols)]
+        for i in range(n)
+    ]
+    sets = {}
+    for m, name in enumerate(value_cols):
+        col = table.c[name]
+        then = [sa.bindparam(f"keyset_v{i}_{m}", type_=col.type) for i in range(n)]
+        if target.composite:
+            whens = (
+                (sa.and_(*(c == k for c, k in zip(key_cols, keys[i], strict=True))), then[i])
+                for i in range(n)
+            )
+            sets[col] = sa.case(*whens, else_=col)
+        else:
+            sets[col] = sa.case(
+                {keys[i][0]: then[i] for i in range(n)}, value=key_cols[0], else_=col
+            )
+    if target.composite:
+        key_in = sa.tuple_(*key_cols).in_([sa.tuple_(*k) for k in keys])
+    else:
+        key_in = key_cols[0].in_([k[0] for k in keys])
+    stmt = sa.update(table).values(sets).where(key_in).returning(*key_cols)
+    return stmt.where(guard) if guard is not None else stmt
+
+
 def _update_case_when(target: _Target, value_cols: list[str], expected: Guard) -> Builder:
     """SQLite: ``UPDATE t SET c = CASE k WHEN :k0 THEN :c0 ... ELSE c END WHERE k IN (:k0, ...)``.
 
     The statement for n rows only names parameters, so it is built once per shape and reused;
     the guard joins the shape (``{column: value}`` guards bind their values, a guard expression
     is used as given and makes the template private to this call)."""
-    table = target.table
-    key_cols = target.key_cols
-    guard_params: dict[str, Any] = {}
-    if expected is None or isinstance(expected, Mapping):
-        parts: list[ColumnElement[bool]] = []
-        shape = []
-        for i, (name, value) in enumerate((expected or {}).items()):
-            col = table.c[name]
-            if value is None:
-                parts.append(col.is_(None))
-            else:
-                parts.append(col == sa.bindparam(f"keyset_guard_{i}", type_=col.type))
-                guard_params[f"keyset_guard_{i}"] = value
-            shape.append((name, value is None))
-        guard = sa.and_(*parts) if parts else None
-        cache = _CASE_TEMPLATES
-        guard_shape: Hashable = tuple(shape)
-    else:
-        guard, cache, guard_shape = expected, _TemplateCache(8), None
-
-    def template(n: int) -> sa.Update:
-        keys = [
-            [sa.bindparam(f"keyset_k{i}_{j}", type_=col.type) for j, col in enumerate(key_cols)]
-            for i in range(n)
-        ]
-        sets = {}
-        for m, name in enumerate(value_cols):
-            col = table.c[name]
-            then = [sa.bindparam(f"keyset_v{i}_{m}", type_=col.type) for i in range(n)]
-            if target.composite:
-                whens = (
-                    (sa.and_(*(c == k for c, k in zip(key_cols, keys[i], strict=True))), then[i])
-                    for i in range(n)
-                )
-                sets[col] = sa.case(*whens, else_=col)
-            else:
-                sets[col] = sa.case(
-                    {keys[i][0]: then[i] for i in range(n)}, value=key_cols[0], else_=col
-                )
-        if target.composite:
-            key_in = sa.tuple_(*key_cols).in_([sa.tuple_(*k) for k in keys])
-        else:
-            key_in = key_cols[0].in_([k[0] for k in keys])
-        stmt = sa.update(table).values(sets).where(key_in).returning(*key_cols)
-        return stmt.where(guard) if guard is not None else stmt
-
-    shape_key = (table, target.key_names, tuple(value_cols), guard_shape)
+    guard, guard_params, cache, guard_shape = _case_guard(target.table, expected)
+    shape_key = (target.table, target.key_names, tuple(value_cols), guard_shape)
 
     def build(batch: list[Mapping[str, Any]]) -> tuple[sa.Update, dict[str, Any]]:
         n = len(batch)
-        stmt = cache.get((*shape_key, n), lambda: template(n))
+        stmt = cache.get((*shape_key, n), lambda: _case_template(target, value_cols, guard, n))
         params = dict(guard_params)
         for i, row in enumerate(batch):
             for j, name in enumerate(target.key_names):

@@ -28,6 +28,7 @@ from airflow_keyset_provider.common import (
     airflow_errors,
     key_label,
     run_key,
+    supervisor_watch,
 )
 from airflow_keyset_provider.core import (
     ConfigurationError,
@@ -280,25 +281,29 @@ class TraverseRangeOperator(BaseOperator):
             )
             self._traversal = t
             mirror = self._range_state_mirror(context, t, range_id, stream)
+            # An orphan of a dead supervisor stops within one chunk (core/supervision.py).
+            watch = supervisor_watch(t.request_stop, f"round {self.round_id} range {range_id}")
             try:
                 options = dataclasses.replace(self.options, owner_lineage=lineage)
                 try:
+                    watch.start()
                     res = t.traverse(
                         self.round_id,
                         range_id,
-                        processor,
+                        watch.guard(processor),
                         options=options,
                         on_progress=mirror,
                         progress_every_seconds=self.state_store_seconds or 0.0,
                     )
                 except LeaseHeldError as exc:
-                    if t._stop.is_set():
+                    if t._stop.is_set() or watch.died:
                         raise
                     self.log.info("%s; deferring until the lease is free", exc)
                     self._defer(stream, range_id, "lease")
                 if res.yielded:
                     self._log_yield(t, res.yielded, res.retry_after)
             finally:
+                watch.stop()
                 self._traversal = None
                 self._mirror_final_range_state(mirror, t, range_id)
                 t.close()

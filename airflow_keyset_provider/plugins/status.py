@@ -173,10 +173,10 @@ def round_view(
 
 
 def _with_lag(rnd: RoundStatus) -> list[dict[str, Any]]:
-    """The round's range rows with ``lagging``, ``lag_reason``, ``expected_heartbeat_s`` and
-    ``progress_basis`` added."""
+    """The round's range rows, in key order (by ``lo``), with ``lagging``, ``lag_reason``,
+    ``expected_heartbeat_s`` and ``progress_basis`` added."""
     out = []
-    for rs in rnd.ranges:
+    for rs in rnd.in_key_order:
         r = rs.as_dict()
         lease_s = None if rnd.closed else rs.lease_s
         expected = lease_s / HEARTBEATS_PER_LEASE if lease_s else None

@@ -204,7 +204,10 @@ class BarrierSensor(BaseSensorOperator):
 
     def _close(self, ctl: StreamControl, round_id: str) -> dict[str, Any]:
         with airflow_errors():
-            if self.max_dead_letters is not None and ctl.round(round_id).state != RoundState.CLOSED:
+            if (
+                self.max_dead_letters is not None
+                and ctl.store.round_state(round_id) != RoundState.CLOSED
+            ):
                 rnd = ctl.round_status(round_id)
                 if rnd.dead > self.max_dead_letters:
                     where = ", ".join(f"range {r.range_id}: {r.dead}" for r in rnd.ranges if r.dead)
@@ -215,7 +218,7 @@ class BarrierSensor(BaseSensorOperator):
                         "then raise the limit and clear this task, or reset the round to traverse it again."
                     )
             totals = ctl.close_round(round_id)
-            created_ms = ctl.round_status(round_id).created_ms
+            created_ms = int(ctl.store.round_info(round_id).get("created_ms") or 0)
         metrics, tags = AirflowStatsMetrics(), {"stream": ctl.stream}
         metrics.incr("barrier.closed", tags=tags)
         if created_ms:  # plan -> closed: how long the barrier's round took to finish

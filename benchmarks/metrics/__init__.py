@@ -16,7 +16,10 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "noop": ("throughput", ("noop_vs_loop", "noop_vs_copy")),
     "io": ("io_bound", ("io_prefetch",)),
     "ts": ("timestamp_key", ("ts_key",)),
-    "memory": ("memory", ("memory_rss", "redis_round_bytes", "redis_round_scaling")),
+    "memory": (
+        "memory",
+        ("memory_rss", "redis_round_bytes", "redis_round_scaling", "redis_4096_bytes"),
+    ),
     "planning": (
         "planning",
         ("plan_time", "plan_scaling", "plan_balance_zipf", "plan_balance_seq"),

@@ -1,4 +1,5 @@
-"""Targets 4 and 5: memory does not grow with rows, in the worker or in Redis.
+"""Targets 4 and 5: memory does not grow with rows, in the worker or in Redis; and a 4,096-range
+round stays within 1 MB of Redis (issue #11, ``redis_footprint.py``).
 
 Each repetition runs, in a fresh process, a 16-range round over ``seq`` (N rows) and over
 ``seq_small`` (N/10 rows), every range traversed in turn with 10k-row chunks, and reads the
@@ -13,6 +14,7 @@ from typing import Any
 from benchmarks import procs
 from benchmarks.context import BenchContext
 from benchmarks.data import ensure_table
+from benchmarks.metrics import redis_footprint
 from benchmarks.report import Metric
 from benchmarks.timing import median
 
@@ -51,6 +53,10 @@ def one_round(ctx: BenchContext, role: str, rows: int) -> dict[str, Any]:
 
 
 def run(ctx: BenchContext) -> list[Metric]:
+    return [*_rss_and_round(ctx), redis_footprint.run(ctx)]
+
+
+def _rss_and_round(ctx: BenchContext) -> list[Metric]:
     big: list[dict[str, Any]] = []
     small: list[dict[str, Any]] = []
     for _ in range(ctx.repeat):

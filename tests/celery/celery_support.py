@@ -1,6 +1,6 @@
 """A real Airflow 3.3 deployment with the CeleryExecutor and two Celery workers.
 
-Built on ``tests/scheduler/scheduler_support.py`` (imported, not copied): the same API server,
+Built on ``tests/deployment_support.py`` (shared with ``tests/scheduler``): the same API server,
 scheduler, DAG processor and triggerer, each in a session of its own, on a throwaway
 ``AIRFLOW_HOME`` and PostgreSQL metadata database, driven over REST and stopped by process group.
 On top of that:
@@ -14,7 +14,7 @@ On top of that:
   task instances it runs show its own ``hostname`` (``<name>.keyset-celery``), as on separate
   machines. Logs are not served (``-s``): the whole deployment shares one ``AIRFLOW_HOME``.
 - ``kill_machine`` kills a worker the way a machine failure does, and reports what a SIGKILL of
-  the worker's process group alone would have left running.
+  the worker's process group alone left running and what it did meanwhile.
 """
 
 from __future__ import annotations
@@ -26,22 +26,18 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
+import deployment_support as ds
 import psutil
 import pytest
 from sqlalchemy.engine import make_url
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "scheduler"))  # tests/ is no package: reach the shared harness
-import scheduler_support as ss  # noqa: E402
-
 DAGS_DIR = HERE / "dags"
 WORKER_READY_TIMEOUT_S = 90
 FIGURES: list[str] = []  # lines printed in the terminal summary (the measured figures)
@@ -53,11 +49,10 @@ def worker_host(name: str) -> str:
 
 
 def celery_env(broker_url: str, broker_prefix: str, metadata_url: str) -> dict[str, str]:
-    """Settings that turn the scheduler test's deployment into a CeleryExecutor deployment."""
+    """Settings that turn the shared deployment into a CeleryExecutor deployment."""
     backend = make_url(metadata_url).set(drivername="postgresql+psycopg2")
     return {
         "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_DIR),
         "AIRFLOW__CORE__PARALLELISM": "4",
         "AIRFLOW__CELERY__BROKER_URL": broker_url,
         "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + backend.render_as_string(hide_password=False),
@@ -67,41 +62,11 @@ def celery_env(broker_url: str, broker_prefix: str, metadata_url: str) -> dict[s
     }
 
 
-def postgres_conn(pg_url: str, schema: str) -> str:
-    """``AIRFLOW_CONN_*`` JSON for the test database with ``search_path`` = ``schema``."""
-    url = make_url(pg_url)
-    return json.dumps(
-        {
-            "conn_type": "postgres",
-            "host": url.host,
-            "port": url.port,
-            "login": url.username,
-            "password": url.password,
-            "schema": url.database,
-            "extra": {"sqlalchemy_query": {"options": f"-csearch_path={schema}"}},
-        }
-    )
-
-
-def redis_conn(redis_url: str) -> str:
-    """``AIRFLOW_CONN_*`` JSON for the test Redis."""
-    parts = urlsplit(redis_url)
-    conn: dict[str, Any] = {
-        "conn_type": "redis",
-        "host": parts.hostname,
-        "port": parts.port or 6379,
-        "extra": {"db": int(parts.path.lstrip("/") or 0)},
-    }
-    if parts.password:
-        conn["password"] = unquote(parts.password)
-    return json.dumps(conn)
-
-
 # --------------------------------------------------------------------------- workers
 
 
 def start_workers(
-    dep: ss.AirflowDeployment, names: list[str]
+    dep: ds.AirflowDeployment, names: list[str]
 ) -> dict[str, subprocess.Popen[bytes]]:
     """Start one Celery worker (concurrency 1) per name, all at once, and wait until each is
     ready to consume the queue (its log says ``<name>@keyset-celery ready.``)."""
@@ -116,7 +81,7 @@ def start_workers(
             }
         )
         cmd = [
-            *ss.AIRFLOW_CMD,
+            *ds.AIRFLOW_CMD,
             "celery",
             "worker",
             "-H",
@@ -129,19 +94,9 @@ def start_workers(
             "--without-gossip",
             "--without-mingle",
         ]
-        with (dep.home / f"worker-{name}.out").open("wb") as out:
-            procs[name] = subprocess.Popen(
-                cmd,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=dep.home,
-            )
-        dep.procs[f"worker-{name}"] = procs[
-            name
-        ]  # stopped (and its session swept) with the deployment
+        procs[name] = ds.spawn(cmd, env, dep.home / f"worker-{name}.out", dep.home)
+        # stopped (and its session swept) with the deployment
+        dep.procs[f"worker-{name}"] = procs[name]
     waiting = set(names)
     end = time.monotonic() + WORKER_READY_TIMEOUT_S
     while waiting and time.monotonic() < end:
@@ -149,7 +104,7 @@ def start_workers(
             out_path = dep.home / f"worker-{name}.out"
             if procs[name].poll() is not None:
                 pytest.fail(
-                    f"celery worker {name} exited {procs[name].returncode}\n{ss._tail(out_path, 4000)}"
+                    f"celery worker {name} exited {procs[name].returncode}\n{ds.tail(out_path, 4000)}"
                 )
             if f"{name}@keyset-celery ready." in out_path.read_text(errors="replace"):
                 waiting.discard(name)
@@ -157,7 +112,7 @@ def start_workers(
     if waiting:
         pytest.fail(
             f"celery workers {sorted(waiting)} not ready after {WORKER_READY_TIMEOUT_S} s\n"
-            + "\n".join(ss._tail(dep.home / f"worker-{n}.out", 4000) for n in sorted(waiting))
+            + "\n".join(ds.tail(dep.home / f"worker-{n}.out", 4000) for n in sorted(waiting))
         )
     return procs
 
@@ -210,22 +165,15 @@ def kill_machine(
     psutil.wait_procs([p for p in tree if p.pid in report.group], timeout=10)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
-    report.survived_group_kill = [p.pid for p in tree if p.pid not in report.group and _alive(p)]
+    report.survived_group_kill = [p.pid for p in tree if p.pid not in report.group and ds.alive(p)]
     if between is not None:
         report.observed = between(report.survived_group_kill)
     for p in tree:  # the machine is gone: so is everything it ran
         with contextlib.suppress(psutil.Error):
-            if _alive(p):
+            if ds.alive(p):
                 p.kill()
     psutil.wait_procs(tree, timeout=10)
     return report
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def unacked_messages(client: Any, broker_prefix: str) -> list[str]:
@@ -261,7 +209,7 @@ class Delivery:
     )
 
 
-def deliveries(dep: ss.AirflowDeployment, workers: list[str]) -> list[Delivery]:
+def deliveries(dep: ds.AirflowDeployment, workers: list[str]) -> list[Delivery]:
     """Every workload each worker started executing, in log order, and whether it ignored it."""
     out = []
     for name in workers:
@@ -279,9 +227,9 @@ def deliveries(dep: ss.AirflowDeployment, workers: list[str]) -> list[Delivery]:
     return out
 
 
-def diagnostics(dep: ss.AirflowDeployment, dag_id: str, chars: int = 4000) -> str:
+def diagnostics(dep: ds.AirflowDeployment, dag_id: str, chars: int = 4000) -> str:
     """The scheduler harness's diagnostics plus the tail of each worker's output."""
     parts = [dep.diagnostics(dag_id, chars)]
     for path in sorted(dep.home.glob("worker-*.out")):
-        parts.append(f"----- {path.stem} (last {chars} chars)\n{ss._tail(path, chars)}")
+        parts.append(f"----- {path.stem} (last {chars} chars)\n{ds.tail(path, chars)}")
     return "\n".join(parts)

@@ -16,33 +16,35 @@ Scenario: both traverse tasks run at the same time, one on each worker (the task
 ``KILL_AFTER_CHUNKS`` chunks (its cursor in Redis), its worker's machine "fails" in two steps:
 SIGKILL of the worker's process group (Celery's main process, its pool process and the task's
 supervisor), then of the task process. Airflow 3.3 runs the task process in a process group
-of its own, so the group kill alone leaves it running, orphaned: the test checks that it survives
-and goes on committing chunks (it waits, at most ``ORPHAN_WATCH_S``, for one more), then kills it
-as the machine failure would. Nobody reports the death; the scheduler finds the try without heartbeat
-after ``[scheduler] task_instance_heartbeat_timeout`` and schedules try 2 (``retries`` in
-``.partial()``), which only the surviving worker can run. Try 2 takes the range over by owner
-lineage and resumes from the committed cursor.
+of its own, so the group kill alone leaves it running, orphaned: the test checks that it notices
+its supervisor's death and stops by itself within one chunk (``core/supervision.py``: at most one
+processor call starts after the kill, every chunk it processed is committed, it exits; the test
+waits at most ``ORPHAN_WATCH_S``), then kills whatever is left as the machine failure would.
+Nobody reports the death; the scheduler finds the try without heartbeat after ``[scheduler]
+task_instance_heartbeat_timeout`` and schedules try 2 (``retries`` in ``.partial()``), which
+only the surviving worker can run. Try 2 takes the range over by owner lineage and resumes from
+the committed cursor.
 
 Guarantees checked (figures in the terminal summary): the traverse tries ran on both workers and
 the retry on the survivor; every key of ``(start, end]`` was processed at least once, none outside
-its range; keys processed twice are at most one chunk, only in the killed range, and try 2 began
-at the committed cursor + 1; the barrier closed the round with done + skipped + dead = ``ROWS``;
+its range; no key was processed twice (the orphan committed what it processed before it
+stopped), and try 2 began at the committed cursor + 1; the barrier closed the round with done + skipped + dead = ``ROWS``;
 the broker's keys lay under the test's prefix, among them the dead try's unacknowledged message.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import subprocess
 import time
-import urllib.error
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import celery_support as cs
+import deployment_support as ds
+import psutil
 import pytest
 import redis
 import sqlalchemy as sa
@@ -59,10 +61,10 @@ KILL_AFTER_CHUNKS = 5
 RETRIES = 2
 RUN_TIMEOUT_S = 180.0  # from the trigger to a finished run
 POLL_S = 0.1
-ORPHAN_WATCH_S = 5.0  # how long the orphaned task process may run before the "machine" is gone
+ORPHAN_WATCH_S = 20.0  # how long the orphaned task process may run before the "machine" is gone
 SOURCE_CONN, REDIS_CONN = "keyset_celery_db", "keyset_celery_redis"
 
-AirflowDeployment = cs.ss.AirflowDeployment
+AirflowDeployment = ds.AirflowDeployment
 
 
 @dataclass
@@ -98,25 +100,13 @@ def _create_tables(engine: sa.Engine, rows: int) -> None:
 # --------------------------------------------------------------------------- REST helpers
 
 
-def _ti_path(run_id: str, task_id: str, map_index: int | None = None) -> str:
-    path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}"
-    return path if map_index is None else f"{path}/{map_index}"
+_ti_path = functools.partial(ds.ti_path, DAG_ID)
 
 
 def _xcom(
     dep: AirflowDeployment, run_id: str, task_id: str, key: str, map_index: int | None = None
 ) -> Any:
-    query = f"?map_index={map_index}" if map_index is not None else ""
-    return dep.get(f"{_ti_path(run_id, task_id)}/xcomEntries/{key}{query}")["value"]
-
-
-def _get_or_none(dep: AirflowDeployment, path: str) -> Any:
-    try:
-        return dep.get(path)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
+    return ds.xcom(dep, DAG_ID, run_id, task_id, key, map_index)
 
 
 def _tries(dep: AirflowDeployment, run_id: str, map_index: int) -> dict[int, dict[str, Any]]:
@@ -149,7 +139,7 @@ def _pick_victim(
 ) -> tuple[int, str] | None:
     """(range, worker) to kill once both ranges run try 1 on different workers and the one that
     progressed least has committed KILL_AFTER_CHUNKS chunks; None while that is not yet so."""
-    tis = {r: _get_or_none(dep, _ti_path(run_id, "traverse", r)) for r in range(MAX_RANGES)}
+    tis = {r: ds.get_or_none(dep, _ti_path(run_id, "traverse", r)) for r in range(MAX_RANGES)}
     if any(
         ti is None or (ti["state"], ti["try_number"]) != ("running", 1) or not ti.get("hostname")
         for ti in tis.values()
@@ -165,9 +155,12 @@ def _pick_victim(
     return r, worker
 
 
-def _orphan_commits(ctl: StreamControl, round_id: str, range_id: int, alive: list[int]) -> int:
-    """Chunks the range's orphaned task process commits after its worker's group was killed:
-    waits (at most ORPHAN_WATCH_S) for one more committed chunk. -> chunks committed meanwhile."""
+def _orphan_stops(
+    ctl: StreamControl, round_id: str, range_id: int, alive: list[int]
+) -> dict[str, Any]:
+    """What the range's orphaned task process does after its worker's group was killed: waits
+    (at most ORPHAN_WATCH_S) for it to exit by itself. -> whether it did, and the chunks the range
+    committed meanwhile."""
 
     def chunks() -> int:
         return int(
@@ -175,10 +168,25 @@ def _orphan_commits(ctl: StreamControl, round_id: str, range_id: int, alive: lis
         )
 
     before = chunks()
+    procs = [psutil.Process(pid) for pid in alive if psutil.pid_exists(pid)]
     end = time.monotonic() + ORPHAN_WATCH_S
-    while alive and time.monotonic() < end and chunks() == before:
+    while any(ds.alive(p) for p in procs) and time.monotonic() < end:
         time.sleep(0.05)
-    return chunks() - before
+    return {"exited": not any(ds.alive(p) for p in procs), "committed": chunks() - before}
+
+
+def _orphan_chunks(engine: sa.Engine, pid: int, killed_at: float) -> tuple[int, int]:
+    """(processor calls the task process ``pid`` started after ``killed_at``, the last key it
+    was handed)."""
+    with engine.connect() as conn:
+        after, last = conn.execute(
+            sa.text(
+                "SELECT count(*) FILTER (WHERE at > to_timestamp(:t)), max(last_key) "
+                "FROM celery_chunks WHERE pid = :pid"
+            ),
+            {"pid": pid, "t": killed_at},
+        ).one()
+    return int(after), int(last)
 
 
 def _run_and_kill(
@@ -216,7 +224,7 @@ def _run_and_kill(
         if state in ("success", "failed"):
             return state, victim, time.monotonic() - started
         if round_id is None:
-            xcom = _get_or_none(dep, f"{_ti_path(run_id, 'plan')}/xcomEntries/round_id")
+            xcom = ds.get_or_none(dep, f"{_ti_path(run_id, 'plan')}/xcomEntries/round_id")
             round_id = xcom["value"] if xcom else None
         if round_id is None or victim is not None:
             continue
@@ -235,7 +243,7 @@ def _run_and_kill(
         assert ti["pid"] == pid, (
             f"range {r}: REST shows pid {ti['pid']}, the processor ran in {pid}"
         )
-        watch = functools.partial(_orphan_commits, ctl, round_id, r)
+        watch = functools.partial(_orphan_stops, ctl, round_id, r)
         kill = cs.kill_machine(workers[worker], worker, pid, between=watch)
         time.sleep(0.5)  # an advance the victim wrote to its socket just before dying lands first
         after = next(s for s in ctl.range_status(round_id) if int(s["range_id"]) == r)
@@ -310,24 +318,6 @@ def _effects(engine: sa.Engine, ranges: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _since(iso: str | None, epoch: float) -> float:
-    if not iso:
-        return float("nan")
-    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() - epoch
-
-
-def _heartbeat_timeouts(dep: AirflowDeployment, run_id: str) -> dict[tuple[int, int], str]:
-    """(map_index, try_number) -> when, of the traverse tries failed for lack of heartbeat."""
-    logs = dep.get(f"/eventLogs?dag_id={DAG_ID}&run_id={run_id}&task_id=traverse&limit=100")[
-        "event_logs"
-    ]
-    return {
-        (int(e["map_index"]), int(e["try_number"])): e["when"]
-        for e in logs
-        if e["event"] == "heartbeat timeout"
-    }
-
-
 # --------------------------------------------------------------------------- the tests
 
 
@@ -336,8 +326,8 @@ def _dag_env(
 ) -> dict[str, str]:
     """Connections and DAG settings for every process of the deployment."""
     return {
-        f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": cs.postgres_conn(pg_url, pg_schema),
-        f"AIRFLOW_CONN_{REDIS_CONN.upper()}": cs.redis_conn(redis_url),
+        f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": ds.postgres_conn(pg_url, pg_schema),
+        f"AIRFLOW_CONN_{REDIS_CONN.upper()}": ds.redis_conn(redis_url),
         "KEYSET_CELERY_SOURCE_CONN": SOURCE_CONN,
         "KEYSET_CELERY_REDIS_CONN": REDIS_CONN,
         "KEYSET_CELERY_KEY_PREFIX": key_prefix,
@@ -385,7 +375,7 @@ def test_round_survives_losing_one_of_two_celery_workers(
     totals = _xcom(dep, run_id, "barrier", "return_value")
     tries = {r: _tries(dep, run_id, r) for r in range(len(ranges))}
     hosts = {(r, t): ti["hostname"] for r, by_try in tries.items() for t, ti in by_try.items()}
-    timeouts = _heartbeat_timeouts(dep, run_id)
+    timeouts = ds.heartbeat_timeouts(dep, DAG_ID, run_id)
     status = {int(s["range_id"]): s for s in ctl.range_status(round_id)}
     fx = _effects(pg_engine, ranges)
     broker_keys = sorted(
@@ -396,19 +386,21 @@ def test_round_survives_losing_one_of_two_celery_workers(
     unacked = cs.unacked_messages(redis_client, f"{key_prefix}:celery:")
 
     v = victim.range_id
-    detect_s = _since(timeouts.get((v, 1)), victim.kill.killed_at)
-    retry_start_s = _since(tries[v].get(2, {}).get("start_date"), victim.kill.killed_at)
+    detect_s = ds.since(timeouts.get((v, 1)), victim.kill.killed_at)
+    retry_start_s = ds.since(tries[v].get(2, {}).get("start_date"), victim.kill.killed_at)
     replayed = {r: fx["replayed_keys"].get(r, 0) for r in range(len(ranges))}
+    orphan_calls, orphan_last = _orphan_chunks(pg_engine, victim.pid, victim.kill.killed_at)
     cs.FIGURES.extend(
         [
             f"run {run_id}: {state} in {seconds:.0f} s after the trigger (deployment + 2 workers ready in "
             f"{startup_s:.0f} s); {ROWS} keys, {len(ranges)} ranges, chunk {CHUNK}, heartbeat timeout "
-            f"{cs.ss.HEARTBEAT_TIMEOUT_S} s",
+            f"{ds.HEARTBEAT_TIMEOUT_S} s",
             f"  hostnames (range, try) -> host: {dict(sorted(hosts.items()))}",
             f"  worker {victim.worker}'s processes: {victim.kill.names}",
             f"  killed worker {victim.worker} mid range {v}: group {victim.kill.group} SIGKILLed; outside the group "
             f"(pid -> pgid) {victim.kill.outside_group}; still alive after the group kill {victim.kill.survived_group_kill}"
-            f", which committed {victim.kill.observed} more chunk(s) before it was SIGKILLed too; committed cursor "
+            f"; the orphan started {orphan_calls} processor call(s) after the kill, was handed keys up to "
+            f"{orphan_last} and stopped by itself ({victim.kill.observed}); committed cursor "
             f"{victim.cursor} (done {victim.done})",
             f"  heartbeat timeout found {detect_s:.1f} s after the kill; try 2 started {retry_start_s:.1f} s after it on "
             f"{hosts.get((v, 2))}, resumed at key {fx['resumed_at'].get(v)}; takeovers {status[v]['takeovers']}",
@@ -433,10 +425,14 @@ def test_round_survives_losing_one_of_two_celery_workers(
     assert victim.pid in victim.kill.outside_group and victim.pid not in victim.kill.group, (
         victim.kill
     )
-    assert victim.kill.survived_group_kill == [victim.pid], victim.kill
-    assert victim.kill.observed >= 1, (
-        f"the orphaned task process committed nothing after the group kill: {victim.kill}"
+    # Orphaned by the group kill, the task process stopped by itself within one chunk: at most
+    # one processor call started after the kill, everything it was handed is committed.
+    assert victim.kill.observed["exited"], (
+        f"the orphaned task process did not stop within {ORPHAN_WATCH_S} s: {victim.kill}"
     )
+    assert orphan_calls <= 1, f"{orphan_calls} processor calls started after the kill"
+    assert orphan_last == victim.cursor, (orphan_last, victim.cursor)
+    assert replayed[v] == 0, replayed
     # Airflow found the dead worker by heartbeat and retried the range once; the other ran once.
     assert (v, 1) in timeouts, (
         f"the scheduler never timed out the dead worker's try\n{diagnostics()}"

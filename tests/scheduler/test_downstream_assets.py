@@ -28,20 +28,19 @@ operator (or the UI) would.
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote
 
+import deployment_support as ds
 import pytest
 import redis
 import sqlalchemy as sa
 from scheduler_support import FIGURES, AirflowDeployment
-from sqlalchemy.engine import make_url
 
 from airflow_keyset_provider.core import StreamControl
 from airflow_keyset_provider.core.store import CursorStore
@@ -53,34 +52,6 @@ DEFERRED, DEFERRED_REPORT = "keyset_assets_deferred", "keyset_assets_deferred_re
 ROWS = 400
 RUN_TIMEOUT_S = 120.0
 SOURCE_CONN, REDIS_CONN = "keyset_assets_db", "keyset_assets_redis"
-
-
-def _postgres_conn(pg_url: str, schema: str) -> str:
-    url = make_url(pg_url)
-    return json.dumps(
-        {
-            "conn_type": "postgres",
-            "host": url.host,
-            "port": url.port,
-            "login": url.username,
-            "password": url.password,
-            "schema": url.database,
-            "extra": {"sqlalchemy_query": {"options": f"-csearch_path={schema}"}},
-        }
-    )
-
-
-def _redis_conn(redis_url: str) -> str:
-    parts = urlsplit(redis_url)
-    conn: dict[str, Any] = {
-        "conn_type": "redis",
-        "host": parts.hostname,
-        "port": parts.port or 6379,
-        "extra": {"db": int(parts.path.lstrip("/") or 0)},
-    }
-    if parts.password:
-        conn["password"] = unquote(parts.password)
-    return json.dumps(conn)
 
 
 def _dags_folder(tmp_path: Path) -> Path:
@@ -208,10 +179,7 @@ def _cleared_try_done(dep: AirflowDeployment, run_id: str, map_index: int) -> Ca
 def _xcom(
     dep: AirflowDeployment, dag_id: str, run_id: str, task_id: str, map_index: int | None = None
 ) -> Any:
-    query = f"?map_index={map_index}" if map_index is not None else ""
-    return dep.get(
-        f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value{query}"
-    )["value"]
+    return ds.xcom(dep, dag_id, run_id, task_id, "return_value", map_index)
 
 
 def _asset(dep: AirflowDeployment, name: str) -> dict[str, Any]:
@@ -258,8 +226,8 @@ def test_downstream_dag_runs_on_each_closed_round_and_the_state_stores_show_it(
     dep = airflow_deployment(
         {
             "AIRFLOW__CORE__DAGS_FOLDER": str(_dags_folder(tmp_path)),
-            f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": _postgres_conn(pg_url, pg_schema),
-            f"AIRFLOW_CONN_{REDIS_CONN.upper()}": _redis_conn(redis_url),
+            f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": ds.postgres_conn(pg_url, pg_schema),
+            f"AIRFLOW_CONN_{REDIS_CONN.upper()}": ds.redis_conn(redis_url),
             # the example's settings (keyset_examples_common)
             "KEYSET_EXAMPLE_SOURCE_CONN": SOURCE_CONN,
             "KEYSET_EXAMPLE_REDIS_CONN": REDIS_CONN,

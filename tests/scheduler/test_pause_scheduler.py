@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 
+import deployment_support as ds
 import pytest
 import redis
 import sqlalchemy as sa
@@ -32,8 +33,6 @@ from test_real_scheduler import (
     SOURCE_CONN,
     _create_tables,
     _effects,
-    _postgres_conn,
-    _redis_conn,
     _ti_path,
     _xcom,
     _xcom_or_none,
@@ -83,8 +82,8 @@ def test_pause_defers_mapped_tasks_and_resume_completes_the_round(
     stream = f"pause-{uuid.uuid4().hex[:8]}"
     dep = airflow_deployment(
         {
-            f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": _postgres_conn(pg_url, pg_schema),
-            f"AIRFLOW_CONN_{REDIS_CONN.upper()}": _redis_conn(redis_url),
+            f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": ds.postgres_conn(pg_url, pg_schema),
+            f"AIRFLOW_CONN_{REDIS_CONN.upper()}": ds.redis_conn(redis_url),
             "KEYSET_SCHED_SOURCE_CONN": SOURCE_CONN,
             "KEYSET_SCHED_REDIS_CONN": REDIS_CONN,
             "KEYSET_SCHED_KEY_PREFIX": key_prefix,

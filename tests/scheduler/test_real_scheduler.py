@@ -30,24 +30,21 @@ Guarantees checked, with the figures printed in the terminal summary:
 
 from __future__ import annotations
 
-import datetime as dt
-import json
+import functools
 import os
 import signal
 import time
-import urllib.error
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
+import deployment_support as ds
 import psutil
 import pytest
 import redis
 import sqlalchemy as sa
 from scheduler_support import FIGURES, HEARTBEAT_TIMEOUT_S, AirflowDeployment
-from sqlalchemy.engine import make_url
 
 from airflow_keyset_provider.core import StreamControl
 from airflow_keyset_provider.core.store import CursorStore
@@ -78,35 +75,6 @@ class Kill:
 # --------------------------------------------------------------------------- setup helpers
 
 
-def _postgres_conn(pg_url: str, schema: str) -> str:
-    url = make_url(pg_url)
-    return json.dumps(
-        {
-            "conn_type": "postgres",
-            "host": url.host,
-            "port": url.port,
-            "login": url.username,
-            "password": url.password,
-            "schema": url.database,
-            "extra": {"sqlalchemy_query": {"options": f"-csearch_path={schema}"}},
-        }
-    )
-
-
-def _redis_conn(redis_url: str) -> str:
-    parts = urlsplit(redis_url)
-    db = int(parts.path.lstrip("/") or 0)
-    conn: dict[str, Any] = {
-        "conn_type": "redis",
-        "host": parts.hostname,
-        "port": parts.port or 6379,
-        "extra": {"db": db},
-    }
-    if parts.password:
-        conn["password"] = unquote(parts.password)
-    return json.dumps(conn)
-
-
 def _create_tables(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         conn.exec_driver_sql(
@@ -126,25 +94,18 @@ def _create_tables(engine: sa.Engine) -> None:
 # --------------------------------------------------------------------------- REST helpers
 
 
-def _ti_path(run_id: str, task_id: str, map_index: int | None = None) -> str:
-    path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}"
-    return path if map_index is None else f"{path}/{map_index}"
+_ti_path = functools.partial(ds.ti_path, DAG_ID)
 
 
 def _xcom(
     dep: AirflowDeployment, run_id: str, task_id: str, key: str, map_index: int | None = None
 ) -> Any:
-    query = f"?map_index={map_index}" if map_index is not None else ""
-    return dep.get(f"{_ti_path(run_id, task_id)}/xcomEntries/{key}{query}")["value"]
+    return ds.xcom(dep, DAG_ID, run_id, task_id, key, map_index)
 
 
 def _xcom_or_none(dep: AirflowDeployment, run_id: str, task_id: str, key: str) -> Any:
-    try:
-        return _xcom(dep, run_id, task_id, key)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise
+    found = ds.get_or_none(dep, f"{_ti_path(run_id, task_id)}/xcomEntries/{key}")
+    return None if found is None else found["value"]
 
 
 # --------------------------------------------------------------------------- the kill
@@ -322,23 +283,9 @@ def _first_try_beyond(engine: sa.Engine, kills: Mapping[int, Kill]) -> dict[int,
         }
 
 
-def _since(iso: str | None, epoch: float) -> float:
-    """Seconds from ``epoch`` to the ISO 8601 time ``iso`` (nan if unknown)."""
-    if not iso:
-        return float("nan")
-    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() - epoch
-
-
 def _heartbeat_timeouts(dep: AirflowDeployment, run_id: str) -> set[tuple[int, int]]:
     """(map_index, try_number) of the traverse tries the scheduler failed for lack of heartbeat."""
-    logs = dep.get(f"/eventLogs?dag_id={DAG_ID}&run_id={run_id}&task_id=traverse&limit=100")[
-        "event_logs"
-    ]
-    return {
-        (int(e["map_index"]), int(e["try_number"]))
-        for e in logs
-        if e["event"] == "heartbeat timeout"
-    }
+    return set(ds.heartbeat_timeouts(dep, DAG_ID, run_id))
 
 
 def _trigger_fired(dep: AirflowDeployment, run_id: str, round_id: str) -> bool:
@@ -365,8 +312,8 @@ def test_sigkilled_traverse_tasks_are_retried_and_lose_nothing(
     stream = f"sched-{uuid.uuid4().hex[:8]}"
     dep = airflow_deployment(
         {
-            f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": _postgres_conn(pg_url, pg_schema),
-            f"AIRFLOW_CONN_{REDIS_CONN.upper()}": _redis_conn(redis_url),
+            f"AIRFLOW_CONN_{SOURCE_CONN.upper()}": ds.postgres_conn(pg_url, pg_schema),
+            f"AIRFLOW_CONN_{REDIS_CONN.upper()}": ds.redis_conn(redis_url),
             "KEYSET_SCHED_SOURCE_CONN": SOURCE_CONN,
             "KEYSET_SCHED_REDIS_CONN": REDIS_CONN,
             "KEYSET_SCHED_KEY_PREFIX": key_prefix,
@@ -420,7 +367,7 @@ def test_sigkilled_traverse_tasks_are_retried_and_lose_nothing(
             *(
                 f"  kill range {k.range_id} ({k.kind}): pid {k.pid} (supervisor {k.ppid}) at committed cursor "
                 f"{k.cursor} (done {k.done}); try 1 had delivered {beyond_cursor[k.range_id]} key(s) past it; try 2 "
-                f"started {_since(tis[k.range_id]['start_date'], k.killed_at):.0f} s after the kill, resumed at key "
+                f"started {ds.since(tis[k.range_id]['start_date'], k.killed_at):.0f} s after the kill, resumed at key "
                 f"{fx['resumed_at'].get(k.range_id)}, replayed {fx['replayed_keys'].get(k.range_id, 0)} key(s) in "
                 f"{fx['replayed_chunks'].get(k.range_id, 0)} chunk(s)"
                 for k in kills.values()
