@@ -23,7 +23,14 @@ from .errors import (
     UnsupportedKeyTypeError,
 )
 from .options import TraverseOptions
-from .traversal import KeysetTraversal, RangeResult, RangeSpec, Round, RoundTotals
+from .traversal import (
+    KeysetTraversal,
+    RangeResult,
+    RangeSpec,
+    Round,
+    RoundPullResult,
+    RoundTotals,
+)
 
 __all__ = [
     "Chunk",
@@ -48,6 +55,7 @@ __all__ = [
     "RoundCheck",
     "RoundIncompleteError",
     "RoundNotFoundError",
+    "RoundPullResult",
     "RoundStateLostError",
     "RoundTotals",
     "StoreUnavailableError",

@@ -118,6 +118,10 @@ class StreamControl:
         if doc is None:
             return False
         info, ranges = doc
+        # splits append ranges: never restore fewer than the mirror holds (two owners' split
+        # records may land in either order)
+        n = max([int(info.get("n_ranges") or 0), *(int(r["range_id"]) + 1 for r in ranges)])
+        info = {**info, "n_ranges": str(n)}
         if self.store.restore_round(info, ranges):
             arity = self._arity(info)
             log.warning(

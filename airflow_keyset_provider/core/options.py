@@ -121,6 +121,16 @@ class TraverseOptions:
     max_chunk_size: int = 100_000
     """Largest chunk the adaptive size may choose: also the memory bound (positive integer)."""
 
+    max_task_seconds: float | None = None
+    """Time budget of one call (``traverse``, or ``traverse_round`` over many ranges): once it is
+    spent, at the next chunk boundary the call commits the chunk in hand, releases its lease and
+    returns with ``yielded == "budget"``; calling again resumes from the committed cursor (a
+    ``traverse_round`` of the same ``owner_lineage`` resumes the range it released). Positive;
+    None: no budget. ``TraverseRangeOperator`` in pull mode sets 3600 s by default and defers
+    briefly, so a task that pulls range after range never outlives what its executor tolerates.
+    Checked before each chunk of the forward pass, once the call has read one chunk (so every
+    call makes progress); item retry passes run to their end."""
+
     def __post_init__(self) -> None:
         for name in (
             "chunk_size",
@@ -164,6 +174,8 @@ class TraverseOptions:
             "log_every_seconds",
         ):
             _check_number(name, getattr(self, name), allow_zero=True)
+        if self.max_task_seconds is not None:
+            _check_number("max_task_seconds", self.max_task_seconds)
         for name in ("claim_timeout", "group_commit_seconds", "yield_after_seconds"):
             if getattr(self, name) is not None:
                 _check_number(name, getattr(self, name), allow_zero=True)

@@ -3,7 +3,9 @@
 ``KeysetTraversal.traverse`` calls ``run_range``: claim the range (waiting while a live owner
 holds it), start a ``Heartbeat``, hand over to ``RangeRun.run``, release the lease. ``run`` reads
 as the loop it is: next rows, process them, add their outcome to the group, commit the group when
-it is due. Everything here keeps the engine's contract:
+it is due (the commit, the checkpoint mirror and the backoff are ``RangeCommits``, in
+``range_commit.py``; answering a split request, ``range_split.py``). Everything here keeps the
+engine's contract:
 
 - The cursor moves only by ``CursorStore.advance`` (fenced by the owner token, together with the
   counters); ``read`` (how far this worker has processed) runs ahead of the committed cursor by
@@ -24,7 +26,6 @@ it is due. Everything here keeps the engine's contract:
 from __future__ import annotations
 
 import logging
-import random
 import time
 import uuid
 from collections.abc import Sequence
@@ -34,18 +35,17 @@ from typing import TYPE_CHECKING, Any
 from .adaptive import ChunkSizer
 from .chunk import Chunk, Processor
 from .errors import (
-    CursorConflictError,
-    DependencyFailedError,
     KeysetError,
     LeaseLostError,
     RetryableError,
-    RoundStateLostError,
 )
 from .health import HealthGate
 from .item_failures import IsolationStopped, ItemFailures
 from .keys import display_key, encode_key
 from .options import TraverseOptions
 from .range_claim import check_retention, claim_range, log_claim
+from .range_commit import RangeCommits
+from .range_split import Splitter
 from .run_state import CommittedRange, Group, Heartbeat, ProgressLog, RangeResult, Verdict
 from .source import release
 from .store import Claim
@@ -55,6 +55,9 @@ if TYPE_CHECKING:
     from .traversal import KeysetTraversal
 
 log = logging.getLogger("airflow_keyset_provider")
+
+#: ``RangeResult.yielded`` when the call's ``max_task_seconds`` budget was spent.
+BUDGET = "budget"
 
 
 def _pacer(t: KeysetTraversal, o: TraverseOptions) -> Pacer:
@@ -75,13 +78,26 @@ def _pacer(t: KeysetTraversal, o: TraverseOptions) -> Pacer:
 
 
 def run_range(
-    t: KeysetTraversal, round_id: str, range_id: int, processor: Processor, o: TraverseOptions
+    t: KeysetTraversal,
+    round_id: str,
+    range_id: int,
+    processor: Processor,
+    o: TraverseOptions,
+    *,
+    deadline: float | None = None,
+    split: bool = False,
 ) -> RangeResult:
     """Claim the range (waiting while a live owner holds it), refuse it if the source's retention
-    passed its cursor, run it with a heartbeat, release the lease. Returns its counters."""
+    passed its cursor, run it with a heartbeat, release the lease. Returns its counters.
+
+    ``deadline`` (``time.monotonic()``; default: now + ``o.max_task_seconds``) ends the run at a
+    chunk boundary with ``yielded == "budget"``; ``split`` lets the run split its range when an
+    idle task asks (``core/range_split.py``; only pull loops pass it)."""
     token = f"{o.owner_lineage or 'worker'}#{uuid.uuid4().hex[:12]}"
-    claim = claim_range(t, round_id, range_id, token, o)
     started = time.monotonic()
+    if deadline is None and o.max_task_seconds is not None:
+        deadline = started + o.max_task_seconds
+    claim = claim_range(t, round_id, range_id, token, o)
     if claim.complete:
         log.info(
             "round %s range %d is already complete (done %d, skipped %d, dead %d)",
@@ -99,22 +115,8 @@ def run_range(
     log_claim(t, round_id, range_id, claim, rng)
     pacer = _pacer(t, o)
     run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o, pacer)
-    heart = Heartbeat(t.store, round_id, range_id, token, o.lease_ms, o.chunk_timeout_seconds)
-    heart.start()
-    pacer.start()
-    try:
-        state = run.run(heart)
-    finally:
-        pacer.stop()
-        heart.stop()
-        try:
-            t.store.release(round_id, range_id, token)
-        except KeysetError:
-            log.warning(
-                "round %s range %d: could not release the lease; it expires by itself",
-                round_id,
-                range_id,
-            )
+    run.deadline, run.splitter = deadline, Splitter(run, split)
+    state = _run_leased(run, pacer)
     return RangeResult(
         round_id,
         range_id,
@@ -130,14 +132,39 @@ def run_range(
         time.monotonic() - started,
         run.yielded == Pace.PAUSED,
         run.yielded,
-        pacer.retry_after if run.yielded != Pace.PAUSED else 0.0,
+        pacer.retry_after if run.yielded in (Pace.THROTTLED, Pace.UNHEALTHY) else 0.0,
     )
 
 
-class RangeRun:
+def _run_leased(run: RangeRun, pacer: Pacer) -> CommittedRange:
+    """``run.run`` with the heartbeat and the pacer running; the lease released whatever
+    happens (a failed release expires by itself)."""
+    t, o = run.t, run.o
+    heart = Heartbeat(
+        t.store, run.round_id, run.range_id, run.token, o.lease_ms, o.chunk_timeout_seconds
+    )
+    heart.start()
+    pacer.start()
+    try:
+        return run.run(heart)
+    finally:
+        pacer.stop()
+        heart.stop()
+        try:
+            t.store.release(run.round_id, run.range_id, run.token)
+        except KeysetError:
+            log.warning(
+                "round %s range %d: could not release the lease; it expires by itself",
+                run.round_id,
+                run.range_id,
+            )
+
+
+class RangeRun(RangeCommits):
     """One claimed range, from its cursor to ``hi``, then the item-retry passes."""
 
     heart: Heartbeat  # set by ``run``
+    deadline: float | None = None  # time.monotonic() past which the run yields "budget"
 
     def __init__(
         self,
@@ -185,17 +212,26 @@ class RangeRun:
         self.pool: ThreadPoolExecutor | None = None
         self.pending: Future[Sequence[tuple]] | None = None  # the prefetched next chunk
         self.items = ItemFailures(self)  # failure isolation and item retry passes
+        self.splitter = Splitter(self, False)  # answers split requests (``range_split``)
         hi_label = display_key(hi, self.arity)
         self.progress = ProgressLog(
-            round_id, range_id, hi_label, self.arity, options.log_every_seconds, self._estimate()
+            round_id,
+            range_id,
+            hi_label,
+            self.arity,
+            options.log_every_seconds,
+            None,
+            self._estimate,
         )
 
     def _estimate(self) -> int | None:
+        """Rows read so far plus the source's estimate of the rows left (for the ETA)."""
         try:
-            return self.source.estimate_rows(self.read, self.hi) if self.read != self.hi else 0
+            left = self.source.estimate_rows(self.read, self.hi) if self.read != self.hi else 0
         except Exception:  # an estimate is a nicety; never fail the range for it
             log.debug("no row estimate for the ETA", exc_info=True)
             return None
+        return self.progress.rows + left
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self, heart: Heartbeat) -> CommittedRange:
@@ -242,6 +278,9 @@ class RangeRun:
         """Before each chunk read: size the next chunk (adaptive, opt-in) from the last one's
         duration, then the stream's pause, health and throughput budget (``Pacer``: a local flag,
         plus Redis calls only while a rate or health checks are set). False: stop here."""
+        if self.deadline is not None and self.rows_read and time.monotonic() >= self.deadline:
+            self.yielded = BUDGET  # budget spent (after a chunk at least): commit, release, return
+            return False
         rows, self.charged = self.rows_read - self.charged, self.rows_read
         if self.sizer is not None and rows:
             self.size = self.sizer.observe(rows, time.monotonic() - self.paced_at)
@@ -259,6 +298,7 @@ class RangeRun:
             Pace.PAUSED: "stream paused",
             Pace.THROTTLED: "throttled; yielding",
             Pace.UNHEALTHY: f"unhealthy ({health}); yielding",
+            BUDGET: "time budget (max_task_seconds) spent; yielding",
         }
         log.info(
             "round %s range %d: %s; committed through %s",
@@ -397,106 +437,6 @@ class RangeRun:
                 release(pending.result())
             except Exception:
                 log.debug("prefetch discarded", exc_info=True)
-
-    # -- failures and commits ---------------------------------------------------------------------
-    def _backoff(self, attempt: int, what: str, exc: BaseException) -> None:
-        self.t.metrics.incr("dependency.failure", tags=self.t.tags)
-        cursor = display_key(self.state.cursor, self.arity)
-        if attempt >= self.o.max_chunk_attempts:
-            raise DependencyFailedError(
-                f"round {self.round_id} range {self.range_id}: {what} failed {attempt} times in a "
-                f"row (last: {type(exc).__name__}: {exc}); the cursor stays at {cursor}, nothing "
-                "was skipped. An Airflow retry (or a new traverse) resumes from there."
-            ) from exc
-        delay = min(self.o.backoff_max, self.o.backoff_base * 2 ** (attempt - 1))
-        delay *= random.uniform(0.5, 1.0)
-        log.warning(
-            "round %s range %d: %s failed (attempt %d/%d): %s: %s; cursor stays at %s, "
-            "retrying in %.2f s",
-            self.round_id,
-            self.range_id,
-            what,
-            attempt,
-            self.o.max_chunk_attempts,
-            type(exc).__name__,
-            exc,
-            cursor,
-            delay,
-        )
-        self.t._stop.wait(delay)  # a stop request ends the wait; the caller then stops
-
-    def _commit(
-        self,
-        new: str,
-        done: int,
-        skipped: int,
-        resolved: Sequence[tuple[str, str]] = (),
-        failed: Sequence[tuple[str, str]] = (),
-    ) -> None:
-        """Advance the cursor from the committed one to ``new`` with the counters (fenced)."""
-        metrics, tags = self.t.metrics, self.t.tags
-        started = time.perf_counter()
-        try:
-            a = self.store.advance(
-                self.round_id,
-                self.range_id,
-                self.token,
-                self.state.cursor,
-                new,
-                done=done,
-                skipped=skipped,
-                lease_ms=self.o.lease_ms,
-                max_item_attempts=self.o.max_item_attempts,
-                dead_cap=self.o.dead_cap,
-                resolved=resolved,
-                failed=failed,
-            )
-        except (LeaseLostError, CursorConflictError):
-            metrics.incr("advance.refused", tags=tags)
-            raise
-        metrics.timing("chunk.commit", (time.perf_counter() - started) * 1000, tags=tags)
-        metrics.incr("chunks", tags=tags)
-        before = self.state
-        for name, delta in (
-            ("rows.done", a.done - before.done),
-            ("rows.skipped", a.skipped - before.skipped),
-            ("rows.dead", a.dead - before.dead),
-        ):
-            if delta:
-                metrics.incr(name, delta, tags=tags)
-        self.state = CommittedRange(a.cursor, a.done, a.skipped, a.dead, a.retries, a.complete)
-        self.chunks += 1
-        self.checkpoint(force=a.complete)
-        if a.dead > before.dead:
-            log.error(
-                "round %s range %d: %d item(s) dead-lettered after %d attempts (see dead letters)",
-                self.round_id,
-                self.range_id,
-                a.dead - before.dead,
-                self.o.max_item_attempts,
-            )
-
-    def checkpoint(self, force: bool = False) -> None:
-        """Mirror the committed state durably, at most every ``checkpoint_seconds``."""
-        self.t._progress(self.state, force)  # the caller's on_progress, throttled by itself
-        mirror = self.t.mirror
-        if mirror is None:
-            return
-        if not force and time.monotonic() - self.last_checkpoint < self.t.checkpoint_seconds:
-            return
-        self.last_checkpoint = time.monotonic()
-        try:
-            snapshot = self.store.snapshot_range(self.round_id, self.range_id)
-            mirror.save_range(self.t.stream, self.round_id, self.range_id, snapshot)
-        except RoundStateLostError:
-            raise
-        except Exception as exc:  # the mirror is a safety net; its outage must not stop the range
-            log.warning(
-                "round %s range %d: checkpoint mirror write failed: %s",
-                self.round_id,
-                self.range_id,
-                exc,
-            )
 
 
 __all__ = ["CommittedRange", "Heartbeat", "RangeResult", "RangeRun", "run_range"]

@@ -6,12 +6,13 @@ of processed chunks not yet committed, and its progress log lines.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import math
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -177,7 +178,9 @@ class Group:
 
 @dataclass
 class ProgressLog:
-    """Throttled progress lines: what a person needs at 3 a.m."""
+    """Throttled progress lines: what a person needs at 3 a.m. The row estimate behind the ETA is
+    read (``estimate_fn``: rows read so far + the source's estimate of the rows left) before the
+    first line that shows one, never for a range that ends before its first line."""
 
     round_id: str
     range_id: int
@@ -185,6 +188,7 @@ class ProgressLog:
     arity: int
     every_seconds: float
     estimate: int | None
+    estimate_fn: Callable[[], int | None] | None = None
     started: float = field(default_factory=time.monotonic)
     last: float = field(default_factory=time.monotonic)
     rows: int = 0
@@ -195,6 +199,8 @@ class ProgressLog:
         if not force and now - self.last < self.every_seconds:
             return
         self.last = now
+        if self.estimate is None and self.estimate_fn is not None and not force:
+            self.estimate, self.estimate_fn = self.estimate_fn(), None
         elapsed = max(now - self.started, 1e-9)
         rate = self.rows / elapsed
         log.info(
@@ -228,3 +234,35 @@ class Verdict(NamedTuple):
     last: str
     failed: dict[str, str]
     skipped: list[str]
+
+
+#: ``KeysetTraversal.traverse(on_progress=...)``: called with a copy of the range's committed state.
+ProgressCallback = Callable[[CommittedRange], None]
+
+
+class ProgressHook:
+    """Hands the committed state of a range to a plain callable, at most every ``every_seconds``
+    (always on a forced call: the range completed or stopped); a state equal to the last one
+    reported is not reported again.
+
+    The state handed over was committed in Redis before the call (the callable is an observer,
+    never an authority). A failing callable is logged and ignored: reporting progress must not
+    stop a range.
+    """
+
+    def __init__(self, fn: ProgressCallback | None = None, every_seconds: float = 5.0) -> None:
+        self.fn, self.every_seconds = fn, every_seconds
+        self.last = float("-inf")
+        self.last_state: CommittedRange | None = None
+
+    def __call__(self, state: CommittedRange, force: bool = False) -> None:
+        if self.fn is None or state == self.last_state:  # nothing new since the last report
+            return
+        now = time.monotonic()
+        if not force and now - self.last < self.every_seconds:
+            return
+        self.last, self.last_state = now, dataclasses.replace(state)
+        try:
+            self.fn(dataclasses.replace(state))
+        except Exception as exc:
+            log.warning("progress callback failed (ignored; the cursor is in Redis): %s", exc)

@@ -121,6 +121,9 @@ redis.call('HSET', KEYS[2], 'owner', ARGV[1], 'lineage', ARGV[2], 'epoch', epoch
   'state', 'running', 'lease_until', now + tonumber(ARGV[3]), 'heartbeat_ms', now,
   'claimed_ms', now)
 if takeover == 1 then redis.call('HINCRBY', KEYS[2], 'takeovers', 1) end
+-- a split request was made of the previous owner: the new one does not inherit it (the requester
+-- reads 'no' and claims or rescues elsewhere)
+if r[2] ~= ARGV[1] then redis.call('HDEL', KEYS[2], 'split_req', 'split_req_ms') end
 return {'ok', r[5], epoch, r[6], r[7], r[8], takeover, redis.call('HLEN', KEYS[3])}
 """
 )

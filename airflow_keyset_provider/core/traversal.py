@@ -20,11 +20,9 @@ The contract this class keeps (see docs/contract.md):
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -40,45 +38,15 @@ from .metrics import Metrics, NullMetrics
 from .mirror import CheckpointMirror
 from .options import TraverseOptions
 from .planner import MAX_RANGES, split
+from .pull import PullLoop, RoundPullResult
 from .range_run import run_range
-from .run_state import CommittedRange, RangeResult
+from .run_state import ProgressCallback, ProgressHook, RangeResult
 from .source import SqlSource
 from .status import RangeStatus, RoundState
 from .store import CursorStore, connect_redis
 from .stream_control import ControlState
 
 log = logging.getLogger("airflow_keyset_provider")
-
-#: ``traverse(on_progress=...)``: called with a copy of the range's committed state.
-ProgressCallback = Callable[[CommittedRange], None]
-
-
-class ProgressHook:
-    """Hands the committed state of a range to a plain callable, at most every ``every_seconds``
-    (always on a forced call: the range completed or stopped); a state equal to the last one
-    reported is not reported again.
-
-    The state handed over was committed in Redis before the call (the callable is an observer,
-    never an authority). A failing callable is logged and ignored: reporting progress must not
-    stop a range.
-    """
-
-    def __init__(self, fn: ProgressCallback | None = None, every_seconds: float = 5.0) -> None:
-        self.fn, self.every_seconds = fn, every_seconds
-        self.last = float("-inf")
-        self.last_state: CommittedRange | None = None
-
-    def __call__(self, state: CommittedRange, force: bool = False) -> None:
-        if self.fn is None or state == self.last_state:  # nothing new since the last report
-            return
-        now = time.monotonic()
-        if not force and now - self.last < self.every_seconds:
-            return
-        self.last, self.last_state = now, dataclasses.replace(state)
-        try:
-            self.fn(dataclasses.replace(state))
-        except Exception as exc:
-            log.warning("progress callback failed (ignored; the cursor is in Redis): %s", exc)
 
 
 class KeysetTraversal:
@@ -354,13 +322,54 @@ class KeysetTraversal:
             self._stop.clear()  # a stop request ends this call, not the traversal object
             self._progress = ProgressHook()
 
+    def traverse_round(
+        self,
+        round_id: str,
+        processor: Processor,
+        *,
+        options: TraverseOptions | None = None,
+        first_range: int | None = None,
+        split: bool = True,
+    ) -> RoundPullResult:
+        """Pull mode: work through the round's ranges until nothing is left for this call.
+
+        Resumes the ranges ``options.owner_lineage`` holds or last held, then ``first_range``,
+        then claims unclaimed ranges one after the other, then rescues ranges with no live owner,
+        then (``split``) asks the running range with the most work left to split at its next
+        chunk boundary and claims the new range (``core/pull.py``). Each range is claimed and
+        committed exactly as by ``traverse`` (fenced; a held range is skipped, not waited for).
+        Returns with ``finished`` when nothing is left to claim, rescue or split, or early with
+        ``yielded`` (``"budget"`` after ``options.max_task_seconds``, or the pacer's reasons)
+        or ``stopped``; raises what ``traverse`` raises for the range in hand.
+        """
+        if not callable(processor):
+            raise ConfigurationError(
+                f"processor must be callable (chunk) -> ChunkResult | None, got {processor!r}"
+            )
+        self.source.ensure_validated()
+        loop = PullLoop(self, round_id, processor, options or TraverseOptions(), first_range, split)
+        try:
+            return loop.run()
+        finally:
+            self._stop.clear()  # a stop request ends this call, not the traversal object
+
     def _traverse_restoring(
-        self, round_id: str, range_id: int, processor: Processor, options: TraverseOptions
+        self,
+        round_id: str,
+        range_id: int,
+        processor: Processor,
+        options: TraverseOptions,
+        *,
+        checked: bool = False,
+        **run: Any,
     ) -> RangeResult:
+        """``run_range`` after ``_check_range`` (skipped when the caller ``checked`` the round and
+        got the id from the store), restoring a round Redis lost from the mirror."""
         for _ in range(3):
             try:
-                self._check_range(round_id, range_id)
-                return run_range(self, round_id, range_id, processor, options)
+                if not checked:
+                    self._check_range(round_id, range_id)
+                return run_range(self, round_id, range_id, processor, options, **run)
             except RoundStateLostError:
                 # Redis lost the round; with a mirror, put it back (cursors at their last
                 # checkpoint) and go on. Without one, or if the mirror never saw it, the loss is
@@ -368,8 +377,9 @@ class KeysetTraversal:
                 if not self.control.restore(round_id):
                     raise
                 self.metrics.incr("state.restored", tags=self.tags)
+                checked = False
         self._check_range(round_id, range_id)
-        return run_range(self, round_id, range_id, processor, options)
+        return run_range(self, round_id, range_id, processor, options, **run)
 
     def _check_range(self, round_id: str, range_id: int) -> None:
         """The range exists, and the round was planned over this source."""
@@ -443,6 +453,7 @@ __all__ = [
     "RangeResult",
     "RangeSpec",
     "Round",
+    "RoundPullResult",
     "RoundTotals",
     "TraverseOptions",
     "load_processor",

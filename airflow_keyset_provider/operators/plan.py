@@ -27,6 +27,26 @@ from airflow_keyset_provider.hooks.keyset import KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
 
 AIRFLOW_DEFAULT_MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
+_LOGGED_RANGES = 64  # the plan task logs the first ranges, then how many more
+
+
+def pull_tasks(rnd: Round, max_tasks: int, common: dict[str, Any]) -> list[dict[str, Any]]:
+    """Pull mode: one dict per task (at most ``max_tasks``, at most one per range); task ``k``
+    starts with the ``k``-th range in key order, then pulls whatever is left."""
+    specs = sorted(rnd.ranges, key=lambda spec: spec.lo_encoded)[:max_tasks]
+    return [
+        {
+            "round_id": rnd.round_id,
+            "range_id": spec.range_id,
+            "lo": to_json(spec.lo),
+            "hi": to_json(spec.hi),
+            "pull": True,
+            "worker": k,
+            "workers": len(specs),
+            **common,
+        }
+        for k, spec in enumerate(specs)
+    ]
 
 
 def _max_map_length() -> int:
@@ -36,18 +56,32 @@ def _max_map_length() -> int:
     return min(configured, MAX_RANGES)
 
 
-def _check_max_ranges(max_ranges: Any) -> None:
+def _is_count(value: Any, limit: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= limit
+
+
+def _check_max_ranges(max_ranges: Any, max_tasks: Any = None) -> None:
+    """One task per range (``max_tasks`` None): the ranges must fit Airflow's mapping. Pull mode:
+    the tasks must fit it, the ranges only the engine's ``MAX_RANGES``."""
     limit = _max_map_length()
-    if (
-        isinstance(max_ranges, bool)
-        or not isinstance(max_ranges, int)
-        or not 1 <= max_ranges <= limit
-    ):
+    if max_tasks is None:
+        if not _is_count(max_ranges, limit):
+            raise ConfigurationError(
+                f"max_ranges must be an integer from 1 to {limit} (Airflow's [core] "
+                "max_map_length caps how many mapped tasks one task may expand to; raise it, "
+                "e.g. AIRFLOW__CORE__MAX_MAP_LENGTH, or set max_tasks to run many ranges over "
+                f"fewer tasks, up to the engine's {MAX_RANGES} ranges), got {max_ranges!r}"
+            )
+        return
+    if not _is_count(max_tasks, limit):
         raise ConfigurationError(
-            f"max_ranges must be an integer from 1 to {limit} (Airflow's [core] max_map_length "
-            f"caps how many mapped tasks one task may expand to; raise it, e.g. "
-            f"AIRFLOW__CORE__MAX_MAP_LENGTH, for more ranges, up to the engine's {MAX_RANGES}), "
-            f"got {max_ranges!r}"
+            f"max_tasks must be None (one task per range) or an integer from 1 to {limit} "
+            f"(Airflow's [core] max_map_length), got {max_tasks!r}"
+        )
+    if not _is_count(max_ranges, MAX_RANGES):
+        raise ConfigurationError(
+            f"max_ranges must be an integer from 1 to {MAX_RANGES} (the engine's limit on "
+            f"ranges per round), got {max_ranges!r}"
         )
 
 
@@ -65,6 +99,9 @@ class PlanRangesOperator(BaseOperator):
     ``round_id``, ``range_id``, ``lo``, ``hi`` (JSON renderings of the bounds, for display) and the
     source description (``source_conn_id``, ``table``, ``key``, ``stream``, ``where``, ``columns``,
     ``key_prefix``), so the mapped task needs only the processor and its tuning in ``partial()``.
+    With ``max_tasks`` (pull mode) it returns at most ``max_tasks`` dicts, one per task, with
+    ``pull=True``, ``worker``/``workers`` (the task's slot and the number of tasks) and the task's
+    first range as ``range_id``/``lo``/``hi``; the ranges are not tied to tasks.
     Pushes the round id under XCom key ``round_id`` (and ``keyset_round``: stream, key prefix,
     bounds) for ``BarrierSensor``.
 
@@ -93,9 +130,14 @@ class PlanRangesOperator(BaseOperator):
     :param start_key: lower bound, exclusive; None: the stream's watermark (templated).
     :param end_key: upper bound, inclusive; None: ``max(key)`` once every smaller key has committed
         (templated).
-    :param max_ranges: at most this many ranges (and mapped tasks), 1 to Airflow's configured
-        ``[core] max_map_length`` (1024 by default; raising it raises this limit, up to the
-        engine's 100,000). Fewer keys than ranges give fewer ranges.
+    :param max_ranges: at most this many ranges. With ``max_tasks`` None (one mapped task per
+        range), 1 to Airflow's configured ``[core] max_map_length`` (1024 by default; raising it
+        raises this limit); with ``max_tasks``, up to the engine's 100,000. Fewer keys than
+        ranges give fewer ranges.
+    :param max_tasks: pull mode: return at most this many dicts (1 to ``[core] max_map_length``),
+        each for one traverse task that works through the round's ranges until none is left,
+        splitting stragglers (``TraverseRangeOperator`` with ``pull=True``). None (the default):
+        one dict, and one mapped task, per range.
     :param key_prefix: prefix of every Redis key of the traversal.
     :param commit_wait_timeout: PostgreSQL: seconds to wait for transactions open when ``max(key)``
         was read (``CommitOrderTimeoutError`` after).
@@ -130,6 +172,7 @@ class PlanRangesOperator(BaseOperator):
         start_key: Any = None,
         end_key: Any = None,
         max_ranges: int = 16,
+        max_tasks: int | None = None,
         key_prefix: str = "ks",
         commit_wait_timeout: float = 60.0,
         settle_seconds: float = 0.0,
@@ -137,7 +180,7 @@ class PlanRangesOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        _check_max_ranges(max_ranges)
+        _check_max_ranges(max_ranges, max_tasks)
         self.checkpoint_conn_id = checkpoint_conn_id
         self.source_conn_id = source_conn_id
         self.table = table
@@ -150,6 +193,7 @@ class PlanRangesOperator(BaseOperator):
         self.start_key = start_key
         self.end_key = end_key
         self.max_ranges = max_ranges
+        self.max_tasks = max_tasks
         self.key_prefix = key_prefix
         self.commit_wait_timeout = commit_wait_timeout
         self.settle_seconds = settle_seconds
@@ -172,6 +216,8 @@ class PlanRangesOperator(BaseOperator):
             "key_prefix": self.key_prefix,
             "checkpoint_conn_id": self.checkpoint_conn_id,
         }
+        if self.max_tasks is not None:
+            return pull_tasks(rnd, self.max_tasks, common)
         return [
             {
                 "round_id": rnd.round_id,
@@ -189,7 +235,7 @@ class PlanRangesOperator(BaseOperator):
         """The round of this DAG run and plan task: planned now, or the one planned before (the
         round key is the task's ``<dag_id>/<run_id>/<task_id>``)."""
         with airflow_errors():
-            _check_max_ranges(self.max_ranges)
+            _check_max_ranges(self.max_ranges, self.max_tasks)
             hook = KeysetHook(self.source_conn_id, self.redis_conn_id, self.checkpoint_conn_id)
             t = hook.traversal(
                 table=self.table,
@@ -227,8 +273,10 @@ class PlanRangesOperator(BaseOperator):
             how,
             len(rnd.ranges),
         )
-        for spec in rnd.ranges:
+        for spec in rnd.ranges[:_LOGGED_RANGES]:
             self.log.info("  %s", spec.label)
+        if len(rnd.ranges) > _LOGGED_RANGES:
+            self.log.info("  ... and %d more", len(rnd.ranges) - _LOGGED_RANGES)
 
     def _push_round(self, context: Context, stream: str, rnd: Round) -> None:
         """XComs for ``BarrierSensor``: the round id, and the round's stream, prefix and bounds."""

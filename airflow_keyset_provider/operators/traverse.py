@@ -35,14 +35,22 @@ from airflow_keyset_provider.core import (
     KeysetTraversal,
     LeaseHeldError,
     RangeResult,
+    RoundPullResult,
     load_processor,
 )
 from airflow_keyset_provider.core.keys import to_json
 from airflow_keyset_provider.core.options import TraverseOptions
+from airflow_keyset_provider.core.range_run import BUDGET
 from airflow_keyset_provider.core.run_state import CommittedRange
 from airflow_keyset_provider.core.status import RangeState
 from airflow_keyset_provider.hooks.keyset import KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
+from airflow_keyset_provider.operators.traverse_pull import (
+    pull_budget,
+    pull_label,
+    report_pull,
+    run_pull,
+)
 from airflow_keyset_provider.triggers.keyset import KeysetResumeTrigger, ResumeEvent
 
 #: The task state store key under which a traverse task instance mirrors its range.
@@ -108,6 +116,10 @@ class TraverseRangeOperator(BaseOperator):
     resumes from the range's cursor in a fresh worker slot, in the same try.
     Progress lines (cursor, counters, rows/s, ETA) come from the ``airflow_keyset_provider`` logger.
 
+    **Pull mode** (``pull=True`` in the plan's output with ``max_tasks``): the task works through
+    the round instead of one range (``operators.traverse_pull``) and returns what it did (ranges,
+    rows read, splits); it succeeds when nothing is left for it to claim, rescue or split.
+
     :param round_id: the round, from the plan's output (templated).
     :param range_id: the range, from the plan's output (templated).
     :param processor: ``(Chunk) -> ChunkResult | None``, a callable or
@@ -146,6 +158,14 @@ class TraverseRangeOperator(BaseOperator):
     :param target_chunk_seconds: see ``TraverseOptions.target_chunk_seconds``.
     :param min_chunk_size: see ``TraverseOptions.min_chunk_size``.
     :param max_chunk_size: see ``TraverseOptions.max_chunk_size``.
+    :param pull: from the plan's output with ``max_tasks``: work through the round's ranges
+        (``operators.traverse_pull``) instead of one range; ``range_id`` is then the first one.
+    :param worker: from the plan's output in pull mode: this task's slot (0-based), for its label.
+    :param workers: from the plan's output in pull mode: how many tasks pull the round.
+    :param max_task_seconds: see ``TraverseOptions.max_task_seconds``; None: 3600 s in pull mode,
+        no budget for a one-range task. Past it the task commits, releases and defers briefly.
+    :param split_stragglers: pull mode: once nothing is left to claim, ask the running range with
+        the most work left to split and take the new half (False: end the task instead).
     """
 
     template_fields: Sequence[str] = ("round_id", "range_id", "stream", "table", "where")
@@ -189,6 +209,11 @@ class TraverseRangeOperator(BaseOperator):
         target_chunk_seconds: float | None = None,
         min_chunk_size: int = 10,
         max_chunk_size: int = 100_000,
+        pull: bool = False,
+        worker: int | None = None,
+        workers: int | None = None,
+        max_task_seconds: float | None = None,
+        split_stragglers: bool = True,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("map_index_template") is None:  # unmapping passes None explicitly
@@ -225,6 +250,7 @@ class TraverseRangeOperator(BaseOperator):
             target_chunk_seconds=target_chunk_seconds,
             min_chunk_size=min_chunk_size,
             max_chunk_size=max_chunk_size,
+            max_task_seconds=pull_budget(pull, max_task_seconds),
             claim_timeout=claim_timeout,
             resume_poll_seconds=resume_poll_seconds,
         )
@@ -233,6 +259,8 @@ class TraverseRangeOperator(BaseOperator):
         self.state_store_seconds = state_store_seconds
         self.defer_after_seconds = defer_after_seconds
         self.resume_poll_seconds = resume_poll_seconds
+        self.pull, self.worker, self.workers = bool(pull), worker, workers
+        self.split_stragglers = split_stragglers
         self._traversal: KeysetTraversal | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -241,7 +269,11 @@ class TraverseRangeOperator(BaseOperator):
             if isinstance(self.range_id, str) and self.range_id.isdigit()
             else self.range_id
         )
-        label = f"range {range_id} ({key_label(self.lo)}, {key_label(self.hi)}]"
+        label = (
+            pull_label(self)
+            if self.pull
+            else f"range {range_id} ({key_label(self.lo)}, {key_label(self.hi)}]"
+        )
         context[RANGE_LABEL_CONTEXT_KEY] = label  # type: ignore[literal-required]
         if not context.get("map_index_template"):
             # A mapped task's context carries the partial()'s template, which lacks our default.
@@ -258,11 +290,13 @@ class TraverseRangeOperator(BaseOperator):
         res = self._traverse_range(context, stream, range_id, lineage)
         if res.yielded:
             self._defer(stream, range_id, res.yielded, res.retry_after)
+        if isinstance(res, RoundPullResult):
+            return report_pull(self, res)
         return self._report(res)
 
     def _traverse_range(
         self, context: Context, stream: str, range_id: int, lineage: str
-    ) -> RangeResult:
+    ) -> RangeResult | RoundPullResult:
         """One traversal of the range from its committed cursor; defers (``NoReturn``) when the
         range is held by another live owner. The task state store gets the range's final state
         whatever happens."""
@@ -285,16 +319,20 @@ class TraverseRangeOperator(BaseOperator):
             watch = supervisor_watch(t.request_stop, f"round {self.round_id} range {range_id}")
             try:
                 options = dataclasses.replace(self.options, owner_lineage=lineage)
+                res: RangeResult | RoundPullResult
                 try:
                     watch.start()
-                    res = t.traverse(
-                        self.round_id,
-                        range_id,
-                        watch.guard(processor),
-                        options=options,
-                        on_progress=mirror,
-                        progress_every_seconds=self.state_store_seconds or 0.0,
-                    )
+                    if self.pull:
+                        res = run_pull(self, t, watch.guard(processor), options, range_id)
+                    else:
+                        res = t.traverse(
+                            self.round_id,
+                            range_id,
+                            watch.guard(processor),
+                            options=options,
+                            on_progress=mirror,
+                            progress_every_seconds=self.state_store_seconds or 0.0,
+                        )
                 except LeaseHeldError as exc:
                     if t._stop.is_set() or watch.died:
                         raise
@@ -359,8 +397,8 @@ class TraverseRangeOperator(BaseOperator):
         ``keyset_range``), or None without a task state store or with ``state_store_seconds``
         None. Redis stays the authority: nothing ever reads the cursor back from here."""
         store = context.get("task_state_store")  # Airflow >= 3.3
-        if store is None or self.state_store_seconds is None:
-            return None
+        if store is None or self.state_store_seconds is None or self.pull:
+            return None  # a pull task has no one range to mirror
         ti = context["ti"]
         base = {
             "stream": stream,
@@ -433,6 +471,13 @@ class TraverseRangeOperator(BaseOperator):
                 t.stream,
                 retry_after,
             )
+        elif why == BUDGET:
+            self.log.info(
+                "stream %s: this task ran max_task_seconds=%g s; chunk committed, range "
+                "released; deferring for a moment to continue in a fresh process",
+                t.stream,
+                self.options.max_task_seconds,
+            )
         else:
             self.log.info(
                 "stream %s is over its rows/s budget for %.1f s more; chunk committed, lease "
@@ -451,7 +496,9 @@ class TraverseRangeOperator(BaseOperator):
                 redis_conn_id=self.redis_conn_id,
                 key_prefix=self.key_prefix,
                 poll_interval=self.resume_poll_seconds,
-                until=time.time() + retry_after if why in ("throttled", "unhealthy") else None,
+                until=(
+                    time.time() + retry_after if why in ("throttled", "unhealthy", BUDGET) else None
+                ),
             ),
             method_name="execute_resume",
         )

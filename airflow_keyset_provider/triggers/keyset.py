@@ -239,6 +239,8 @@ class KeysetResumeTrigger(BaseTrigger):
     - ``"lease"``: until the range's lease is free (released or expired) or the range is complete;
     - ``"throttled"``: until ``until`` (UNIX time), when the stream's budget allows a chunk again;
     - ``"unhealthy"``: until ``until`` (one health poll later); the task then reads the verdict.
+    - ``"budget"``: until ``until`` (a moment): the task ran ``max_task_seconds`` and continues in a
+      fresh process.
 
     It polls every ``poll_interval`` seconds (one small Redis read) and fires
     ``{"status": "ready" | "error", "wait_for", ...}`` once. It never writes to Redis.
@@ -250,7 +252,7 @@ class KeysetResumeTrigger(BaseTrigger):
     :param redis_conn_id: Airflow ``redis`` connection of the cursor store.
     :param key_prefix: the engine's Redis key prefix.
     :param poll_interval: seconds between two reads.
-    :param until: with ``"throttled"``/``"unhealthy"``: UNIX time to fire at.
+    :param until: with ``"throttled"``/``"unhealthy"``/``"budget"``: UNIX time to fire at.
     """
 
     def __init__(
@@ -331,7 +333,7 @@ class KeysetResumeTrigger(BaseTrigger):
                 except (KeysetError, redis.RedisError) as exc:  # transient: keep polling
                     self.log.warning("stream %s: could not read its state: %s", self.stream, exc)
                 wait = self.poll_interval
-                if self.wait_for in ("throttled", "unhealthy") and self.until is not None:
+                if self.wait_for in ("throttled", "unhealthy", "budget") and self.until is not None:
                     wait = min(wait, max(self.until - time.time(), 0.0))
                 await asyncio.sleep(wait)
         finally:

@@ -46,6 +46,8 @@ BAD_VALUES = [
     ("target_chunk_seconds", 0),
     ("min_chunk_size", 0),
     ("max_chunk_size", 1.5),
+    ("max_task_seconds", 0),
+    ("max_task_seconds", "3600"),
 ]
 
 

@@ -177,3 +177,22 @@ def test_range_briefs_read_many_ranges_in_batches(
     assert len(briefs) == 1300
     assert [b.range_id for b in briefs] == list(range(1300))
     assert briefs[-1].hi == k(13_000) and briefs[0].lo == MIN_KEY
+
+
+def test_a_new_owner_does_not_inherit_the_previous_owners_split_request(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Scenario: a task asked the owner of range 0 to split; the owner died and a retry of its
+    lineage took the range over. The request was made of the dead owner: the new owner must not
+    split for a requester that has long moved on (it would only make an extra range)."""
+    store = CursorStore(redis_client, "s", prefix=key_prefix)
+    rid = _round(store, [100])
+    c = store.claim(rid, 0, "a#1", "task-a", LEASE)
+    assert store.request_split(rid, 0, "b#1") == "asked"
+    c2 = store.claim(rid, 0, "a#2", "task-a", LEASE)  # a new attempt of the lineage takes over
+    assert c2.takeover
+    assert store.split_answer(rid, 0, "b#1") == "no"
+    adv = store.advance(
+        rid, 0, "a#2", c.cursor, k(10), done=10, skipped=0, lease_ms=LEASE, max_item_attempts=3
+    )
+    assert adv.split_req == ""
