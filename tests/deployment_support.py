@@ -66,7 +66,7 @@ HEARTBEAT_TIMEOUT_S = 15
 READY_TIMEOUT_S = 150
 READY_POLL_S = 0.25  # two loopback requests a poll: cheap, and a ready deployment waits less
 MIGRATE_TIMEOUT_S = 180
-STOP_GRACE_S = 15
+STOP_GRACE_S = 3  # SIGTERM first, but a throwaway deployment need not exit cleanly: SIGKILL then
 
 
 # --------------------------------------------------------------------------- processes
