@@ -3,6 +3,8 @@
 ``round``  plan a round and traverse all its ranges in this process; print peak RSS.
 ``range``  traverse one range of an already planned round, starting when the parent writes a
            line to stdin (so several children start together); print start/end and CPU times.
+``pull``   one pull-mode task (``traverse_round``) of an already planned round, started the same
+           way; print start/end, CPU times, ranges run and splits.
 
 Each prints one JSON object as its last stdout line.
 """
@@ -93,7 +95,54 @@ def range_command(a: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-COMMANDS = {"round": round_command, "range": range_command}
+def _processor(spec: dict[str, Any]) -> Any:
+    """``{}``: a no-op. ``{"row_s": s, "slow_lo": lo, "slow_hi": hi, "factor": f}``: sleep ``s``
+    per row, ``f * s`` per row whose key is in ``(lo, hi]`` (one sleep per chunk)."""
+    if not spec:
+        return lambda chunk: None
+    row_s, lo, hi = spec["row_s"], spec["slow_lo"], spec["slow_hi"]
+    slow_s = row_s * spec["factor"]
+
+    def process(chunk: Any) -> None:
+        keys = chunk.keys
+        slow = sum(1 for k in keys if lo < k <= hi)
+        time.sleep(slow * slow_s + (len(keys) - slow) * row_s)
+
+    return process
+
+
+def pull_command(a: dict[str, Any]) -> dict[str, Any]:
+    from airflow_keyset_provider.core import TraverseOptions
+
+    t = _traversal(a)
+    t.source.validate()
+    processor = _processor(a.get("processor") or {})
+    options = TraverseOptions(chunk_size=a["chunk_size"], owner_lineage=a["lineage"])
+    print("ready", flush=True)
+    sys.stdin.readline()
+    cpu0, start = _cpu(), time.monotonic()
+    res = t.traverse_round(
+        a["round_id"],
+        processor,
+        options=options,
+        first_range=a.get("first_range"),
+        split=a["split"],
+    )
+    end, cpu1 = time.monotonic(), _cpu()
+    t.close()
+    return {
+        "rows": res.rows_read,
+        "ranges": len(res.ranges),
+        "splits_asked": res.splits_asked,
+        "splits_won": res.splits_won,
+        "finished": res.finished,
+        "start": start,
+        "end": end,
+        "cpu_s": cpu1 - cpu0,
+    }
+
+
+COMMANDS = {"round": round_command, "range": range_command, "pull": pull_command}
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,9 @@
 """Shared fixtures: real PostgreSQL and real Redis, isolated per test, cleaned up afterwards.
 
 Session: ``pg_url``, ``redis_url`` (servers resolved once per run, see ``tests/_services.py``).
+Session, on first use: ``airflow_metadata_template`` (an Airflow metadata database migrated once,
+copied by each deployment of ``tests/scheduler`` and ``tests/celery``, see
+``deployment_support.MetadataTemplate``).
 Per test: ``pg_schema``, ``pg_schema_url``, ``pg_engine``, ``sqlite_url``, ``redis_client``,
 ``key_prefix``.
 """
@@ -14,6 +17,7 @@ from pathlib import Path
 # tests/ is deliberately not a package: pytest puts it on sys.path, so this import works here,
 # in test modules and when another pytest run loads this file with ``-p conftest``.
 import _services
+import deployment_support
 import pytest
 import redis
 import sqlalchemy as sa
@@ -47,6 +51,17 @@ def pg_url() -> Iterator[str]:
     service = _service(_services.resolve_postgres)
     yield service.url
     service.stop()
+
+
+@pytest.fixture(scope="session")
+def airflow_metadata_template(
+    pg_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[deployment_support.MetadataTemplate]:
+    """The session's migrated Airflow metadata database to copy (migrated when first copied),
+    dropped at the end of the session."""
+    template = deployment_support.MetadataTemplate(pg_url, tmp_path_factory.mktemp("airflow-tpl"))
+    yield template
+    template.drop()
 
 
 @pytest.fixture

@@ -8,8 +8,11 @@ One module for what both need, so the two harnesses cannot drift apart:
   Execution API the task processes talk to). Nothing is imported from Airflow in the pytest
   process: the deployment is driven over its REST API, as an operator would.
 - ``AIRFLOW_HOME`` is the test's ``tmp_path``; the metadata database is a throwaway PostgreSQL
-  database ``airflow_<hex>`` on the test server (``Deployments``), created and migrated for the
-  test and dropped (``WITH (FORCE)``) afterwards.
+  database ``airflow_<hex>`` on the test server (``Deployments``), dropped (``WITH (FORCE)``)
+  afterwards. With a ``MetadataTemplate`` (one per test session, fixture
+  ``airflow_metadata_template``) it is ``CREATE DATABASE ... TEMPLATE`` of a database that
+  ``airflow db migrate`` migrated once (a copy of the same bytes, in well under a second);
+  without one it is created empty and migrated for the test.
 - Every port is picked free on 127.0.0.1 (``free_ports``: API server, the log servers of worker
   and triggerer), so runs on a shared machine do not collide; authentication is off
   (``simple_auth_manager_all_admins``), the API listens on loopback only.
@@ -61,8 +64,9 @@ COMPONENTS = ("scheduler", "dag-processor", "triggerer", "api-server")
 
 HEARTBEAT_TIMEOUT_S = 15
 READY_TIMEOUT_S = 150
+READY_POLL_S = 0.25  # two loopback requests a poll: cheap, and a ready deployment waits less
 MIGRATE_TIMEOUT_S = 180
-STOP_GRACE_S = 15
+STOP_GRACE_S = 3  # SIGTERM first, but a throwaway deployment need not exit cleanly: SIGKILL then
 
 
 # --------------------------------------------------------------------------- processes
@@ -275,31 +279,17 @@ def _wait_ready(dep: AirflowDeployment, dag_id: str) -> None:
                     last += f"; import errors: {errors}"
         except (OSError, ValueError) as exc:
             last = f"{type(exc).__name__}: {exc}"
-        time.sleep(1)
+        time.sleep(READY_POLL_S)
     pytest.fail(
         f"Airflow deployment not ready after {READY_TIMEOUT_S} s ({last})\n{dep.diagnostics()}"
     )
 
 
-def start_deployment(
-    home: Path,
-    db_url: str,
-    dags_dir: Path,
-    extra_env: Mapping[str, str],
-    dag_id: str,
-    started: list[AirflowDeployment],
-) -> AirflowDeployment:
-    """Migrate ``db_url`` (an empty database), start the components in ``home`` and wait until
-    ``dag_id`` is ready. The deployment is appended to ``started`` before any process starts,
-    so the caller can stop it even when this fails."""
-    home.mkdir()
-    ports = free_ports(3)
-    env = component_env(home, db_url, ports, dags_dir, extra_env)
-    dep = AirflowDeployment(home=home, api_url=f"http://127.0.0.1:{ports[0]}", env=env)
-    started.append(dep)
+def migrate_db(env: Mapping[str, str]) -> None:
+    """``airflow db migrate`` of the database in ``env``; fails the test with its output."""
     migrate = subprocess.run(
         [*AIRFLOW_CMD, "db", "migrate"],
-        env=env,
+        env=dict(env),
         capture_output=True,
         text=True,
         timeout=MIGRATE_TIMEOUT_S,
@@ -309,30 +299,106 @@ def start_deployment(
         pytest.fail(
             f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}"
         )
+
+
+def start_deployment(
+    home: Path,
+    db_url: str,
+    dags_dir: Path,
+    extra_env: Mapping[str, str],
+    dag_id: str,
+    started: list[AirflowDeployment],
+    migrate: bool = True,
+) -> AirflowDeployment:
+    """Migrate ``db_url`` (an empty database; ``migrate=False``: it is migrated already), start
+    the components in ``home`` and wait until ``dag_id`` is ready. The deployment is appended to
+    ``started`` before any process starts, so the caller can stop it even when this fails."""
+    home.mkdir()
+    ports = free_ports(3)
+    env = component_env(home, db_url, ports, dags_dir, extra_env)
+    dep = AirflowDeployment(home=home, api_url=f"http://127.0.0.1:{ports[0]}", env=env)
+    started.append(dep)
+    if migrate:
+        migrate_db(env)
     for name in COMPONENTS:
         dep.procs[name] = spawn([*AIRFLOW_CMD, name], env, home / f"{name}.out", home)
     _wait_ready(dep, dag_id)
     return dep
 
 
-class Deployments:
-    """The deployments of one test and its throwaway metadata database: ``with Deployments(pg_url)
-    as d``; ``d.database_url()`` creates ``airflow_<hex>`` (once) and returns its URL. On exit every
-    deployment in ``d.started`` is stopped, then the database is dropped ``WITH (FORCE)``."""
+def _admin_engine(pg_url: str) -> sa.Engine:
+    return sa.create_engine(pg_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
 
-    def __init__(self, pg_url: str) -> None:
+
+def _db_url(pg_url: str, name: str) -> str:
+    return make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+
+
+def _drop_database(admin: sa.Engine, name: str) -> None:
+    with admin.connect() as conn:
+        conn.exec_driver_sql("SET lock_timeout = '30s'")
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class MetadataTemplate:
+    """A metadata database migrated once (``airflow_tpl_<hex>``, on first use) for every
+    deployment of a test session to copy (``CREATE DATABASE ... TEMPLATE``): each deployment
+    still gets a database of its own, exactly as ``airflow db migrate`` leaves a fresh one,
+    without paying for a migration (an Airflow process start and ~70 tables) each time.
+    Nothing connects to it after the migration (PostgreSQL copies a template only then);
+    ``drop`` removes it at the end of the session."""
+
+    def __init__(self, pg_url: str, home: Path) -> None:
         self.pg_url = pg_url
+        self.home = home
+        self.name = f"airflow_tpl_{secrets.token_hex(4)}"
+        self._admin = _admin_engine(pg_url)
+        self._state = "absent"  # -> "migrated", or "failed" (reported again to each user)
+
+    def database(self) -> str:
+        """The template's name, created and migrated on the first call."""
+        if self._state == "failed":
+            pytest.fail(f"the migration of the metadata template {self.name} failed earlier")
+        if self._state == "absent":
+            self._state = "failed"
+            with self._admin.connect() as conn:
+                conn.exec_driver_sql(f'CREATE DATABASE "{self.name}"')
+            url = _db_url(self.pg_url, self.name)
+            migrate_db(component_env(self.home, url, free_ports(3), self.home, {}))
+            self._state = "migrated"
+        return self.name
+
+    def drop(self) -> None:
+        try:
+            if self._state != "absent":
+                _drop_database(self._admin, self.name)
+        finally:
+            self._admin.dispose()
+
+
+class Deployments:
+    """The deployments of one test and its throwaway metadata database: ``with Deployments(pg_url,
+    template) as d``; ``d.database_url()`` creates ``airflow_<hex>`` (once; a copy of ``template``
+    if given, then ``d.migrated`` is true) and returns its URL. On exit every deployment in
+    ``d.started`` is stopped, then the database is dropped ``WITH (FORCE)``."""
+
+    def __init__(self, pg_url: str, template: MetadataTemplate | None = None) -> None:
+        self.pg_url = pg_url
+        self.template = template
         self.name = f"airflow_{secrets.token_hex(4)}"
         self.started: list[AirflowDeployment] = []
-        self._admin = sa.create_engine(pg_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+        self._admin = _admin_engine(pg_url)
         self._created = False
+        self.migrated = False
 
     def database_url(self) -> str:
         if not self._created:
+            source = f' TEMPLATE "{self.template.database()}"' if self.template else ""
             with self._admin.connect() as conn:
-                conn.exec_driver_sql(f'CREATE DATABASE "{self.name}"')
+                conn.exec_driver_sql(f'CREATE DATABASE "{self.name}"{source}')
             self._created = True
-        return make_url(self.pg_url).set(database=self.name).render_as_string(hide_password=False)
+            self.migrated = self.template is not None
+        return _db_url(self.pg_url, self.name)
 
     def __enter__(self) -> Deployments:
         return self
@@ -342,9 +408,7 @@ class Deployments:
             for dep in self.started:
                 dep.stop()
             if self._created:
-                with self._admin.connect() as conn:
-                    conn.exec_driver_sql("SET lock_timeout = '30s'")
-                    conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+                _drop_database(self._admin, self.name)
         finally:
             self._admin.dispose()
 

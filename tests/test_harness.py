@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import _services
+import deployment_support
 import pytest
 import redis
 import sqlalchemy as sa
@@ -281,3 +282,59 @@ def test_embedded_postgres_starts_from_a_private_checkout(
     finally:
         service.stop()
     assert _services.probe_postgres(service.url) is not None  # stopped
+
+
+def _databases(pg_url: str, like: str) -> set[str]:
+    engine = sa.create_engine(pg_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT datname FROM pg_database WHERE datname LIKE %(p)s", {"p": like}
+            )
+            return {row[0] for row in rows}
+    finally:
+        engine.dispose()
+
+
+def _scalar(url: str, sql: str) -> object:
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            return conn.exec_driver_sql(sql).scalar()
+    finally:
+        engine.dispose()
+
+
+def test_deployments_copy_the_migrated_template_and_drop_their_copies(
+    pg_url: str, airflow_metadata_template: deployment_support.MetadataTemplate
+) -> None:
+    """Each ``Deployments`` gets a database of its own, migrated (the template's Alembic revision
+    and tables), independent of the other copies, and dropped on exit; the template stays for the
+    rest of the session and nobody is left connected to it."""
+    template = airflow_metadata_template.database()
+    revision = _scalar(
+        make_url(pg_url).set(database=template).render_as_string(False),
+        "SELECT version_num FROM alembic_version",
+    )
+    with (
+        deployment_support.Deployments(pg_url, airflow_metadata_template) as first,
+        deployment_support.Deployments(pg_url, airflow_metadata_template) as second,
+    ):
+        urls = [first.database_url(), second.database_url()]
+        assert first.migrated and second.migrated and first.name != second.name
+        for url in urls:
+            assert _scalar(url, "SELECT version_num FROM alembic_version") == revision
+        _scalar(
+            urls[0],
+            "INSERT INTO slot_pool (pool, slots, description, include_deferred) "
+            "VALUES ('harness', 1, '', false) RETURNING 1",
+        )
+        assert _scalar(urls[0], "SELECT count(*) FROM slot_pool WHERE pool = 'harness'") == 1
+        assert _scalar(urls[1], "SELECT count(*) FROM slot_pool WHERE pool = 'harness'") == 0
+    assert _databases(pg_url, "airflow_%") & {first.name, second.name} == set()
+    assert template in _databases(pg_url, "airflow_tpl_%")
+    connected = f"SELECT count(*) FROM pg_stat_activity WHERE datname = '{template}'"
+    assert _scalar(pg_url, connected) == 0
+    with deployment_support.Deployments(pg_url) as plain:  # no template: an empty database
+        assert _scalar(plain.database_url(), "SELECT to_regclass('alembic_version')") is None
+        assert not plain.migrated

@@ -29,6 +29,8 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "offset": ("offset", ("keyset_vs_offset",)),
     "airflow": ("airflow", ("airflow_overhead",)),
     "governor": ("governor", ("governor_rate", "adaptive_chunks")),
+    "straggler": ("straggler", ("straggler_split",)),
+    "ranges": ("many_ranges", ("ranges_overhead",)),
 }
 
 

@@ -36,18 +36,30 @@ def _require_celery() -> None:
 
 @pytest.fixture
 def celery_deployment(
-    pg_url: str, redis_url: str, key_prefix: str, tmp_path: Path
+    pg_url: str,
+    redis_url: str,
+    key_prefix: str,
+    airflow_metadata_template: ds.MetadataTemplate,
+    tmp_path: Path,
 ) -> Iterator[Callable[[Mapping[str, str], str], tuple[ds.AirflowDeployment, dict]]]:
     """``start(extra_env, dag_id)`` -> (deployment, {worker name: process}) once ``dag_id`` is
     ready and both workers consume the queue. Stopped, its database dropped at teardown."""
     _require_celery()
-    with ds.Deployments(pg_url) as deployments:
+    with ds.Deployments(pg_url, airflow_metadata_template) as deployments:
 
         def start(extra_env: Mapping[str, str], dag_id: str) -> tuple[ds.AirflowDeployment, dict]:
             db_url = deployments.database_url()
             env = {**cs.celery_env(redis_url, f"{key_prefix}:celery:", db_url), **extra_env}
             home = tmp_path / "airflow-home"
-            dep = ds.start_deployment(home, db_url, cs.DAGS_DIR, env, dag_id, deployments.started)
+            dep = ds.start_deployment(
+                home,
+                db_url,
+                cs.DAGS_DIR,
+                env,
+                dag_id,
+                deployments.started,
+                migrate=not deployments.migrated,
+            )
             workers = cs.start_workers(dep, list(WORKERS))
             return dep, workers
 

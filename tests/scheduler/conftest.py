@@ -18,7 +18,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 @pytest.fixture
 def airflow_deployment(
-    pg_url: str, tmp_path: Path
+    pg_url: str, airflow_metadata_template: ds.MetadataTemplate, tmp_path: Path
 ) -> Iterator[Callable[[Mapping[str, str], str], ds.AirflowDeployment]]:
     """``start(extra_env, dag_id)`` -> a ready ``AirflowDeployment`` (one per test).
 
@@ -26,7 +26,7 @@ def airflow_deployment(
     settings); ``dag_id`` is the DAG to wait for. Everything is stopped and dropped at teardown.
     """
     use_sqlite = os.environ.get(ss.ENV_METADATA, "postgres").strip().lower() == "sqlite"
-    with ds.Deployments(pg_url) as deployments:
+    with ds.Deployments(pg_url, airflow_metadata_template) as deployments:
 
         def start(extra_env: Mapping[str, str], dag_id: str) -> ds.AirflowDeployment:
             home = tmp_path / "airflow-home"
@@ -34,7 +34,13 @@ def airflow_deployment(
                 f"sqlite:///{home / 'airflow.db'}" if use_sqlite else deployments.database_url()
             )
             return ds.start_deployment(
-                home, db_url, ss.DAGS_DIR, extra_env, dag_id, deployments.started
+                home,
+                db_url,
+                ss.DAGS_DIR,
+                extra_env,
+                dag_id,
+                deployments.started,
+                migrate=use_sqlite or not deployments.migrated,
             )
 
         yield start

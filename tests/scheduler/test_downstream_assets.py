@@ -22,8 +22,11 @@ operator (or the UI) would.
 4. Clearing a complete traverse task (``clearTaskInstances``, as the UI's Clear does): try 2 of the
    same task instance claims the range, finds it complete at its cursor and reads nothing; the
    task state entry survives and now shows try 2; no new asset event (the barrier was not cleared).
-5. Clearing the barrier: try 2 closes the closed round again (same totals) and emits the same round
-   again, so the report runs again for ``r1``: consumers see a round at least once.
+5. Clearing the barrier (once the run has finished again: Airflow's clear resets only a finished
+   run, and a clear that lands while the scheduler is finishing the run is lost, the run ending
+   "success" with the barrier never run): try 2 closes the closed round again (same totals) and
+   emits the same round again, so the report runs again for ``r1``: consumers see a round at
+   least once.
 """
 
 from __future__ import annotations
@@ -172,6 +175,22 @@ def _cleared_try_done(dep: AirflowDeployment, run_id: str, map_index: int) -> Ca
         ti = dep.get(f"/dags/{PRODUCER}/dagRuns/{run_id}/taskInstances/traverse/{map_index}")
         assert ti["state"] != "failed", f"the cleared traverse[{map_index}] failed"
         return ti["try_number"] == 2 and ti["state"] == "success"
+
+    return check
+
+
+def _reclosed(dep: AirflowDeployment, run_id: str, reports: int) -> Callable[[], Any]:
+    """After the barrier of the finished run ``run_id`` was cleared: ``reports`` report runs, all
+    successful. Fails at once if the clear was lost (the run finished, the barrier never ran)."""
+    done = _reports_done(dep, REPORT, reports)
+
+    def check() -> Any:
+        run = dep.get(f"/dags/{PRODUCER}/dagRuns/{run_id}")["state"]
+        barrier = dep.get(f"/dags/{PRODUCER}/dagRuns/{run_id}/taskInstances/barrier")["state"]
+        assert not (run in ("success", "failed") and barrier is None), (
+            f"the clear of the barrier was lost: run {run_id} is {run}, the barrier never ran"
+        )
+        return done()
 
     return check
 
@@ -364,6 +383,11 @@ def test_downstream_dag_runs_on_each_closed_round_and_the_state_stores_show_it(
     t2 = time.monotonic()
     _clear(dep, run_1, [["traverse", 1]])
     _wait(dep, f"{PRODUCER} {run_1} after the clear", _cleared_try_done(dep, run_1, 1))
+    # The run must be finished again before the barrier is cleared: a clear leaves a running
+    # run's state alone, and a scheduler that read the task instances just before the clear
+    # commits "success" just after it, with the cleared barrier never run (nothing would then
+    # emit the round again).
+    _wait(dep, f"{PRODUCER} {run_1} finished again", _run_done(dep, PRODUCER, run_1))
     clear_s = time.monotonic() - t2
     result = _xcom(dep, PRODUCER, run_1, "traverse", map_index=1)
     assert (result["rows_read"], result["done"], result["complete"]) == (0, hi - lo, True), result
@@ -380,7 +404,7 @@ def test_downstream_dag_runs_on_each_closed_round_and_the_state_stores_show_it(
     # same round again (at least once): the report runs a third time, for r1
     t3 = time.monotonic()
     _clear(dep, run_1, ["barrier"])
-    reports = _wait(dep, f"{REPORT} after clearing the barrier", _reports_done(dep, REPORT, 3))
+    reports = _wait(dep, f"{REPORT} after clearing the barrier", _reclosed(dep, run_1, 3))
     reclose_s = time.monotonic() - t3
     assert _xcom(dep, PRODUCER, run_1, "barrier") == round_1
     assert [e["extra"]["round_id"] for e in _asset_events(dep, PRODUCER)] == ["r1", "r2", "r1"]

@@ -1,10 +1,13 @@
 """UI test harness: a real Airflow API server on loopback and a real headless Chromium.
 
-``airflow_api_server`` (module scope) starts ``airflow api-server`` in a subprocess with a throwaway
-``AIRFLOW_HOME`` (migrated SQLite metadata DB), SimpleAuthManager with one ``viewer`` user whose
-password the fixture writes into the passwords file, the Redis connection ``keyset_ui_redis``
-(an ``AIRFLOW_CONN_*`` variable pointing at the test Redis) and ``[keyset]`` configured to read it
-under a key prefix of its own. Nothing of the test process's Airflow environment leaks in.
+``airflow_api_server`` is one ``airflow api-server``, started once per session (for every test
+module that uses it) in a subprocess with a throwaway ``AIRFLOW_HOME`` (migrated SQLite metadata
+DB), SimpleAuthManager with one ``viewer`` user whose password the fixture writes into the
+passwords file, the Redis connection ``keyset_ui_redis`` (an ``AIRFLOW_CONN_*`` variable pointing
+at the test Redis) and ``[keyset]`` configured to read it under a key prefix of its own. Nothing
+of the test process's Airflow environment leaks in. The tests share the server, not their Redis
+state: everything under the server's key prefix is deleted after each test, so each one starts
+with no stream.
 
 ``chromium`` (function scope) is Debian's ``chromium`` in headless mode, driven by selenium through
 Debian's ``chromedriver`` (no download: both paths are given). It lets the test set the same
@@ -147,16 +150,25 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
         proc.wait(5)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ui_key_prefix(redis_url: str) -> Iterator[str]:
-    """A Redis key prefix for this module (the server is told to read it); wiped afterwards."""
+    """The Redis key prefix the shared server is told to read; wiped afterwards."""
     prefix = f"kstui{uuid.uuid4().hex[:8]}"
     yield prefix
     _services.delete_prefix(redis_url, prefix)
 
 
-@pytest.fixture(scope="module")
-def airflow_api_server(redis_url: str, ui_key_prefix: str) -> Iterator[ApiServer]:
+@pytest.fixture
+def airflow_api_server(ui_api_server: ApiServer, redis_url: str) -> Iterator[ApiServer]:
+    """The session's API server for one test; what the test wrote under the server's key prefix
+    is deleted afterwards (the next test sees no stream)."""
+    yield ui_api_server
+    _services.delete_prefix(redis_url, ui_api_server.key_prefix)
+
+
+@pytest.fixture(scope="session")
+def ui_api_server(redis_url: str, ui_key_prefix: str) -> Iterator[ApiServer]:
+    """The API server itself (session scope); tests use ``airflow_api_server``."""
     home = Path(tempfile.mkdtemp(prefix="keyset-ui-airflow-"))
     password = secrets.token_urlsafe(12)
     editor_password = secrets.token_urlsafe(12)
