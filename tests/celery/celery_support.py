@@ -9,8 +9,9 @@ On top of that:
   option ``global_keyprefix`` = ``<key_prefix>:celery:`` (every broker key and pub/sub channel of
   the test lives under the test's own prefix, which the ``key_prefix`` fixture deletes); the result
   backend is ``db+postgresql+psycopg2://`` on the throwaway metadata database.
-- ``start_workers`` starts ``airflow celery worker -H <name>@keyset-celery -c 1`` in a session (and
-  process group) of its own, with ``[core] hostname_callable`` = ``worker_host.hostname`` so the
+- ``start_workers`` starts ``airflow celery worker -H <name>@keyset-celery -c <n>`` in a session
+  (and process group) of its own, ``n`` being ``[celery] worker_concurrency`` (1 unless the test
+  sets it), with ``[core] hostname_callable`` = ``worker_host.hostname`` so the
   task instances it runs show its own ``hostname`` (``<name>.keyset-celery``), as on separate
   machines. Logs are not served (``-s``): the whole deployment shares one ``AIRFLOW_HOME``.
 - ``kill_machine`` kills a worker the way a machine failure does, and reports what a SIGKILL of
@@ -68,8 +69,10 @@ def celery_env(broker_url: str, broker_prefix: str, metadata_url: str) -> dict[s
 def start_workers(
     dep: ds.AirflowDeployment, names: list[str]
 ) -> dict[str, subprocess.Popen[bytes]]:
-    """Start one Celery worker (concurrency 1) per name, all at once, and wait until each is
-    ready to consume the queue (its log says ``<name>@keyset-celery ready.``)."""
+    """Start one Celery worker (concurrency ``[celery] worker_concurrency`` of the deployment's
+    environment) per name, all at once, and wait until each is ready to consume the queue (its
+    log says ``<name>@keyset-celery ready.``)."""
+    concurrency = dep.env.get("AIRFLOW__CELERY__WORKER_CONCURRENCY", "1")
     procs = {}
     for name in names:
         env = dict(dep.env)
@@ -87,7 +90,7 @@ def start_workers(
             "-H",
             f"{name}@keyset-celery",
             "-c",
-            "1",
+            concurrency,
             "-s",
             "--pid",
             str(dep.home / f"worker-{name}.pid"),

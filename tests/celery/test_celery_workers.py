@@ -1,35 +1,45 @@
-"""Scale-out on Celery: a worker lost mid-range, and a message redelivered past visibility_timeout.
+"""Scale-out on Celery: a worker lost mid-round in pull mode, and a message redelivered past
+visibility_timeout.
 
 ``test_round_survives_losing_one_of_two_celery_workers`` (below) kills a worker machine;
 ``test_traverse_running_past_visibility_timeout_is_redelivered_and_ignored`` (at the end) lets
 Redis deliver a running try's message a second time. Both run a fresh deployment.
 
 A real CeleryExecutor deployment (``conftest.py``/``celery_support.py``: API server, scheduler, DAG
-processor, triggerer, two ``airflow celery worker`` processes ``w1``/``w2`` with concurrency 1,
-Redis broker under the test's key prefix, result backend and metadata in a throwaway PostgreSQL
-database) runs ``dags/keyset_celery_kill.py`` over a table of ``ROWS`` keys planned into two
-ranges of ``ROWS / 2 / CHUNK`` chunks. The processor (``dags/keyset_celery_effects.py``, given to
-the operator as ``"module:function"``) counts every delivery of every key and sleeps per chunk.
+processor, triggerer, two ``airflow celery worker`` processes ``w1``/``w2``, Redis broker under the
+test's key prefix, result backend and metadata in a throwaway PostgreSQL database) runs
+``dags/keyset_celery_kill.py``. The processor (``dags/keyset_celery_effects.py``, given to the
+operator as ``"module:function"``) counts every delivery of every key, logs every chunk (range,
+task map index and try, process, worker) and sleeps per chunk.
 
-Scenario: both traverse tasks run at the same time, one on each worker (the task instances'
-``hostname`` in the REST API says which). Once the range that has progressed least has committed
-``KILL_AFTER_CHUNKS`` chunks (its cursor in Redis), its worker's machine "fails" in two steps:
-SIGKILL of the worker's process group (Celery's main process, its pool process and the task's
-supervisor), then of the task process. Airflow 3.3 runs the task process in a process group
-of its own, so the group kill alone leaves it running, orphaned: the test checks that it notices
-its supervisor's death and stops by itself within one chunk (``core/supervision.py``: at most one
-processor call starts after the kill, every chunk it processed is committed, it exits; the test
-waits at most ``ORPHAN_WATCH_S``), then kills whatever is left as the machine failure would.
-Nobody reports the death; the scheduler finds the try without heartbeat after ``[scheduler]
-task_instance_heartbeat_timeout`` and schedules try 2 (``retries`` in ``.partial()``), which
-only the surviving worker can run. Try 2 takes the range over by owner lineage and resumes from
-the committed cursor.
+The kill test runs the DAG in **pull mode**: ``ROWS`` keys planned into ``MAX_RANGES`` ranges of
+``ROWS / MAX_RANGES / CHUNK`` chunks, ``max_tasks=MAX_TASKS`` traverse tasks, each worker with
+concurrency ``CONCURRENCY`` so all four run at once, two on each worker; every task works through
+the round (claims the next unclaimed range, rescues ranges without a live owner, asks stragglers to
+split). The keys above ``ROWS - SLOW_KEYS`` (the last planned range, claimed last) are slow to
+process (``SLOW_SLEEP_S`` per chunk): when nothing is left to claim, the idle tasks ask that range
+to split.
 
-Guarantees checked (figures in the terminal summary): the traverse tries ran on both workers and
-the retry on the survivor; every key of ``(start, end]`` was processed at least once, none outside
-its range; no key was processed twice (the orphan committed what it processed before it
-stopped), and try 2 began at the committed cursor + 1; the barrier closed the round with done + skipped + dead = ``ROWS``;
-the broker's keys lay under the test's prefix, among them the dead try's unacknowledged message.
+Scenario: once every task runs try 1 and has processed at least ``KILL_AFTER_RANGES`` ranges, the
+worker of the task that has processed the fewest keys "fails" in two steps: SIGKILL of the worker's
+process group (Celery's main process, its pool processes and the tasks' supervisors), then of its
+task processes. Airflow 3.3 runs each task process in a process group of its own, so the group kill
+alone leaves them running, orphaned: the test checks that each notices its supervisor's death and
+stops by itself within one chunk (``core/supervision.py``: at most one processor call starts after
+the kill, every chunk it processed is committed, it releases its range and exits; the test waits at
+most ``ORPHAN_WATCH_S``), then kills whatever is left as the machine failure would. The surviving
+tasks go on pulling and rescue the released ranges from their committed cursors; nobody reports the
+death, the scheduler finds the dead tries without heartbeat after ``[scheduler]
+task_instance_heartbeat_timeout`` and schedules try 2 of each (``retries`` in ``.partial()``), which
+only the surviving worker can run, once a slot is free.
+
+Guarantees checked (figures in the terminal summary): the plan returned ``MAX_TASKS`` dicts for
+``MAX_RANGES`` ranges; the tasks ran on both workers, each try 1 over several ranges, the retries on
+the survivor; the orphans stopped within one chunk, and the range each held was finished by another
+process from its last key + 1; the straggler was split (the round ends with more ranges than
+planned, and a task reports the split it won); every key of ``(start, end]`` was processed, none
+outside its range, none twice; the barrier closed the round with done + skipped + dead = ``ROWS``;
+the broker's keys lay under the test's prefix, among them the dead tries' unacknowledged messages.
 """
 
 from __future__ import annotations
@@ -53,28 +63,31 @@ from airflow_keyset_provider.core import StreamControl
 from airflow_keyset_provider.core.store import CursorStore
 
 DAG_ID = "keyset_celery_kill"
-ROWS = 4000
-MAX_RANGES = 2
+ROWS = 6400
+MAX_RANGES = 64  # 100 keys, 5 chunks each
+MAX_TASKS = 4
+CONCURRENCY = 2  # per worker: the four pull tasks run at once, two on each worker
 CHUNK = 20
 SLEEP_S = 0.15
-KILL_AFTER_CHUNKS = 5
+SLOW_KEYS = 100  # the keys above ROWS - SLOW_KEYS (the last range) take SLOW_SLEEP_S per chunk
+SLOW_SLEEP_S = 2.0
+KILL_AFTER_RANGES = 2  # every task has processed this many ranges before the kill
 RETRIES = 2
 RUN_TIMEOUT_S = 180.0  # from the trigger to a finished run
 POLL_S = 0.1
-ORPHAN_WATCH_S = 20.0  # how long the orphaned task process may run before the "machine" is gone
+ORPHAN_WATCH_S = 20.0  # how long the orphaned task processes may run before the "machine" is gone
 SOURCE_CONN, REDIS_CONN = "keyset_celery_db", "keyset_celery_redis"
+WORKER_NAMES = ("w1", "w2")
 
 AirflowDeployment = ds.AirflowDeployment
 
 
 @dataclass
 class Victim:
-    range_id: int
     worker: str
-    pid: int  # the task process (it ran the processor)
+    tasks: dict[int, int]  # map index -> its task process (it ran the processor)
     kill: cs.MachineKill
-    cursor: int  # the range's committed cursor once every killed process is gone
-    done: int
+    cursors: dict[int, str]  # range -> its committed cursor once every killed process is gone
 
 
 def _create_tables(engine: sa.Engine, rows: int) -> None:
@@ -90,11 +103,17 @@ def _create_tables(engine: sa.Engine, rows: int) -> None:
             "processed int NOT NULL, tries int[] NOT NULL)"
         )
         conn.exec_driver_sql(
-            "CREATE TABLE celery_chunks (range_id int NOT NULL, try_number int NOT NULL, "
-            "pid int NOT NULL, ppid int NOT NULL, worker text NOT NULL, first_key bigint NOT NULL, "
-            "last_key bigint NOT NULL, n int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            "CREATE TABLE celery_chunks (range_id int NOT NULL, map_index int NOT NULL, "
+            "try_number int NOT NULL, pid int NOT NULL, ppid int NOT NULL, worker text NOT NULL, "
+            "first_key bigint NOT NULL, last_key bigint NOT NULL, n int NOT NULL, "
+            "at timestamptz NOT NULL DEFAULT clock_timestamp())"
         )
         conn.exec_driver_sql("ANALYZE celery_events")
+
+
+def _rows(engine: sa.Engine, sql: str, **params: Any) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text(sql), params).all())
 
 
 # --------------------------------------------------------------------------- REST helpers
@@ -118,75 +137,58 @@ def _tries(dep: AirflowDeployment, run_id: str, map_index: int) -> dict[int, dic
 # --------------------------------------------------------------------------- the kill
 
 
-def _task_pid(engine: sa.Engine, range_id: int) -> int:
-    with engine.connect() as conn:
-        pids = (
-            conn.execute(
-                sa.text(
-                    "SELECT DISTINCT pid FROM celery_chunks WHERE range_id = :r AND try_number = 1"
-                ),
-                {"r": range_id},
-            )
-            .scalars()
-            .all()
-        )
-    assert len(pids) == 1, f"range {range_id}: try 1 ran in {len(pids)} processes: {pids}"
-    return int(pids[0])
+def _progress(engine: sa.Engine) -> dict[int, tuple[int, int, int]]:
+    """map index -> (ranges, keys, task process) of its try 1 so far, by the processor's log."""
+    rows = _rows(
+        engine,
+        "SELECT map_index, count(DISTINCT range_id), sum(n), min(pid), max(pid) "
+        "FROM celery_chunks WHERE try_number = 1 GROUP BY map_index",
+    )
+    for mi, _, _, lo, hi in rows:
+        assert lo == hi, f"traverse[{mi}] try 1 ran in two processes: {lo}, {hi}"
+    return {int(mi): (int(r), int(n), int(pid)) for mi, r, n, pid, _ in rows}
 
 
 def _pick_victim(
-    dep: AirflowDeployment, run_id: str, status: list[dict[str, Any]]
-) -> tuple[int, str] | None:
-    """(range, worker) to kill once both ranges run try 1 on different workers and the one that
-    progressed least has committed KILL_AFTER_CHUNKS chunks; None while that is not yet so."""
-    tis = {r: ds.get_or_none(dep, _ti_path(run_id, "traverse", r)) for r in range(MAX_RANGES)}
+    dep: AirflowDeployment, engine: sa.Engine, run_id: str
+) -> tuple[str, dict[int, int]] | None:
+    """(worker, {map index: task pid} of its tasks) to kill once every task runs try 1 and has
+    processed KILL_AFTER_RANGES ranges: the worker of the task that processed the fewest keys.
+    None while that is not yet so."""
+    tis = {mi: ds.get_or_none(dep, _ti_path(run_id, "traverse", mi)) for mi in range(MAX_TASKS)}
     if any(
         ti is None or (ti["state"], ti["try_number"]) != ("running", 1) or not ti.get("hostname")
         for ti in tis.values()
     ):
         return None
-    hosts = {r: ti["hostname"] for r, ti in tis.items()}
-    assert len(set(hosts.values())) == MAX_RANGES, f"both ranges run on one worker: {hosts}"
-    slowest = min(status, key=lambda s: s["done"])
-    if slowest["done"] < KILL_AFTER_CHUNKS * CHUNK:
+    progress = _progress(engine)
+    if any(progress.get(mi, (0, 0, 0))[0] < KILL_AFTER_RANGES for mi in range(MAX_TASKS)):
         return None
-    r = int(slowest["range_id"])
-    worker = next(name for name in ("w1", "w2") if cs.worker_host(name) == hosts[r])
-    return r, worker
-
-
-def _orphan_stops(
-    ctl: StreamControl, round_id: str, range_id: int, alive: list[int]
-) -> dict[str, Any]:
-    """What the range's orphaned task process does after its worker's group was killed: waits
-    (at most ORPHAN_WATCH_S) for it to exit by itself. -> whether it did, and the chunks the range
-    committed meanwhile."""
-
-    def chunks() -> int:
-        return int(
-            next(s for s in ctl.range_status(round_id) if int(s["range_id"]) == range_id)["chunks"]
+    hosts = {mi: ti["hostname"] for mi, ti in tis.items()}
+    assert set(hosts.values()) == {cs.worker_host(w) for w in WORKER_NAMES}, (
+        f"the tasks do not run on both workers: {hosts}"
+    )
+    slowest = min(range(MAX_TASKS), key=lambda mi: progress[mi][1])
+    worker = next(w for w in WORKER_NAMES if cs.worker_host(w) == hosts[slowest])
+    tasks = {mi: progress[mi][2] for mi, host in hosts.items() if host == hosts[slowest]}
+    for mi, pid in tasks.items():
+        assert tis[mi]["pid"] == pid, (
+            f"traverse[{mi}]: REST shows pid {tis[mi]['pid']}, the processor ran in {pid}"
         )
+    return worker, tasks
 
-    before = chunks()
+
+def _orphans_stop(alive: list[int]) -> dict[str, Any]:
+    """Waits (at most ORPHAN_WATCH_S) for the orphaned task processes, left running by the group
+    kill, to exit by themselves. -> whether they did, and how long it took."""
     procs = [psutil.Process(pid) for pid in alive if psutil.pid_exists(pid)]
-    end = time.monotonic() + ORPHAN_WATCH_S
-    while any(ds.alive(p) for p in procs) and time.monotonic() < end:
+    start = time.monotonic()
+    while any(ds.alive(p) for p in procs) and time.monotonic() < start + ORPHAN_WATCH_S:
         time.sleep(0.05)
-    return {"exited": not any(ds.alive(p) for p in procs), "committed": chunks() - before}
-
-
-def _orphan_chunks(engine: sa.Engine, pid: int, killed_at: float) -> tuple[int, int]:
-    """(processor calls the task process ``pid`` started after ``killed_at``, the last key it
-    was handed)."""
-    with engine.connect() as conn:
-        after, last = conn.execute(
-            sa.text(
-                "SELECT count(*) FILTER (WHERE at > to_timestamp(:t)), max(last_key) "
-                "FROM celery_chunks WHERE pid = :pid"
-            ),
-            {"pid": pid, "t": killed_at},
-        ).one()
-    return int(after), int(last)
+    return {
+        "exited": not any(ds.alive(p) for p in procs),
+        "seconds": round(time.monotonic() - start, 1),
+    }
 
 
 def _run_and_kill(
@@ -196,8 +198,8 @@ def _run_and_kill(
     ctl: StreamControl,
     run_id: str,
 ) -> tuple[str, Victim | None, float]:
-    """Poll the run (REST) and the ranges (Redis) until the run ends; kill one worker machine
-    mid-range (see ``_pick_victim``). -> (final state, victim, seconds)."""
+    """Poll the run (REST) and the processor's log until the run ends; kill one worker machine
+    mid-round (see ``_pick_victim``). -> (final state, victim, seconds)."""
     started = time.monotonic()
     victim: Victim | None = None
     round_id: str | None = None
@@ -229,32 +231,27 @@ def _run_and_kill(
         if round_id is None or victim is not None:
             continue
         status = ctl.range_status(round_id)
-        if any(s["state"] == "complete" for s in status):
+        if all(s["state"] == "complete" for s in status):
             pytest.fail(
-                f"a range completed before both ran at once and one was killed: {status}; make the "
-                f"ranges longer\n{cs.diagnostics(dep, DAG_ID)}"
+                f"the round completed before every task ran {KILL_AFTER_RANGES} ranges and a "
+                f"worker was killed; make the round longer\n{cs.diagnostics(dep, DAG_ID)}"
             )
-        picked = _pick_victim(dep, run_id, status)
+        picked = _pick_victim(dep, engine, run_id)
         if picked is None:
             continue
-        r, worker = picked
-        pid = _task_pid(engine, r)
-        ti = dep.get(_ti_path(run_id, "traverse", r))
-        assert ti["pid"] == pid, (
-            f"range {r}: REST shows pid {ti['pid']}, the processor ran in {pid}"
-        )
-        watch = functools.partial(_orphan_stops, ctl, round_id, r)
-        kill = cs.kill_machine(workers[worker], worker, pid, between=watch)
-        time.sleep(0.5)  # an advance the victim wrote to its socket just before dying lands first
-        after = next(s for s in ctl.range_status(round_id) if int(s["range_id"]) == r)
-        victim = Victim(r, worker, pid, kill, int(after["cursor"]), int(after["done"]))
+        worker, tasks = picked
+        kill = cs.kill_machine(workers[worker], worker, min(tasks.values()), between=_orphans_stop)
+        time.sleep(0.5)  # an advance a victim wrote to its socket just before dying lands first
+        cursors = {int(s["range_id"]): str(s["cursor"]) for s in ctl.range_status(round_id)}
+        victim = Victim(worker, tasks, kill, cursors)
 
 
 # --------------------------------------------------------------------------- the figures
 
 
 def _effects(engine: sa.Engine, ranges: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the processor's own record says about coverage and replay."""
+    """What the processor's own record says about coverage and replay; ``ranges``: dicts with
+    ``range_id``, ``lo``, ``hi`` (the round's final ranges)."""
     out: dict[str, Any] = {"outside_range": 0, "rows_in_range": {}}
     with engine.connect() as conn:
         q = lambda sql, **kw: conn.execute(sa.text(sql), kw).all()  # noqa: E731
@@ -296,26 +293,63 @@ def _effects(engine: sa.Engine, ranges: list[dict[str, Any]]) -> dict[str, Any]:
             )
         }
         out["max_processed"] = q("SELECT coalesce(max(processed), 0) FROM celery_effects")[0][0]
-        out["tries"] = {
-            int(r): sorted(t)
-            for r, t in q(
-                "SELECT range_id, array_agg(DISTINCT try_number) FROM celery_chunks GROUP BY range_id"
-            )
-        }
-        out["workers"] = {
-            (int(r), int(t)): w
-            for r, t, w in q(
-                "SELECT range_id, try_number, string_agg(DISTINCT worker, ',') FROM celery_chunks "
-                "GROUP BY range_id, try_number"
-            )
-        }
-        out["resumed_at"] = {
-            int(r): int(m)
-            for r, m in q(
-                "SELECT range_id, min(first_key) FROM celery_chunks WHERE try_number = 2 GROUP BY range_id"
-            )
-        }
     return out
+
+
+@dataclass
+class Orphan:
+    """What one killed task process did, by the processor's log."""
+
+    map_index: int
+    pid: int
+    calls_after_kill: int  # processor calls it started after the group kill
+    range_id: int  # the range of its last chunk
+    last_key: int  # the last key it was handed
+    resumed_at: int | None  # the first key another process was handed in that range
+    resumed_by: str | None  # that process's task, ``traverse[<map index>] try <n>``
+
+
+def _orphan(engine: sa.Engine, map_index: int, pid: int, killed_at: float) -> Orphan:
+    after, range_id, last = _rows(
+        engine,
+        "SELECT count(*) FILTER (WHERE at > to_timestamp(:t)), "
+        "(array_agg(range_id ORDER BY at DESC))[1], (array_agg(last_key ORDER BY at DESC))[1] "
+        "FROM celery_chunks WHERE pid = :pid",
+        pid=pid,
+        t=killed_at,
+    )[0]
+    nxt = _rows(
+        engine,
+        "SELECT first_key, map_index, try_number FROM celery_chunks "
+        "WHERE range_id = :r AND pid <> :pid ORDER BY first_key LIMIT 1",
+        r=range_id,
+        pid=pid,
+    )
+    resumed_at, by = (
+        (int(nxt[0][0]), f"traverse[{nxt[0][1]}] try {nxt[0][2]}") if nxt else (None, None)
+    )
+    return Orphan(map_index, pid, int(after), int(range_id), int(last), resumed_at, by)
+
+
+def _per_task(engine: sa.Engine) -> dict[tuple[int, int], dict[str, Any]]:
+    """(map index, try) -> ranges (distinct, in order of first chunk), keys and workers, by the
+    processor's log."""
+    rows = _rows(
+        engine,
+        "SELECT map_index, try_number, array_agg(range_id ORDER BY at), sum(n), "
+        "string_agg(DISTINCT worker, ',') FROM celery_chunks GROUP BY map_index, try_number",
+    )
+    return {
+        (int(mi), int(t)): {"ranges": list(dict.fromkeys(rs)), "keys": int(n), "worker": w}
+        for mi, t, rs, n, w in rows
+    }
+
+
+def _start_offsets(tries: Mapping[int, Mapping[int, Mapping[str, Any]]]) -> dict[int, float]:
+    """map index -> seconds from the first try 1 start to this task's try 1 start."""
+    starts = {mi: by_try[1].get("start_date") for mi, by_try in tries.items() if 1 in by_try}
+    first = min((ds.since(iso, 0) for iso in starts.values() if iso), default=0.0)
+    return {mi: round(ds.since(iso, first), 1) for mi, iso in sorted(starts.items())}
 
 
 # --------------------------------------------------------------------------- the tests
@@ -341,6 +375,17 @@ def _dag_env(
     }
 
 
+def _pull_env() -> dict[str, str]:
+    """Pull mode over two workers of CONCURRENCY slots each, and the straggler."""
+    return {
+        "KEYSET_CELERY_MAX_TASKS": str(MAX_TASKS),
+        "KEYSET_CELERY_SLOW_ABOVE": str(ROWS - SLOW_KEYS),
+        "KEYSET_CELERY_SLOW_SLEEP_S": str(SLOW_SLEEP_S),
+        "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(CONCURRENCY),
+        "AIRFLOW__CORE__PARALLELISM": str(2 * MAX_TASKS),
+    }
+
+
 def test_round_survives_losing_one_of_two_celery_workers(
     celery_deployment: Callable[[Mapping[str, str], str], tuple[AirflowDeployment, dict]],
     pg_url: str,
@@ -353,9 +398,8 @@ def test_round_survives_losing_one_of_two_celery_workers(
     _create_tables(pg_engine, ROWS)
     stream = f"celery-{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()
-    dep, workers = celery_deployment(
-        _dag_env(pg_url, pg_schema, redis_url, key_prefix, stream, MAX_RANGES), DAG_ID
-    )
+    env = _dag_env(pg_url, pg_schema, redis_url, key_prefix, stream, MAX_RANGES) | _pull_env()
+    dep, workers = celery_deployment(env, DAG_ID)
     startup_s = time.monotonic() - t0
     ctl = StreamControl(CursorStore(redis_client, stream, prefix=key_prefix))
     run_id = f"celery_{uuid.uuid4().hex[:8]}"
@@ -370,104 +414,139 @@ def test_round_survives_losing_one_of_two_celery_workers(
     assert state == "success", f"DAG run {run_id} ended {state}\n{diagnostics()}"
     assert victim is not None, "no worker was killed"
     survivor = next(name for name in workers if name != victim.worker)
+    survivors = sorted(set(range(MAX_TASKS)) - set(victim.tasks))
     round_id = _xcom(dep, run_id, "plan", "round_id")
-    ranges = _xcom(dep, run_id, "plan", "return_value")
+    planned = int(_xcom(dep, run_id, "plan", "keyset_round")["ranges"])
+    task_dicts = _xcom(dep, run_id, "plan", "return_value")
     totals = _xcom(dep, run_id, "barrier", "return_value")
-    tries = {r: _tries(dep, run_id, r) for r in range(len(ranges))}
-    hosts = {(r, t): ti["hostname"] for r, by_try in tries.items() for t, ti in by_try.items()}
+    tries = {mi: _tries(dep, run_id, mi) for mi in range(len(task_dicts))}
+    results = {mi: _xcom(dep, run_id, "traverse", "return_value", mi) for mi in tries}
+    hosts = {(mi, t): ti["hostname"] for mi, by_try in tries.items() for t, ti in by_try.items()}
     timeouts = ds.heartbeat_timeouts(dep, DAG_ID, run_id)
     status = {int(s["range_id"]): s for s in ctl.range_status(round_id)}
-    fx = _effects(pg_engine, ranges)
+    fx = _effects(pg_engine, [{"range_id": r, "lo": s.lo, "hi": s.hi} for r, s in status.items()])
+    per_task = _per_task(pg_engine)
+    killed_at = victim.kill.killed_at
+    orphans = [_orphan(pg_engine, mi, pid, killed_at) for mi, pid in sorted(victim.tasks.items())]
     broker_keys = sorted(
         k.decode() for k in redis_client.scan_iter(match=f"{key_prefix}:celery:*", count=1000)
     )
-    # The dead worker's message was never acknowledged (acks_late): the broker keeps it, to deliver
-    # it again after visibility_timeout.
+    # The dead workers' messages were never acknowledged (acks_late): the broker keeps them, to
+    # deliver them again after visibility_timeout.
     unacked = cs.unacked_messages(redis_client, f"{key_prefix}:celery:")
-
-    v = victim.range_id
-    detect_s = ds.since(timeouts.get((v, 1)), victim.kill.killed_at)
-    retry_start_s = ds.since(tries[v].get(2, {}).get("start_date"), victim.kill.killed_at)
-    replayed = {r: fx["replayed_keys"].get(r, 0) for r in range(len(ranges))}
-    orphan_calls, orphan_last = _orphan_chunks(pg_engine, victim.pid, victim.kill.killed_at)
+    replayed = sum(fx["replayed_keys"].values())
+    splits_won = sum(int(res["splits_won"]) for res in results.values())
+    slow_ranges = sorted(r for r, s in status.items() if int(s.hi) > ROWS - SLOW_KEYS)
     cs.FIGURES.extend(
         [
             f"run {run_id}: {state} in {seconds:.0f} s after the trigger (deployment + 2 workers ready in "
-            f"{startup_s:.0f} s); {ROWS} keys, {len(ranges)} ranges, chunk {CHUNK}, heartbeat timeout "
-            f"{ds.HEARTBEAT_TIMEOUT_S} s",
-            f"  hostnames (range, try) -> host: {dict(sorted(hosts.items()))}",
-            f"  worker {victim.worker}'s processes: {victim.kill.names}",
-            f"  killed worker {victim.worker} mid range {v}: group {victim.kill.group} SIGKILLed; outside the group "
-            f"(pid -> pgid) {victim.kill.outside_group}; still alive after the group kill {victim.kill.survived_group_kill}"
-            f"; the orphan started {orphan_calls} processor call(s) after the kill, was handed keys up to "
-            f"{orphan_last} and stopped by itself ({victim.kill.observed}); committed cursor "
-            f"{victim.cursor} (done {victim.done})",
-            f"  heartbeat timeout found {detect_s:.1f} s after the kill; try 2 started {retry_start_s:.1f} s after it on "
-            f"{hosts.get((v, 2))}, resumed at key {fx['resumed_at'].get(v)}; takeovers {status[v]['takeovers']}",
-            f"  keys processed twice per range {replayed} (chunk {CHUNK}); max deliveries of one key "
+            f"{startup_s:.0f} s); {ROWS} keys, {planned} ranges planned over {len(task_dicts)} pull tasks "
+            f"(concurrency {CONCURRENCY} per worker), {len(status)} ranges at the end, chunk {CHUNK}, "
+            f"heartbeat timeout {ds.HEARTBEAT_TIMEOUT_S} s",
+            f"  hostnames (task, try) -> host: {dict(sorted(hosts.items()))}; try 1 started "
+            f"(s after the first) {_start_offsets(tries)}",
+            "  per task and try: ranges run / keys: "
+            + ", ".join(
+                f"traverse[{mi}] try {t} {len(x['ranges'])}/{x['keys']}"
+                for (mi, t), x in sorted(per_task.items())
+            ),
+            "  task results (ranges, splits asked/won): "
+            + ", ".join(
+                f"[{mi}] {len(res['ranges'])}, {res['splits_asked']}/{res['splits_won']}"
+                for mi, res in sorted(results.items())
+            )
+            + f"; the slow keys ended in ranges {slow_ranges}",
+            f"  killed worker {victim.worker} (tasks {sorted(victim.tasks)}): group {victim.kill.group} "
+            f"SIGKILLed; outside the group (pid -> pgid) {victim.kill.outside_group}; the orphans "
+            f"{victim.kill.observed}",
+            "  orphans (task, calls after the kill, range, last key, resumed at, by): "
+            + "; ".join(
+                f"[{o.map_index}] {o.calls_after_kill}, {o.range_id}, {o.last_key}, {o.resumed_at}, "
+                f"{o.resumed_by}"
+                for o in orphans
+            ),
+            "  heartbeat timeouts / try 2 starts after the kill: "
+            + ", ".join(
+                f"[{mi}] {ds.since(timeouts.get((mi, 1)), killed_at):.1f} s / "
+                f"{ds.since(tries[mi].get(2, {}).get('start_date'), killed_at):.1f} s"
+                for mi in sorted(victim.tasks)
+            ),
+            f"  keys processed twice {replayed} (chunk {CHUNK}); max deliveries of one key "
             f"{fx['max_processed']}; keys lost {fx['lost']}; outside their range {fx['outside_range']}",
             f"  barrier totals done {totals['done']} skipped {totals['skipped']} dead {totals['dead']}; broker keys "
             f"{[k.removeprefix(key_prefix + ':celery:') for k in broker_keys]} under {key_prefix}:celery:, "
             f"unacked messages left {unacked}",
-            f"  deliveries (worker, task, ignored): {[(d.worker, d.task, d.ignored) for d in cs.deliveries(dep, list(workers))]}",
         ]
     )
     print("\n".join(cs.FIGURES))
 
-    # Both workers ran traverse tries; the retry of the killed range ran on the survivor.
-    assert {hosts[(r, 1)] for r in range(len(ranges))} == {cs.worker_host(n) for n in workers}, (
-        hosts
-    )
-    assert hosts[(v, 1)] == cs.worker_host(victim.worker)
-    assert hosts.get((v, 2)) == cs.worker_host(survivor), hosts
-    assert fx["workers"][(v, 2)] == cs.worker_host(survivor), fx["workers"]
-    # The task process is not in the worker's process group: only a whole-machine kill stops it.
-    assert victim.pid in victim.kill.outside_group and victim.pid not in victim.kill.group, (
-        victim.kill
-    )
-    # Orphaned by the group kill, the task process stopped by itself within one chunk: at most
-    # one processor call started after the kill, everything it was handed is committed.
+    # Pull mode: many more ranges than tasks, each task through several ranges.
+    assert planned == MAX_RANGES and len(task_dicts) == MAX_TASKS < planned, (planned, task_dicts)
+    assert all(d["pull"] for d in task_dicts), task_dicts
+    for mi in tries:
+        assert len(per_task[(mi, 1)]["ranges"]) >= KILL_AFTER_RANGES, per_task
+    for mi, res in results.items():
+        assert res["mode"] == "pull", res
+        final = (mi, max(tries[mi]))
+        assert set(per_task.get(final, {"ranges": []})["ranges"]) <= set(res["ranges"]), (
+            mi,
+            res,
+            per_task.get(final),
+        )
+    # Both workers ran pull tasks; the retries of the killed worker's tasks ran on the survivor.
+    assert {hosts[(mi, 1)] for mi in tries} == {cs.worker_host(n) for n in workers}, hosts
+    for mi in victim.tasks:
+        assert hosts[(mi, 1)] == cs.worker_host(victim.worker), hosts
+        assert hosts.get((mi, 2)) == cs.worker_host(survivor), hosts
+    # The task processes are not in the worker's process group: only a machine kill stops them.
+    for pid in victim.tasks.values():
+        assert pid in victim.kill.outside_group and pid not in victim.kill.group, victim.kill
+    # Orphaned by the group kill, each task process stopped by itself within one chunk: at most
+    # one processor call started after the kill; the range it held was finished by another process
+    # from its last key + 1 (it committed everything it was handed), or by itself to its end.
+    # A surviving task's try 1 rescued it: the round did not wait for the heartbeat timeout.
     assert victim.kill.observed["exited"], (
-        f"the orphaned task process did not stop within {ORPHAN_WATCH_S} s: {victim.kill}"
+        f"the orphaned task processes did not stop within {ORPHAN_WATCH_S} s: {victim.kill}"
     )
-    assert orphan_calls <= 1, f"{orphan_calls} processor calls started after the kill"
-    assert orphan_last == victim.cursor, (orphan_last, victim.cursor)
-    assert replayed[v] == 0, replayed
-    # Airflow found the dead worker by heartbeat and retried the range once; the other ran once.
-    assert (v, 1) in timeouts, (
-        f"the scheduler never timed out the dead worker's try\n{diagnostics()}"
-    )
-    for r, by_try in tries.items():
-        want = 2 if r == v else 1
+    for o in orphans:
+        assert o.calls_after_kill <= 1, o
+        if o.resumed_at is None:
+            assert o.last_key == int(status[o.range_id].hi), (o, status[o.range_id])
+        else:
+            assert o.resumed_at == o.last_key + 1, (o, victim.cursors.get(o.range_id))
+            assert o.resumed_by in {f"traverse[{mi}] try 1" for mi in survivors}, o
+    # Airflow found the dead workers' tries by heartbeat and retried each once; the others ran once.
+    for mi, by_try in tries.items():
+        if mi in victim.tasks:  # try 2 ran once the survivors had finished everything
+            assert (mi, 1) in timeouts, f"no heartbeat timeout of traverse[{mi}]\n{diagnostics()}"
+            assert (mi, 2) not in per_task, per_task
+        want = 2 if mi in victim.tasks else 1
         final = by_try[max(by_try)]
         assert (max(by_try), final["state"]) == (want, "success"), (
-            r,
+            mi,
             {t: ti["state"] for t, ti in by_try.items()},
         )
-    # The retry took the range over and resumed from the committed cursor.
-    assert status[v]["takeovers"] >= 1 or fx["resumed_at"][v] == victim.cursor + 1, status[v]
-    assert fx["resumed_at"][v] == victim.cursor + 1, (fx["resumed_at"], victim.cursor)
-    lo = ranges[v]["lo"] or 0
-    assert victim.done == victim.cursor - lo, (
-        f"counter {victim.done} at cursor {victim.cursor} (lo {lo})"
-    )
+    # The straggler (the last range, slow keys) was split for an idle task: more ranges at the end
+    # than planned, and the last key lies in a range split off.
+    assert len(status) > planned and splits_won >= 1, (len(status), planned, results)
+    assert max(slow_ranges) >= planned, slow_ranges
     # Coverage: every key of (start, end] at least once, none outside its range.
     assert fx["lost"] == 0, f"{fx['lost']} key(s) never processed, e.g. {fx['lost_sample']}"
     assert (fx["unknown"], fx["outside_range"]) == (0, 0), fx
-    # Replay: at most one chunk, only where a worker died.
-    assert replayed[v] <= CHUNK, replayed
-    assert all(n == 0 for r, n in replayed.items() if r != v), replayed
-    assert fx["max_processed"] <= 2, fx["max_processed"]
+    # Replay: none (the orphans committed what they processed); the contract bound is one chunk
+    # per range per crash.
+    assert all(n <= CHUNK for n in fx["replayed_keys"].values()), fx["replayed_keys"]
+    assert (replayed, fx["max_processed"]) == (0, 1), fx["replayed_keys"]
     # The round is closed, counted exactly.
     assert ctl.round(round_id).state == "closed"
-    assert int(totals["done"]) + int(totals["skipped"]) + int(totals["dead"]) == ROWS, totals
     assert (totals["done"], totals["skipped"], totals["dead"]) == (ROWS, 0, 0), totals
     for r, s in status.items():
         assert (s["state"], s["done"]) == ("complete", fx["rows_in_range"][r]), (r, s)
     # The broker lived under the test's own prefix.
     assert broker_keys, f"no broker key under {key_prefix}:celery: (global_keyprefix not applied?)"
-    # The dead try's message was never acknowledged: the broker holds it for redelivery.
-    assert f"traverse[{v}] try 1" in unacked, unacked
+    # The dead tries' messages were never acknowledged: the broker holds them for redelivery.
+    for mi in victim.tasks:
+        assert f"traverse[{mi}] try 1" in unacked, unacked
 
 
 REDELIVERY_ROWS = 2400  # one range of 120 chunks: runs about twice VISIBILITY_TIMEOUT_S

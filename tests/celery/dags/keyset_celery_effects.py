@@ -5,8 +5,10 @@ when it parses the DAG. (``.airflowignore`` keeps the DAG processor from parsing
 
 For every chunk delivered it upserts each key into ``KEYSET_CELERY_EFFECTS`` (``processed`` counts
 the deliveries of that key, so a replayed key shows ``processed >= 2``), appends one row to
-``KEYSET_CELERY_CHUNKS`` (range, try, task process and its supervisor, worker, first/last key),
-commits, then sleeps ``KEYSET_CELERY_SLEEP_S`` so a kill lands in the middle of a range.
+``KEYSET_CELERY_CHUNKS`` (range, task map index and try, task process and its supervisor, worker,
+first/last key), commits, then sleeps ``KEYSET_CELERY_SLEEP_S`` so a kill lands in the middle of a
+range; ``KEYSET_CELERY_SLOW_SLEEP_S`` instead for a chunk whose last key is above
+``KEYSET_CELERY_SLOW_ABOVE`` (a straggler: keys slow to process).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ SOURCE_CONN_ID = os.environ.get("KEYSET_CELERY_SOURCE_CONN", "keyset_celery_db")
 EFFECTS_TABLE = os.environ.get("KEYSET_CELERY_EFFECTS", "celery_effects")
 CHUNKS_TABLE = os.environ.get("KEYSET_CELERY_CHUNKS", "celery_chunks")
 SLEEP_S = float(os.environ.get("KEYSET_CELERY_SLEEP_S", "0.15"))
+SLOW_ABOVE = int(os.environ.get("KEYSET_CELERY_SLOW_ABOVE", "0"))  # 0: no slow keys
+SLOW_SLEEP_S = float(os.environ.get("KEYSET_CELERY_SLOW_SLEEP_S", "0"))
 WORKER = os.environ.get("KEYSET_CELERY_WORKER_HOST", "unknown")  # set per worker by the test
 
 _ENGINE: sa.Engine | None = None  # one per task process: each try runs in a process of its own
@@ -41,7 +45,8 @@ def record_and_sleep(chunk: Chunk) -> None:
     """Count every delivered key, log the chunk (try, pids, worker), commit, then take a while."""
     keys = list(chunk.keys)
     if keys:
-        try_number = get_current_context()["ti"].try_number
+        ti = get_current_context()["ti"]
+        try_number, map_index = ti.try_number, ti.map_index
         with _engine().begin() as conn:
             conn.execute(
                 sa.text(
@@ -54,11 +59,13 @@ def record_and_sleep(chunk: Chunk) -> None:
             )
             conn.execute(
                 sa.text(
-                    f"INSERT INTO {CHUNKS_TABLE} (range_id, try_number, pid, ppid, worker, first_key, "
-                    "last_key, n) VALUES (:range_id, :try_number, :pid, :ppid, :worker, :first, :last, :n)"
+                    f"INSERT INTO {CHUNKS_TABLE} (range_id, map_index, try_number, pid, ppid, worker, "
+                    "first_key, last_key, n) VALUES (:range_id, :map_index, :try_number, :pid, "
+                    ":ppid, :worker, :first, :last, :n)"
                 ),
                 {
                     "range_id": chunk.range_id,
+                    "map_index": map_index,
                     "try_number": try_number,
                     "pid": os.getpid(),
                     "ppid": os.getppid(),
@@ -68,4 +75,5 @@ def record_and_sleep(chunk: Chunk) -> None:
                     "n": len(keys),
                 },
             )
-    time.sleep(SLEEP_S)
+    slow = SLOW_ABOVE > 0 and bool(keys) and keys[-1] > SLOW_ABOVE
+    time.sleep(SLOW_SLEEP_S if slow else SLEEP_S)

@@ -2,8 +2,10 @@
 
 ``plan`` fixes one round over ``KEYSET_CELERY_TABLE`` and splits it into ranges; ``traverse`` is
 mapped over them (``retries`` in ``.partial()``: a try lost with its worker is retried, on any
-worker, and resumes from the range's cursor); ``barrier`` (deferrable) waits in the triggerer and
-closes the round. The processor is given by reference, ``"keyset_celery_effects:record_and_sleep"``
+worker, and resumes from the range's cursor). With ``KEYSET_CELERY_MAX_TASKS`` set, pull mode:
+the plan returns that many dicts and each ``traverse`` task works through the round's ranges
+(claiming, rescuing, splitting stragglers) until none is left. ``barrier`` (deferrable) waits in
+the triggerer and closes the round. The processor is given by reference, ``"keyset_celery_effects:record_and_sleep"``
 (a module of this DAG bundle), so every worker resolves it from the bundle it runs the task from.
 
 Everything deployment-specific comes from environment variables the test sets for every Airflow
@@ -30,6 +32,7 @@ KEY_PREFIX = _env("KEY_PREFIX", "ks")
 STREAM = _env("STREAM", "keyset_celery_kill")
 TABLE = _env("TABLE", "celery_events")
 MAX_RANGES = int(_env("MAX_RANGES", "2"))
+MAX_TASKS = int(_env("MAX_TASKS", "0")) or None  # None: one mapped task per range
 CHUNK_SIZE = int(_env("CHUNK_SIZE", "20"))
 RETRIES = int(_env("RETRIES", "2"))
 RETRY_DELAY_S = float(_env("RETRY_DELAY_S", "3"))
@@ -53,6 +56,7 @@ with DAG(
         stream=STREAM,
         key_prefix=KEY_PREFIX,
         max_ranges=MAX_RANGES,
+        max_tasks=MAX_TASKS,
     )
     traverse = TraverseRangeOperator.partial(
         task_id="traverse",
