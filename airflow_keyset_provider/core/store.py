@@ -161,6 +161,8 @@ class Claim:
     takeover: bool
     retries: int
     complete: bool = False
+    lo: str = ""  # the range's bounds at the claim ('' from a complete claim; only the owner
+    hi: str = ""  # splits, so they hold while this claim does)
 
 
 class Held(NamedTuple):
@@ -448,6 +450,8 @@ class CursorStore(RangePull):
             int(res[5]),
             bool(int(res[6])),
             int(res[7]),
+            lo=_s(res[8]),
+            hi=_s(res[9]),
         )
 
     def heartbeat(self, round_id: str, range_id: int, token: str, lease_ms: int) -> bool:

@@ -85,7 +85,7 @@ class RangePull(StoreReads):
             raise self._missing_round(round_id)
         if status != "ok":
             return None
-        n = int(self.round_info(round_id)["n_ranges"])
+        n = int(res[2])  # read in the same step as the id
         i = int(res[1])
         return i if i < n else None
 

@@ -92,7 +92,8 @@ CLAIM = (
 --         same lineage, e.g. the same Airflow task instance, may take over at once: the old
 --         attempt is fenced by the new token)  ARGV[3] lease ms
 -- Returns {'lost'} (round missing or range not intact) | {'complete', cursor, done, skipped, dead}
---       | {'held', owner, ms left} | {'ok', cursor, epoch, done, skipped, dead, takeover, retries}
+--       | {'held', owner, ms left}
+--       | {'ok', cursor, epoch, done, skipped, dead, takeover, retries, lo, hi}
 """
     + _NOW
     + _INTACT
@@ -102,7 +103,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 or not intact(KEYS[2], KEYS[3], KEYS[4]) t
   return {'lost'}
 end
 local r = fields(KEYS[2], 'state', 'owner', 'lineage', 'lease_until', 'cursor',
-  'done', 'skipped', 'dead', 'epoch')
+  'done', 'skipped', 'dead', 'epoch', 'lo', 'hi')
 local lease_until = tonumber(r[4])
 if r[1] == 'complete' then
   -- an owner that completed the range but never released it (it died): its fields go now
@@ -124,7 +125,7 @@ if takeover == 1 then redis.call('HINCRBY', KEYS[2], 'takeovers', 1) end
 -- a split request was made of the previous owner: the new one does not inherit it (the requester
 -- reads 'no' and claims or rescues elsewhere)
 if r[2] ~= ARGV[1] then redis.call('HDEL', KEYS[2], 'split_req', 'split_req_ms') end
-return {'ok', r[5], epoch, r[6], r[7], r[8], takeover, redis.call('HLEN', KEYS[3])}
+return {'ok', r[5], epoch, r[6], r[7], r[8], takeover, redis.call('HLEN', KEYS[3]), r[10], r[11]}
 """
 )
 
@@ -483,10 +484,10 @@ NEXT_UNCLAIMED = """
 -- Hand out the next range id of a round that this counter never handed out (a hint for tasks
 -- that pull ranges: the claim that follows is fenced per range as always).
 -- KEYS[1] round hash.  Returns {'lost'} (no round: nothing written) | {'closed'} (round not open)
---       | {'ok', id} (id >= n_ranges: every range was handed out once).
+--       | {'ok', id, n_ranges} (id >= n_ranges: every range was handed out once).
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return {'closed'} end
-return {'ok', redis.call('HINCRBY', KEYS[1], 'next', 1) - 1}
+return {'ok', redis.call('HINCRBY', KEYS[1], 'next', 1) - 1, redis.call('HGET', KEYS[1], 'n_ranges')}
 """
 
 DELETE_ROUND = """
