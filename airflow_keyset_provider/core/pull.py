@@ -44,7 +44,7 @@ from .chunk import Processor
 from .errors import LeaseHeldError, RoundStateLostError
 from .options import TraverseOptions
 from .progress import key_fraction
-from .range_run import BUDGET
+from .range_run import BUDGET, make_pacer
 from .range_split import SPLIT_MIN_CHUNKS
 from .run_state import RangeResult
 from .status import RangeState
@@ -143,8 +143,12 @@ class PullLoop:
         self.skipped: set[int] = set()  # left incomplete without a reason: not taken again
         self.declined: set[int] = set()  # declined a split (or never answered): not asked again
         self.busy_since: dict[int, float] = {}
+        # one pacer for the call's ranges (stream control read once at the start, then polled
+        # every control_poll_seconds, as within a range), not one started and stopped per range
+        self.pacer = make_pacer(t, self.o)
 
     def run(self) -> RoundPullResult:
+        self.pacer.start()
         try:
             self._check_round()
             for _ in range(3):
@@ -157,6 +161,7 @@ class PullLoop:
                     if not self.t.control.restore(self.round_id):
                         raise
         finally:
+            self.pacer.stop()
             self.result.seconds = time.monotonic() - self.started
         r = self.result
         log.info(
@@ -241,6 +246,7 @@ class PullLoop:
                 checked=True,  # by _check_round; the ids come from the store
                 deadline=self.deadline,
                 split=self.split,
+                pacer=self.pacer,
             )
         except LeaseHeldError:
             if self.t._stop.is_set():

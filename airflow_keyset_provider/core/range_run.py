@@ -60,7 +60,7 @@ log = logging.getLogger("airflow_keyset_provider")
 BUDGET = "budget"
 
 
-def _pacer(t: KeysetTraversal, o: TraverseOptions) -> Pacer:
+def make_pacer(t: KeysetTraversal, o: TraverseOptions) -> Pacer:
     """The range's pacer: the stream's pause, rows/s budget and (with ``health_checks``) health
     gate, polled every ``control_poll_seconds``."""
     return Pacer(
@@ -86,13 +86,16 @@ def run_range(
     *,
     deadline: float | None = None,
     split: bool = False,
+    pacer: Pacer | None = None,
 ) -> RangeResult:
     """Claim the range (waiting while a live owner holds it), refuse it if the source's retention
     passed its cursor, run it with a heartbeat, release the lease. Returns its counters.
 
     ``deadline`` (``time.monotonic()``; default: now + ``o.max_task_seconds``) ends the run at a
     chunk boundary with ``yielded == "budget"``; ``split`` lets the run split its range when an
-    idle task asks (``core/range_split.py``; only pull loops pass it)."""
+    idle task asks (``core/range_split.py``; only pull loops pass it). ``pacer``: a started
+    pacer the caller keeps across its ranges (a pull loop; it polls the same stream control
+    either way); without one the range starts and stops its own."""
     token = f"{o.owner_lineage or 'worker'}#{uuid.uuid4().hex[:12]}"
     started = time.monotonic()
     if deadline is None and o.max_task_seconds is not None:
@@ -111,12 +114,13 @@ def run_range(
             round_id, range_id, claim.done, claim.skipped, claim.dead, True, claim.cursor
         )
     check_retention(t, round_id, range_id, token, claim.cursor)
-    rng = t.store.range(round_id, range_id)
+    rng = {"lo": claim.lo, "hi": claim.hi}  # read by the claim (only this owner may split)
     log_claim(t, round_id, range_id, claim, rng)
-    pacer = _pacer(t, o)
+    own_pacer = pacer is None
+    pacer = pacer or make_pacer(t, o)
     run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o, pacer)
     run.deadline, run.splitter = deadline, Splitter(run, split)
-    state = _run_leased(run, pacer)
+    state = _run_leased(run, pacer, own_pacer)
     return RangeResult(
         round_id,
         range_id,
@@ -136,19 +140,21 @@ def run_range(
     )
 
 
-def _run_leased(run: RangeRun, pacer: Pacer) -> CommittedRange:
-    """``run.run`` with the heartbeat and the pacer running; the lease released whatever
-    happens (a failed release expires by itself)."""
+def _run_leased(run: RangeRun, pacer: Pacer, own_pacer: bool = True) -> CommittedRange:
+    """``run.run`` with the heartbeat and the pacer running (``own_pacer``: started and stopped
+    here); the lease released whatever happens (a failed release expires by itself)."""
     t, o = run.t, run.o
     heart = Heartbeat(
         t.store, run.round_id, run.range_id, run.token, o.lease_ms, o.chunk_timeout_seconds
     )
     heart.start()
-    pacer.start()
+    if own_pacer:
+        pacer.start()
     try:
         return run.run(heart)
     finally:
-        pacer.stop()
+        if own_pacer:
+            pacer.stop()
         heart.stop()
         try:
             t.store.release(run.round_id, run.range_id, run.token)
@@ -439,4 +445,4 @@ class RangeRun(RangeCommits):
                 log.debug("prefetch discarded", exc_info=True)
 
 
-__all__ = ["CommittedRange", "Heartbeat", "RangeResult", "RangeRun", "run_range"]
+__all__ = ["CommittedRange", "Heartbeat", "RangeResult", "RangeRun", "make_pacer", "run_range"]
