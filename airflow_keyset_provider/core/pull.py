@@ -46,7 +46,7 @@ from .options import TraverseOptions
 from .progress import key_fraction
 from .range_run import BUDGET, make_pacer
 from .range_split import SPLIT_MIN_CHUNKS
-from .run_state import RangeResult
+from .run_state import HeartbeatThread, RangeResult
 from .status import RangeState
 
 if TYPE_CHECKING:
@@ -146,9 +146,11 @@ class PullLoop:
         # one pacer for the call's ranges (stream control read once at the start, then polled
         # every control_poll_seconds, as within a range), not one started and stopped per range
         self.pacer = make_pacer(t, self.o)
+        self.beats = HeartbeatThread(self.o.lease_ms, f"pull-{round_id}")  # likewise the beats
 
     def run(self) -> RoundPullResult:
         self.pacer.start()
+        self.beats.start()
         try:
             self._check_round()
             for _ in range(3):
@@ -162,6 +164,7 @@ class PullLoop:
                         raise
         finally:
             self.pacer.stop()
+            self.beats.stop()
             self.result.seconds = time.monotonic() - self.started
         r = self.result
         log.info(
@@ -247,6 +250,7 @@ class PullLoop:
                 deadline=self.deadline,
                 split=self.split,
                 pacer=self.pacer,
+                beats=self.beats,
             )
         except LeaseHeldError:
             if self.t._stop.is_set():

@@ -46,7 +46,15 @@ from .options import TraverseOptions
 from .range_claim import check_retention, claim_range, log_claim
 from .range_commit import RangeCommits
 from .range_split import Splitter
-from .run_state import CommittedRange, Group, Heartbeat, ProgressLog, RangeResult, Verdict
+from .run_state import (
+    CommittedRange,
+    Group,
+    Heartbeat,
+    HeartbeatThread,
+    ProgressLog,
+    RangeResult,
+    Verdict,
+)
 from .source import release
 from .store import Claim
 from .stream_control import Pace, Pacer
@@ -87,6 +95,7 @@ def run_range(
     deadline: float | None = None,
     split: bool = False,
     pacer: Pacer | None = None,
+    beats: HeartbeatThread | None = None,
 ) -> RangeResult:
     """Claim the range (waiting while a live owner holds it), refuse it if the source's retention
     passed its cursor, run it with a heartbeat, release the lease. Returns its counters.
@@ -95,7 +104,8 @@ def run_range(
     chunk boundary with ``yielded == "budget"``; ``split`` lets the run split its range when an
     idle task asks (``core/range_split.py``; only pull loops pass it). ``pacer``: a started
     pacer the caller keeps across its ranges (a pull loop; it polls the same stream control
-    either way); without one the range starts and stops its own."""
+    either way); without one the range starts and stops its own. ``beats``: likewise, a running
+    heartbeat thread the range attaches to (else it starts a thread of its own)."""
     token = f"{o.owner_lineage or 'worker'}#{uuid.uuid4().hex[:12]}"
     started = time.monotonic()
     if deadline is None and o.max_task_seconds is not None:
@@ -120,7 +130,7 @@ def run_range(
     pacer = pacer or make_pacer(t, o)
     run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o, pacer)
     run.deadline, run.splitter = deadline, Splitter(run, split)
-    state = _run_leased(run, pacer, own_pacer)
+    state = _run_leased(run, pacer, own_pacer, beats)
     return RangeResult(
         round_id,
         range_id,
@@ -140,14 +150,20 @@ def run_range(
     )
 
 
-def _run_leased(run: RangeRun, pacer: Pacer, own_pacer: bool = True) -> CommittedRange:
-    """``run.run`` with the heartbeat and the pacer running (``own_pacer``: started and stopped
-    here); the lease released whatever happens (a failed release expires by itself)."""
+def _run_leased(
+    run: RangeRun, pacer: Pacer, own_pacer: bool = True, beats: HeartbeatThread | None = None
+) -> CommittedRange:
+    """``run.run`` with the heartbeat (on ``beats`` if given, else a thread of its own) and the
+    pacer running (``own_pacer``: started and stopped here); the lease released whatever happens
+    (a failed release expires by itself)."""
     t, o = run.t, run.o
     heart = Heartbeat(
         t.store, run.round_id, run.range_id, run.token, o.lease_ms, o.chunk_timeout_seconds
     )
-    heart.start()
+    if beats is not None:
+        beats.attach(heart)
+    else:
+        heart.start()
     if own_pacer:
         pacer.start()
     try:
@@ -156,6 +172,8 @@ def _run_leased(run: RangeRun, pacer: Pacer, own_pacer: bool = True) -> Committe
         if own_pacer:
             pacer.stop()
         heart.stop()
+        if beats is not None:
+            beats.attach(None)
         try:
             t.store.release(run.round_id, run.range_id, run.token)
         except KeysetError:
