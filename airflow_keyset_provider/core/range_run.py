@@ -175,7 +175,8 @@ def _run_leased(
         if beats is not None:
             beats.attach(None)
         try:
-            t.store.release(run.round_id, run.range_id, run.token)
+            if not run.released:  # else the completing advance released it
+                t.store.release(run.round_id, run.range_id, run.token)
         except KeysetError:
             log.warning(
                 "round %s range %d: could not release the lease; it expires by itself",

@@ -91,6 +91,9 @@ class Heartbeat:
         self.overrun = threading.Event()  # a processor call ran past chunk_timeout: beats stopped
         self._busy_since: float | None = None
         self._halt = threading.Event()  # no more beats for this range
+        # held around each beat and, by the owner, around each advance: a beat never races the
+        # advance that completes and releases the range (``stop`` under it ends the beats)
+        self.lock = threading.Lock()
         self._thread: HeartbeatThread | None = None  # its own thread (``start``), if any
 
     def busy(self) -> None:
@@ -121,6 +124,12 @@ class Heartbeat:
         """Renew the lease once; False: stop beating this range (lost or overrun)."""
         if self._stalled():
             return False
+        with self.lock:
+            if self._halt.is_set():
+                return False  # released by its completing advance: nothing to renew
+            return self._renew()
+
+    def _renew(self) -> bool:
         try:
             if self.store.heartbeat(self.round_id, self.range_id, self.token, self.lease_ms):
                 return True
@@ -129,8 +138,6 @@ class Heartbeat:
                 "round %s range %d: heartbeat failed: %s", self.round_id, self.range_id, exc
             )
             return True
-        if self._halt.is_set():
-            return False  # released while this beat was on its way: not a loss
         log.error(
             "round %s range %d: lease lost (another worker owns the range); stopping",
             self.round_id,

@@ -184,6 +184,7 @@ class Advanced:
     retries: int
     complete: bool
     split_req: str = ""  # an idle task asks the owner to split the range ('' = nobody)
+    released: bool = False  # this step completed the range and released it (``release=True``)
 
 
 @dataclass(frozen=True)
@@ -474,9 +475,12 @@ class CursorStore(RangePull):
         dead_cap: int = 1000,
         resolved: Iterable[tuple[str, str]] = (),
         failed: Iterable[tuple[str, str]] = (),
+        release: bool = False,
     ) -> Advanced:
         """Commit one chunk's outcome. Raises ``LeaseLostError`` or ``CursorConflictError`` (and
-        changes nothing) when the fence refuses it."""
+        changes nothing) when the fence refuses it. ``release``: when this step completes the
+        range, release it in the same step (``Advanced.released``; not while a split request
+        waits for the owner's answer: then call ``release`` after answering)."""
         args: list[Any] = [
             token,
             expected,
@@ -496,6 +500,7 @@ class CursorStore(RangePull):
         args.append(len(fail_list))
         for k, err in fail_list:
             args += [k, err.replace("\n", " ")[:500]]
+        args.append("1" if release else "")
         keys = [
             self.range_key(round_id, range_id),
             self.retry_key(round_id, range_id),
@@ -513,6 +518,7 @@ class CursorStore(RangePull):
                 int(res[5]),
                 _s(res[6]) == RangeState.COMPLETE,
                 _s(res[7]) if len(res) > 7 else "",
+                len(res) > 8 and int(res[8]) == 1,
             )
         if status == "dead_cap":
             raise DeadLetterCapError(

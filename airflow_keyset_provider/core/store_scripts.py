@@ -155,10 +155,13 @@ ADVANCE = (
 -- ARGV[9] label for the event ('R:I')  ARGV[10] number of resolved retry keys N
 -- ARGV[11..10+2N] key, outcome ('d' done / 's' skipped) for keys leaving the retry set
 -- then F = count, then F pairs of key, error for items that failed in this pass
+-- then '1' to release the range when this step completes it (as RELEASE: compacted, the owner's
+-- fields gone) unless a split request waits for the owner's answer; '' or absent: keep it
 -- Refusals change nothing: {'lost'} (range not intact) {'not_owner', owner} {'expired'}
 --   {'cursor', actual} {'backwards'} {'past_hi', hi}
 --   {'dead_cap', dead now, letters this step would add, cap}
--- Returns {'ok', cursor, done, skipped, dead, retries, state, split request ('' = none)}.
+-- Returns {'ok', cursor, done, skipped, dead, retries, state, split request ('' = none),
+--   released (1/0)}.
 """
     + _NOW
     + _INTACT
@@ -225,7 +228,13 @@ if new == r[4] and retries == 0 then
   redis.call('HSET', KEYS[1], 'state', state, 'completed_ms', now)
   redis.call('PUBLISH', KEYS[4], ARGV[9] .. ':complete')
 end
-return {'ok', new, done, skipped, dead, retries, state, redis.call('HGET', KEYS[1], 'split_req') or ''}
+local split_req = redis.call('HGET', KEYS[1], 'split_req') or ''
+local released = 0
+if state == 'complete' and ARGV[12 + 2 * n + 2 * f] == '1' and split_req == '' then
+  compact(KEYS[1])
+  released = 1
+end
+return {'ok', new, done, skipped, dead, retries, state, split_req, released}
 """
 )
 
