@@ -189,7 +189,7 @@ class PullLoop:
             if not self._take(next_id, _NEXT):
                 return
         while not self._over():
-            briefs = self.store.range_briefs(self.round_id)
+            briefs = self.store.open_briefs(self.round_id)
             orphan = self._orphan(briefs)
             if orphan is not None:
                 if not self._take(orphan, "rescuing (not complete, no live owner)"):
@@ -227,7 +227,7 @@ class PullLoop:
             return []
         return [
             b.range_id
-            for b in self.store.range_briefs(self.round_id)
+            for b in self.store.open_briefs(self.round_id)
             if b.lineage == self.lineage and b.state != RangeState.COMPLETE
         ]
 

@@ -512,6 +512,32 @@ if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
 return n
 """
 
+OPEN_BRIEFS = (
+    """
+-- The fields a pulling task reads of each range of one batch that is not complete (it never
+-- claims, rescues or splits a complete one), so its polls at a round's end return what is left,
+-- not every range. KEYS range hashes of ids ARGV[1], ARGV[1] + 1, ...  ARGV[2..] field names
+-- Returns {'lost', id} (a range has no state) | {'ok', now, id, values..., id, values..., ...}
+-- (missing fields as '').
+"""
+    + _NOW
+    + """
+local first = tonumber(ARGV[1])
+local names = {}
+for j = 2, #ARGV do names[#names + 1] = ARGV[j] end
+local out = {'ok', now}
+for k = 1, #KEYS do
+  local v = redis.call('HMGET', KEYS[k], 'lo', 'hi', 'state', unpack(names))
+  if not v[1] and not v[2] then return {'lost', first + k - 1} end
+  if v[3] ~= 'complete' then
+    out[#out + 1] = first + k - 1
+    for j = 4, #v do out[#out + 1] = v[j] or '' end
+  end
+end
+return out
+"""
+)
+
 REQUEST_SPLIT = (
     """
 -- An idle task asks the live owner of a running range to split it at its next chunk boundary.
