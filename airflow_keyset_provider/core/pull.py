@@ -44,10 +44,11 @@ from .chunk import Processor
 from .errors import LeaseHeldError, RoundStateLostError
 from .options import TraverseOptions
 from .progress import key_fraction
-from .range_run import BUDGET, make_pacer
+from .range_run import BUDGET
 from .range_split import SPLIT_MIN_CHUNKS
 from .run_state import HeartbeatThread, RangeResult
 from .status import RangeState
+from .stream_control import make_pacer
 
 if TYPE_CHECKING:
     from .store_pull import RangeBrief

@@ -39,7 +39,6 @@ from .errors import (
     LeaseLostError,
     RetryableError,
 )
-from .health import HealthGate
 from .item_failures import IsolationStopped, ItemFailures
 from .keys import display_key, encode_key
 from .options import TraverseOptions
@@ -57,7 +56,7 @@ from .run_state import (
 )
 from .source import release
 from .store import Claim
-from .stream_control import Pace, Pacer
+from .stream_control import Pace, Pacer, make_pacer
 
 if TYPE_CHECKING:
     from .traversal import KeysetTraversal
@@ -66,23 +65,6 @@ log = logging.getLogger("airflow_keyset_provider")
 
 #: ``RangeResult.yielded`` when the call's ``max_task_seconds`` budget was spent.
 BUDGET = "budget"
-
-
-def make_pacer(t: KeysetTraversal, o: TraverseOptions) -> Pacer:
-    """The range's pacer: the stream's pause, rows/s budget and (with ``health_checks``) health
-    gate, polled every ``control_poll_seconds``."""
-    return Pacer(
-        t.store,
-        poll_seconds=o.control_poll_seconds,
-        yield_after=o.yield_after_seconds,
-        chunk_rows=o.chunk_size,
-        stop=t._stop,
-        health=(
-            HealthGate(t.store, o.health_checks, t.source.engine, o.health_poll_seconds)
-            if o.health_checks
-            else None
-        ),
-    )
 
 
 def run_range(
@@ -464,4 +446,4 @@ class RangeRun(RangeCommits):
                 log.debug("prefetch discarded", exc_info=True)
 
 
-__all__ = ["CommittedRange", "Heartbeat", "RangeResult", "RangeRun", "make_pacer", "run_range"]
+__all__ = ["CommittedRange", "Heartbeat", "RangeResult", "RangeRun", "run_range"]
