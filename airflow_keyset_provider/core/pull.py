@@ -46,8 +46,9 @@ from .options import TraverseOptions
 from .progress import key_fraction
 from .range_run import BUDGET
 from .range_split import SPLIT_MIN_CHUNKS
-from .run_state import RangeResult
+from .run_state import HeartbeatThread, RangeResult
 from .status import RangeState
+from .stream_control import make_pacer
 
 if TYPE_CHECKING:
     from .store_pull import RangeBrief
@@ -143,8 +144,14 @@ class PullLoop:
         self.skipped: set[int] = set()  # left incomplete without a reason: not taken again
         self.declined: set[int] = set()  # declined a split (or never answered): not asked again
         self.busy_since: dict[int, float] = {}
+        # one pacer for the call's ranges (stream control read once at the start, then polled
+        # every control_poll_seconds, as within a range), not one started and stopped per range
+        self.pacer = make_pacer(t, self.o)
+        self.beats = HeartbeatThread(self.o.lease_ms, f"pull-{round_id}")  # likewise the beats
 
     def run(self) -> RoundPullResult:
+        self.pacer.start()
+        self.beats.start()
         try:
             self._check_round()
             for _ in range(3):
@@ -157,6 +164,8 @@ class PullLoop:
                     if not self.t.control.restore(self.round_id):
                         raise
         finally:
+            self.pacer.stop()
+            self.beats.stop()
             self.result.seconds = time.monotonic() - self.started
         r = self.result
         log.info(
@@ -181,7 +190,7 @@ class PullLoop:
             if not self._take(next_id, _NEXT):
                 return
         while not self._over():
-            briefs = self.store.range_briefs(self.round_id)
+            briefs = self.store.open_briefs(self.round_id)
             orphan = self._orphan(briefs)
             if orphan is not None:
                 if not self._take(orphan, "rescuing (not complete, no live owner)"):
@@ -219,7 +228,7 @@ class PullLoop:
             return []
         return [
             b.range_id
-            for b in self.store.range_briefs(self.round_id)
+            for b in self.store.open_briefs(self.round_id)
             if b.lineage == self.lineage and b.state != RangeState.COMPLETE
         ]
 
@@ -241,6 +250,8 @@ class PullLoop:
                 checked=True,  # by _check_round; the ids come from the store
                 deadline=self.deadline,
                 split=self.split,
+                pacer=self.pacer,
+                beats=self.beats,
             )
         except LeaseHeldError:
             if self.t._stop.is_set():

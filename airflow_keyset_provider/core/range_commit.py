@@ -23,10 +23,11 @@ from .errors import (
 from .keys import display_key
 from .options import TraverseOptions
 from .run_state import CommittedRange
-from .store import CursorStore
+from .store import Advanced, CursorStore
 
 if TYPE_CHECKING:
     from .range_split import Splitter
+    from .run_state import Heartbeat
     from .traversal import KeysetTraversal
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -46,6 +47,8 @@ class RangeCommits:
     chunks: int
     last_checkpoint: float
     splitter: Splitter
+    heart: Heartbeat
+    released: bool = False  # the completing advance released the lease (nothing left to do)
 
     def _backoff(self, attempt: int, what: str, exc: BaseException) -> None:
         self.t.metrics.incr("dependency.failure", tags=self.t.tags)
@@ -85,20 +88,10 @@ class RangeCommits:
         metrics, tags = self.t.metrics, self.t.tags
         started = time.perf_counter()
         try:
-            a = self.store.advance(
-                self.round_id,
-                self.range_id,
-                self.token,
-                self.state.cursor,
-                new,
-                done=done,
-                skipped=skipped,
-                lease_ms=self.o.lease_ms,
-                max_item_attempts=self.o.max_item_attempts,
-                dead_cap=self.o.dead_cap,
-                resolved=resolved,
-                failed=failed,
-            )
+            with self.heart.lock:  # no beat in flight while this step may release the range
+                a = self._advance(new, done, skipped, resolved, failed)
+                if a.released:
+                    self.heart.stop()
         except (LeaseLostError, CursorConflictError):
             metrics.incr("advance.refused", tags=tags)
             raise
@@ -113,6 +106,7 @@ class RangeCommits:
             if delta:
                 metrics.incr(name, delta, tags=tags)
         self.state = CommittedRange(a.cursor, a.done, a.skipped, a.dead, a.retries, a.complete)
+        self.released = a.released
         self.chunks += 1
         self.checkpoint(force=a.complete)
         if a.split_req:  # an idle task asks this range to split: answer at this boundary
@@ -125,6 +119,30 @@ class RangeCommits:
                 a.dead - before.dead,
                 self.o.max_item_attempts,
             )
+
+    def _advance(
+        self,
+        new: str,
+        done: int,
+        skipped: int,
+        resolved: Sequence[tuple[str, str]],
+        failed: Sequence[tuple[str, str]],
+    ) -> Advanced:
+        return self.store.advance(
+            self.round_id,
+            self.range_id,
+            self.token,
+            self.state.cursor,
+            new,
+            done=done,
+            skipped=skipped,
+            lease_ms=self.o.lease_ms,
+            max_item_attempts=self.o.max_item_attempts,
+            dead_cap=self.o.dead_cap,
+            resolved=resolved,
+            failed=failed,
+            release=True,  # the step that completes the range releases it too
+        )
 
     def checkpoint(self, force: bool = False) -> None:
         """Mirror the committed state durably, at most every ``checkpoint_seconds``."""

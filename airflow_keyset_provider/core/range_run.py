@@ -39,17 +39,24 @@ from .errors import (
     LeaseLostError,
     RetryableError,
 )
-from .health import HealthGate
 from .item_failures import IsolationStopped, ItemFailures
 from .keys import display_key, encode_key
 from .options import TraverseOptions
 from .range_claim import check_retention, claim_range, log_claim
 from .range_commit import RangeCommits
 from .range_split import Splitter
-from .run_state import CommittedRange, Group, Heartbeat, ProgressLog, RangeResult, Verdict
+from .run_state import (
+    CommittedRange,
+    Group,
+    Heartbeat,
+    HeartbeatThread,
+    ProgressLog,
+    RangeResult,
+    Verdict,
+)
 from .source import release
 from .store import Claim
-from .stream_control import Pace, Pacer
+from .stream_control import Pace, Pacer, make_pacer
 
 if TYPE_CHECKING:
     from .traversal import KeysetTraversal
@@ -58,23 +65,6 @@ log = logging.getLogger("airflow_keyset_provider")
 
 #: ``RangeResult.yielded`` when the call's ``max_task_seconds`` budget was spent.
 BUDGET = "budget"
-
-
-def _pacer(t: KeysetTraversal, o: TraverseOptions) -> Pacer:
-    """The range's pacer: the stream's pause, rows/s budget and (with ``health_checks``) health
-    gate, polled every ``control_poll_seconds``."""
-    return Pacer(
-        t.store,
-        poll_seconds=o.control_poll_seconds,
-        yield_after=o.yield_after_seconds,
-        chunk_rows=o.chunk_size,
-        stop=t._stop,
-        health=(
-            HealthGate(t.store, o.health_checks, t.source.engine, o.health_poll_seconds)
-            if o.health_checks
-            else None
-        ),
-    )
 
 
 def run_range(
@@ -86,37 +76,33 @@ def run_range(
     *,
     deadline: float | None = None,
     split: bool = False,
+    pacer: Pacer | None = None,
+    beats: HeartbeatThread | None = None,
 ) -> RangeResult:
     """Claim the range (waiting while a live owner holds it), refuse it if the source's retention
     passed its cursor, run it with a heartbeat, release the lease. Returns its counters.
 
     ``deadline`` (``time.monotonic()``; default: now + ``o.max_task_seconds``) ends the run at a
     chunk boundary with ``yielded == "budget"``; ``split`` lets the run split its range when an
-    idle task asks (``core/range_split.py``; only pull loops pass it)."""
+    idle task asks (``core/range_split.py``; only pull loops pass it). ``pacer``: a started
+    pacer the caller keeps across its ranges (a pull loop; it polls the same stream control
+    either way); without one the range starts and stops its own. ``beats``: likewise, a running
+    heartbeat thread the range attaches to (else it starts a thread of its own)."""
     token = f"{o.owner_lineage or 'worker'}#{uuid.uuid4().hex[:12]}"
     started = time.monotonic()
     if deadline is None and o.max_task_seconds is not None:
         deadline = started + o.max_task_seconds
     claim = claim_range(t, round_id, range_id, token, o)
     if claim.complete:
-        log.info(
-            "round %s range %d is already complete (done %d, skipped %d, dead %d)",
-            round_id,
-            range_id,
-            claim.done,
-            claim.skipped,
-            claim.dead,
-        )
-        return RangeResult(
-            round_id, range_id, claim.done, claim.skipped, claim.dead, True, claim.cursor
-        )
+        return _already_complete(round_id, range_id, claim)
     check_retention(t, round_id, range_id, token, claim.cursor)
-    rng = t.store.range(round_id, range_id)
+    rng = {"lo": claim.lo, "hi": claim.hi}  # read by the claim (only this owner may split)
     log_claim(t, round_id, range_id, claim, rng)
-    pacer = _pacer(t, o)
+    own_pacer = pacer is None
+    pacer = pacer or make_pacer(t, o)
     run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o, pacer)
     run.deadline, run.splitter = deadline, Splitter(run, split)
-    state = _run_leased(run, pacer)
+    state = _run_leased(run, pacer, own_pacer, beats)
     return RangeResult(
         round_id,
         range_id,
@@ -136,22 +122,47 @@ def run_range(
     )
 
 
-def _run_leased(run: RangeRun, pacer: Pacer) -> CommittedRange:
-    """``run.run`` with the heartbeat and the pacer running; the lease released whatever
-    happens (a failed release expires by itself)."""
+def _already_complete(round_id: str, range_id: int, claim: Claim) -> RangeResult:
+    log.info(
+        "round %s range %d is already complete (done %d, skipped %d, dead %d)",
+        round_id,
+        range_id,
+        claim.done,
+        claim.skipped,
+        claim.dead,
+    )
+    return RangeResult(
+        round_id, range_id, claim.done, claim.skipped, claim.dead, True, claim.cursor
+    )
+
+
+def _run_leased(
+    run: RangeRun, pacer: Pacer, own_pacer: bool = True, beats: HeartbeatThread | None = None
+) -> CommittedRange:
+    """``run.run`` with the heartbeat (on ``beats`` if given, else a thread of its own) and the
+    pacer running (``own_pacer``: started and stopped here); the lease released whatever happens
+    (a failed release expires by itself)."""
     t, o = run.t, run.o
     heart = Heartbeat(
         t.store, run.round_id, run.range_id, run.token, o.lease_ms, o.chunk_timeout_seconds
     )
-    heart.start()
-    pacer.start()
+    if beats is not None:
+        beats.attach(heart)
+    else:
+        heart.start()
+    if own_pacer:
+        pacer.start()
     try:
         return run.run(heart)
     finally:
-        pacer.stop()
+        if own_pacer:
+            pacer.stop()
         heart.stop()
+        if beats is not None:
+            beats.attach(None)
         try:
-            t.store.release(run.round_id, run.range_id, run.token)
+            if not run.released:  # else the completing advance released it
+                t.store.release(run.round_id, run.range_id, run.token)
         except KeysetError:
             log.warning(
                 "round %s range %d: could not release the lease; it expires by itself",

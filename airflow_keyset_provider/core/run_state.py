@@ -61,8 +61,8 @@ class RangeResult:
         }
 
 
-class Heartbeat(threading.Thread):
-    """Renews the lease every third of it, while the range makes progress.
+class Heartbeat:
+    """Renews the lease of one claimed range every third of it, while the range makes progress.
 
     If the store says the token no longer owns the range, ``lost`` is set and the loop stops
     before its next side effect. The lease follows progress, not the process: while a processor
@@ -70,7 +70,11 @@ class Heartbeat(threading.Thread):
     ``overrun``. Timeline: try A's processor hangs at t0; A beats until t0 + chunk_timeout, then
     stops; its lease lapses ``lease`` seconds later and try B claims the range (new token, new
     epoch). If A's call ever returns, A sees ``overrun`` and fails with ``LeaseLostError``; even a
-    late advance of A would be refused by the store (fencing), so B's cursor is safe."""
+    late advance of A would be refused by the store (fencing), so B's cursor is safe.
+
+    The beats come from a ``HeartbeatThread``: ``start`` gives this range a thread of its own;
+    a pull loop instead ``attach``es each of its ranges in turn to one thread it keeps (the first
+    beat of a range then comes at most a third of the lease after the attach, never later)."""
 
     def __init__(
         self,
@@ -81,13 +85,16 @@ class Heartbeat(threading.Thread):
         lease_ms: int,
         chunk_timeout: float = math.inf,
     ) -> None:
-        super().__init__(name=f"keyset-heartbeat-{round_id}-{range_id}", daemon=True)
         self.store, self.round_id, self.range_id = store, round_id, range_id
         self.token, self.lease_ms, self.chunk_timeout = token, lease_ms, chunk_timeout
         self.lost = threading.Event()
         self.overrun = threading.Event()  # a processor call ran past chunk_timeout: beats stopped
         self._busy_since: float | None = None
-        self._halt = threading.Event()
+        self._halt = threading.Event()  # no more beats for this range
+        # held around each beat and, by the owner, around each advance: a beat never races the
+        # advance that completes and releases the range (``stop`` under it ends the beats)
+        self.lock = threading.Lock()
+        self._thread: HeartbeatThread | None = None  # its own thread (``start``), if any
 
     def busy(self) -> None:
         """A processor call starts now."""
@@ -97,28 +104,47 @@ class Heartbeat(threading.Thread):
         """The processor call returned (or raised)."""
         self._busy_since = None
 
-    def run(self) -> None:
-        while not self._halt.wait(self.lease_ms / 3000):
-            if self._stalled():
-                return
-            try:
-                if not self.store.heartbeat(
-                    self.round_id, self.range_id, self.token, self.lease_ms
-                ):
-                    log.error(
-                        "round %s range %d: lease lost (another worker owns the range); stopping",
-                        self.round_id,
-                        self.range_id,
-                    )
-                    self.lost.set()
-                    return
-            except (
-                KeysetError,
-                redis.RedisError,
-            ) as exc:  # keep trying; the fence protects the cursor
-                log.warning(
-                    "round %s range %d: heartbeat failed: %s", self.round_id, self.range_id, exc
-                )
+    def start(self) -> None:
+        """Beat from a thread of this range's own (stopped by ``stop``)."""
+        self._thread = HeartbeatThread(self.lease_ms, f"{self.round_id}-{self.range_id}")
+        self._thread.attach(self)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """No more beats for this range (its own thread, if any, ends)."""
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.stop()
+
+    @property
+    def halted(self) -> bool:
+        return self._halt.is_set()
+
+    def beat(self) -> bool:
+        """Renew the lease once; False: stop beating this range (lost or overrun)."""
+        if self._stalled():
+            return False
+        with self.lock:
+            if self._halt.is_set():
+                return False  # released by its completing advance: nothing to renew
+            return self._renew()
+
+    def _renew(self) -> bool:
+        try:
+            if self.store.heartbeat(self.round_id, self.range_id, self.token, self.lease_ms):
+                return True
+        except (KeysetError, redis.RedisError) as exc:  # keep trying; the fence protects the cursor
+            log.warning(
+                "round %s range %d: heartbeat failed: %s", self.round_id, self.range_id, exc
+            )
+            return True
+        log.error(
+            "round %s range %d: lease lost (another worker owns the range); stopping",
+            self.round_id,
+            self.range_id,
+        )
+        self.lost.set()
+        return False
 
     def _stalled(self) -> bool:
         """True (and ``overrun`` set) once the call in progress is older than chunk_timeout."""
@@ -135,6 +161,29 @@ class Heartbeat(threading.Thread):
         )
         self.overrun.set()
         return True
+
+
+class HeartbeatThread(threading.Thread):
+    """Beats the attached range's ``Heartbeat`` every third of ``lease_ms`` until ``stop``; a
+    pull loop keeps one across its ranges instead of starting a thread per range."""
+
+    def __init__(self, lease_ms: int, name: str = "") -> None:
+        super().__init__(name=f"keyset-heartbeat-{name}", daemon=True)
+        self.lease_ms = lease_ms
+        self.current: Heartbeat | None = None
+        self._halt = threading.Event()
+
+    def attach(self, heart: Heartbeat | None) -> None:
+        """Beat ``heart`` from now on (None: nothing)."""
+        self.current = heart
+
+    def run(self) -> None:
+        while not self._halt.wait(self.lease_ms / 3000):
+            heart = self.current
+            if heart is None or heart.halted:
+                continue
+            if not heart.beat():
+                heart._halt.set()  # lost or overrun: this range gets no more beats
 
     def stop(self) -> None:
         self._halt.set()

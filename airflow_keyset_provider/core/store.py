@@ -326,12 +326,17 @@ class CursorStore(RangePull):
         dead_cap: int = 1000,
         resolved: Iterable[tuple[str, str]] = (),
         failed: Iterable[tuple[str, str]] = (),
+        release: bool = False,
     ) -> Advanced:
         """Commit one chunk's outcome. Raises ``LeaseLostError`` or ``CursorConflictError`` (and
         changes nothing) when the fence refuses it; ``DeadLetterCapError`` (nothing committed)
-        when the step would push the range's dead letters past ``dead_cap``."""
+        when the step would push the range's dead letters past ``dead_cap``. ``release``: when
+        this step completes the range, release it in the same step (``Advanced.released``; not
+        while a split request waits for the owner's answer: then call ``release`` after
+        answering)."""
         fence = [token, expected, new, done, skipped, lease_ms, max_item_attempts, dead_cap]
         args = _advance_args([*fence, f"{round_id}:{range_id}"], resolved, failed)
+        args.append("1" if release else "")
         keys = [
             self.range_key(round_id, range_id),
             self.retry_key(round_id, range_id),

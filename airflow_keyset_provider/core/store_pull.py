@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import RoundStateLostError
 from .store_reads import StoreReads, _s
-from .store_scripts import NEXT_UNCLAIMED, REQUEST_SPLIT, SPLIT, SPLIT_ANSWER
+from .store_scripts import NEXT_UNCLAIMED, OPEN_BRIEFS, REQUEST_SPLIT, SPLIT, SPLIT_ANSWER
 
 if TYPE_CHECKING:
     from redis.commands.core import Script
@@ -64,13 +64,14 @@ class RangeBrief:
 
 
 class RangePull(StoreReads):
-    """``next_unclaimed``, ``range_briefs``, ``request_split``, ``split`` and ``split_answer``;
+    """``next_unclaimed``, ``range_briefs``, ``open_briefs``, ``request_split``, ``split`` and ``split_answer``;
     ``CursorStore`` inherits them."""
 
     def __init__(self, client: Any, stream: str, prefix: str = "ks") -> None:
         super().__init__(client, stream, prefix)
         reg = self.script
         self._next: Script = reg(NEXT_UNCLAIMED)
+        self._open_briefs: Script = reg(OPEN_BRIEFS)
         self._ask_split: Script = reg(REQUEST_SPLIT)
         self._split: Script = reg(SPLIT)
         self._split_answer: Script = reg(SPLIT_ANSWER)
@@ -85,7 +86,7 @@ class RangePull(StoreReads):
             raise self._missing_round(round_id)
         if status != "ok":
             return None
-        n = int(self.round_info(round_id)["n_ranges"])
+        n = int(res[2])  # read in the same step as the id
         i = int(res[1])
         return i if i < n else None
 
@@ -104,6 +105,27 @@ class RangePull(StoreReads):
                 out.append(
                     self._brief(round_id, i, [_s(v) if v is not None else "" for v in values], now)
                 )
+        return out
+
+    def open_briefs(self, round_id: str) -> list[RangeBrief]:
+        """``range_briefs`` of the ranges that are not complete, filtered in Redis (one script per
+        ``BRIEF_BATCH`` ranges, each O(batch)): what a pulling task polls, so a poll at the end of
+        a round of thousands of ranges reads the few left, not all of them. Raises
+        ``RoundStateLostError`` for a missing range."""
+        n = int(self.round_info(round_id)["n_ranges"])
+        width = len(_BRIEF_FIELDS) + 1
+        out: list[RangeBrief] = []
+        for first in range(0, n, BRIEF_BATCH):
+            keys = [self.range_key(round_id, i) for i in range(first, min(n, first + BRIEF_BATCH))]
+            res = self._call(self._open_briefs, keys, [first, *_BRIEF_FIELDS])
+            if _s(res[0]) == "lost":
+                raise RoundStateLostError(
+                    f"{self._where(round_id, int(res[1]))} has no state in Redis"
+                )
+            now = int(res[1])
+            for j in range(2, len(res), width):
+                values = [_s(v) for v in res[j + 1 : j + width]]
+                out.append(self._brief(round_id, int(res[j]), values, now))
         return out
 
     def _brief(self, round_id: str, i: int, v: list[str], now: int) -> RangeBrief:

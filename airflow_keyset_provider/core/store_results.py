@@ -30,6 +30,8 @@ class Claim:
     takeover: bool
     retries: int
     complete: bool = False
+    lo: str = ""  # the range's bounds at the claim ('' from a complete claim; only the owner
+    hi: str = ""  # splits, so they hold while this claim does)
 
 
 class Held(NamedTuple):
@@ -51,6 +53,7 @@ class Advanced:
     retries: int
     complete: bool
     split_req: str = ""  # an idle task asks the owner to split the range ('' = nobody)
+    released: bool = False  # this step completed the range and released it (``release=True``)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ def claim_result(where: str, token: str, res: Sequence[Any]) -> Claim | Held:
         int(res[5]),
         bool(int(res[6])),
         int(res[7]),
+        lo=_s(res[8]),
+        hi=_s(res[9]),
     )
 
 
@@ -128,6 +133,7 @@ def advance_result(
             int(res[5]),
             _s(res[6]) == RangeState.COMPLETE,
             _s(res[7]) if len(res) > 7 else "",
+            len(res) > 8 and int(res[8]) == 1,
         )
     if status == "dead_cap":
         raise DeadLetterCapError(

@@ -13,7 +13,7 @@ Lua fragments they share (``now``, ``intact``, ``fields``) in ``store_lua.py``.
 
 from __future__ import annotations
 
-from .store_scripts_pull import NEXT_UNCLAIMED, REQUEST_SPLIT, SPLIT, SPLIT_ANSWER
+from .store_scripts_pull import NEXT_UNCLAIMED, OPEN_BRIEFS, REQUEST_SPLIT, SPLIT, SPLIT_ANSWER
 from .store_scripts_range import ADVANCE, CLAIM, HEARTBEAT, RELEASE, REQUEUE_DEAD, SNAPSHOT_RANGES
 from .store_scripts_round import (
     CLOSE_ROUND,
@@ -34,6 +34,7 @@ __all__ = [
     "HEARTBEAT",
     "MARK_UNRECOVERABLE",
     "NEXT_UNCLAIMED",
+    "OPEN_BRIEFS",
     "RAISE_COUNTER",
     "REFRESH_TOTALS",
     "RELEASE",

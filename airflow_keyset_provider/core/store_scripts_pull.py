@@ -11,11 +11,37 @@ NEXT_UNCLAIMED = """
 -- Hand out the next range id of a round that this counter never handed out (a hint for tasks
 -- that pull ranges: the claim that follows is fenced per range as always).
 -- KEYS[1] round hash.  Returns {'lost'} (no round: nothing written) | {'closed'} (round not open)
---       | {'ok', id} (id >= n_ranges: every range was handed out once).
+--       | {'ok', id, n_ranges} (id >= n_ranges: every range was handed out once).
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return {'closed'} end
-return {'ok', redis.call('HINCRBY', KEYS[1], 'next', 1) - 1}
+return {'ok', redis.call('HINCRBY', KEYS[1], 'next', 1) - 1, redis.call('HGET', KEYS[1], 'n_ranges')}
 """
+
+OPEN_BRIEFS = (
+    """
+-- The fields a pulling task reads of each range of one batch that is not complete (it never
+-- claims, rescues or splits a complete one), so its polls at a round's end return what is left,
+-- not every range. KEYS range hashes of ids ARGV[1], ARGV[1] + 1, ...  ARGV[2..] field names
+-- Returns {'lost', id} (a range has no state) | {'ok', now, id, values..., id, values..., ...}
+-- (missing fields as '').
+"""
+    + _NOW
+    + """
+local first = tonumber(ARGV[1])
+local names = {}
+for j = 2, #ARGV do names[#names + 1] = ARGV[j] end
+local out = {'ok', now}
+for k = 1, #KEYS do
+  local v = redis.call('HMGET', KEYS[k], 'lo', 'hi', 'state', unpack(names))
+  if not v[1] and not v[2] then return {'lost', first + k - 1} end
+  if v[3] ~= 'complete' then
+    out[#out + 1] = first + k - 1
+    for j = 4, #v do out[#out + 1] = v[j] or '' end
+  end
+end
+return out
+"""
+)
 
 REQUEST_SPLIT = (
     """
@@ -112,4 +138,4 @@ return {'no'}
 """
 )
 
-__all__ = ["NEXT_UNCLAIMED", "REQUEST_SPLIT", "SPLIT", "SPLIT_ANSWER"]
+__all__ = ["NEXT_UNCLAIMED", "OPEN_BRIEFS", "REQUEST_SPLIT", "SPLIT", "SPLIT_ANSWER"]

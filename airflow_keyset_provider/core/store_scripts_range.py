@@ -15,7 +15,8 @@ CLAIM = (
 --         same lineage, e.g. the same Airflow task instance, may take over at once: the old
 --         attempt is fenced by the new token)  ARGV[3] lease ms
 -- Returns {'lost'} (round missing or range not intact) | {'complete', cursor, done, skipped, dead}
---       | {'held', owner, ms left} | {'ok', cursor, epoch, done, skipped, dead, takeover, retries}
+--       | {'held', owner, ms left}
+--       | {'ok', cursor, epoch, done, skipped, dead, takeover, retries, lo, hi}
 """
     + _NOW
     + _INTACT
@@ -25,7 +26,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 or not intact(KEYS[2], KEYS[3], KEYS[4]) t
   return {'lost'}
 end
 local r = fields(KEYS[2], 'state', 'owner', 'lineage', 'lease_until', 'cursor',
-  'done', 'skipped', 'dead', 'epoch')
+  'done', 'skipped', 'dead', 'epoch', 'lo', 'hi')
 local lease_until = tonumber(r[4])
 if r[1] == 'complete' then
   -- an owner that completed the range but never released it (it died): its fields go now
@@ -47,7 +48,7 @@ if takeover == 1 then redis.call('HINCRBY', KEYS[2], 'takeovers', 1) end
 -- a split request was made of the previous owner: the new one does not inherit it (the requester
 -- reads 'no' and claims or rescues elsewhere)
 if r[2] ~= ARGV[1] then redis.call('HDEL', KEYS[2], 'split_req', 'split_req_ms') end
-return {'ok', r[5], epoch, r[6], r[7], r[8], takeover, redis.call('HLEN', KEYS[3])}
+return {'ok', r[5], epoch, r[6], r[7], r[8], takeover, redis.call('HLEN', KEYS[3]), r[10], r[11]}
 """
 )
 
@@ -77,10 +78,13 @@ ADVANCE = (
 -- ARGV[9] label for the event ('R:I')  ARGV[10] number of resolved retry keys N
 -- ARGV[11..10+2N] key, outcome ('d' done / 's' skipped) for keys leaving the retry set
 -- then F = count, then F pairs of key, error for items that failed in this pass
+-- then '1' to release the range when this step completes it (as RELEASE: compacted, the owner's
+-- fields gone) unless a split request waits for the owner's answer; '' or absent: keep it
 -- Refusals change nothing: {'lost'} (range not intact) {'not_owner', owner} {'expired'}
 --   {'cursor', actual} {'backwards'} {'past_hi', hi}
 --   {'dead_cap', dead now, letters this step would add, cap}
--- Returns {'ok', cursor, done, skipped, dead, retries, state, split request ('' = none)}.
+-- Returns {'ok', cursor, done, skipped, dead, retries, state, split request ('' = none),
+--   released (1/0)}.
 """
     + _NOW
     + _INTACT
@@ -147,7 +151,13 @@ if new == r[4] and retries == 0 then
   redis.call('HSET', KEYS[1], 'state', state, 'completed_ms', now)
   redis.call('PUBLISH', KEYS[4], ARGV[9] .. ':complete')
 end
-return {'ok', new, done, skipped, dead, retries, state, redis.call('HGET', KEYS[1], 'split_req') or ''}
+local split_req = redis.call('HGET', KEYS[1], 'split_req') or ''
+local released = 0
+if state == 'complete' and ARGV[12 + 2 * n + 2 * f] == '1' and split_req == '' then
+  compact(KEYS[1])
+  released = 1
+end
+return {'ok', new, done, skipped, dead, retries, state, split_req, released}
 """
 )
 

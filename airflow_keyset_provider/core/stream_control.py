@@ -39,7 +39,9 @@ from .governor import Governor, burst_for
 from .health import HealthGate
 
 if TYPE_CHECKING:
+    from .options import TraverseOptions
     from .store import CursorStore
+    from .traversal import KeysetTraversal
 
 log = logging.getLogger("airflow_keyset_provider")
 
@@ -332,4 +334,21 @@ class Pacer:
             self.throttled_seconds += time.monotonic() - started
 
 
-__all__ = ["ControlState", "ControlWatch", "Pace", "Pacer", "StreamSwitch"]
+def make_pacer(t: KeysetTraversal, o: TraverseOptions) -> Pacer:
+    """A range's (or a pull call's) pacer: the stream's pause, rows/s budget and (with
+    ``health_checks``) health gate, polled every ``control_poll_seconds``."""
+    return Pacer(
+        t.store,
+        poll_seconds=o.control_poll_seconds,
+        yield_after=o.yield_after_seconds,
+        chunk_rows=o.chunk_size,
+        stop=t._stop,
+        health=(
+            HealthGate(t.store, o.health_checks, t.source.engine, o.health_poll_seconds)
+            if o.health_checks
+            else None
+        ),
+    )
+
+
+__all__ = ["ControlState", "ControlWatch", "Pace", "Pacer", "StreamSwitch", "make_pacer"]

@@ -379,3 +379,32 @@ def test_a_requester_rescues_a_range_whose_owner_died_before_answering(
     # nobody waits for, whose new range the rescue step then runs (still exactly once)
     assert set(seen.seen) == set(keys[10:]) and max(seen.seen.values()) == 1
     assert t.close_round(rnd.round_id).done == len(keys)
+
+
+def test_one_pull_call_keeps_each_lease_alive_with_one_heartbeat_thread_and_one_poller(
+    pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """A pull call runs its ranges one after the other with one heartbeat thread and one control
+    poller (not two threads per range), and every range's lease is still renewed while it runs:
+    with a 1 s lease and a processor that takes 1.5 s per chunk, an advance after an unrenewed
+    lease would be refused (``LeaseLostError``)."""
+    keys = list(range(1, 31))
+    analyzed_events(pg_engine, keys)
+    t = traversal(pg_schema_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=3, start_key=0, end_key=30)
+    threads: dict[str, set[threading.Thread]] = {"keyset-heartbeat": set(), "keyset-control": set()}
+
+    def proc(chunk: Any) -> None:
+        for th in threading.enumerate():
+            for prefix, seen in threads.items():
+                if th.name.startswith(prefix):
+                    seen.add(th)
+        time.sleep(1.5)
+
+    opts = TraverseOptions(owner_lineage="w", chunk_size=100, lease_seconds=1)
+    res = t.traverse_round(rnd.round_id, proc, options=opts, first_range=0)
+    assert res.finished and len([r for r in res.ranges if r.complete]) == len(rnd.ranges) >= 3
+    assert not any(r.takeover for r in res.ranges)
+    assert len(threads["keyset-heartbeat"]) == 1 and len(threads["keyset-control"]) == 1
+    totals = t.close_round(rnd.round_id)
+    assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)

@@ -7,10 +7,13 @@ not by id. Only the live owner splits, only strictly between its committed curso
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
+import pytest
 import redis
 
+from airflow_keyset_provider.core.errors import RoundStateLostError
 from airflow_keyset_provider.core.keys import MIN_KEY, encode_key
 from airflow_keyset_provider.core.store import Closed, CursorStore, Gap, Incomplete
 
@@ -177,6 +180,33 @@ def test_range_briefs_read_many_ranges_in_batches(
     assert len(briefs) == 1300
     assert [b.range_id for b in briefs] == list(range(1300))
     assert briefs[-1].hi == k(13_000) and briefs[0].lo == MIN_KEY
+
+
+def test_open_briefs_are_the_briefs_of_the_ranges_not_complete(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """What a pulling task polls: ``open_briefs`` filters the complete ranges out in Redis (batch
+    by batch) and reads the others exactly as ``range_briefs`` does; a range with no state is
+    lost, not skipped."""
+    store = CursorStore(redis_client, "s", prefix=key_prefix)
+    rid = _round(store, list(range(10, 13_001, 10)))  # 1,300 ranges: three batches
+    for i in (0, 700, 1299):
+        _finish(store, rid, i, f"w{i}#1")
+    c = store.claim(rid, 5, "a#1", "task-a", LEASE)
+    store.advance(
+        rid, 5, "a#1", c.cursor, k(55), done=5, skipped=0, lease_ms=LEASE, max_item_attempts=3
+    )
+    every = {b.range_id: b for b in store.range_briefs(rid)}
+    opened = store.open_briefs(rid)
+    assert [b.range_id for b in opened] == [i for i in range(1300) if i not in (0, 700, 1299)]
+    for b in opened:
+        mine, theirs = dataclasses.asdict(b), dataclasses.asdict(every[b.range_id])
+        assert abs(mine.pop("lease_ms_left") - theirs.pop("lease_ms_left")) < 5_000
+        assert mine == theirs
+    assert opened[4].range_id == 5 and opened[4].owner == "a#1" and opened[4].cursor == k(55)
+    redis_client.delete(store.range_key(rid, 900))
+    with pytest.raises(RoundStateLostError):
+        store.open_briefs(rid)
 
 
 def test_a_new_owner_does_not_inherit_the_previous_owners_split_request(

@@ -108,3 +108,75 @@ def test_control_hash_bucket_and_retry_reads_go_through_the_store(
     redis_client.hset(store.retry_key("r1", 0), "k2", "1|boom")
     assert store.retry_states("r1", 0, ["k1", "k2"]) == [None, "1|boom"]
     assert store.retry_states("r1", 0, []) == []
+
+
+def test_the_completing_advance_releases_the_range_in_the_same_step(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """``advance(release=True)``: a step that does not complete the range keeps the owner; the
+    step that completes it releases it as ``release`` would (compacted: no owner, no lease), so a
+    range costs one round trip less. The claim hands out the bounds (no read after it)."""
+    store = CursorStore(redis_client, "s", prefix=key_prefix)
+    k10, k20 = encode_key([10]), encode_key([20])
+    rid = _round(store, [(MIN_KEY, k20)])
+    c = store.claim(rid, 0, "a#1", "", 60_000)
+    assert not isinstance(c, tuple) and (c.lo, c.hi) == (MIN_KEY, k20)
+    a = store.advance(
+        rid,
+        0,
+        "a#1",
+        c.cursor,
+        k10,
+        done=10,
+        skipped=0,
+        lease_ms=60_000,
+        max_item_attempts=3,
+        release=True,
+    )
+    assert not a.complete and not a.released
+    assert redis_client.hget(store.range_key(rid, 0), "owner") == b"a#1"
+    a = store.advance(
+        rid,
+        0,
+        "a#1",
+        k10,
+        k20,
+        done=10,
+        skipped=0,
+        lease_ms=60_000,
+        max_item_attempts=3,
+        release=True,
+    )
+    assert a.complete and a.released and a.done == 20
+    h = redis_client.hgetall(store.range_key(rid, 0))
+    assert b"owner" not in h and b"lease_until" not in h and h[b"state"] == b"complete"
+    assert not store.release(rid, 0, "a#1")  # nothing left to release
+    assert store.claim(rid, 0, "b#1", "", 60_000).complete
+
+
+def test_a_completing_advance_keeps_the_lease_while_a_split_request_waits(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """A split request is pending when the range completes: the advance does not release it, so
+    the owner can still answer (decline) before it releases."""
+    store = CursorStore(redis_client, "s", prefix=key_prefix)
+    k20 = encode_key([20])
+    rid = _round(store, [(MIN_KEY, k20)])
+    c = store.claim(rid, 0, "a#1", "", 60_000)
+    assert store.request_split(rid, 0, "idle#1") == "asked"
+    a = store.advance(
+        rid,
+        0,
+        "a#1",
+        c.cursor,
+        k20,
+        done=20,
+        skipped=0,
+        lease_ms=60_000,
+        max_item_attempts=3,
+        release=True,
+    )
+    assert a.complete and not a.released and a.split_req == "idle#1"
+    assert redis_client.hget(store.range_key(rid, 0), "owner") == b"a#1"
+    assert store.split(rid, 0, "a#1", None) is None  # declined by the owner
+    assert store.release(rid, 0, "a#1")
