@@ -503,3 +503,40 @@ def heartbeat_timeouts(
         for e in logs
         if e["event"] == "heartbeat timeout"
     }
+
+
+def effects_coverage(
+    conn: Any, events: str, effects: str, ranges: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Coverage by the processor's own record: ``events`` (the source table, ``seq`` key) vs
+    ``effects`` (one row per key processed, with its ``range_id``): keys never processed
+    (``lost``, ``lost_sample``), effects of no event (``unknown``), effects outside their
+    range's bounds (``outside_range``) and the events per range (``rows_in_range``). ``ranges``:
+    the round's final ranges (``range_id``, ``lo``, ``hi``); the table names are the test's own."""
+    q = lambda sql, **kw: conn.execute(sa.text(sql), kw).all()  # noqa: E731
+    out: dict[str, Any] = {"outside_range": 0, "rows_in_range": {}}
+    out["lost"] = q(
+        f"SELECT count(*) FROM {events} s WHERE NOT EXISTS "
+        f"(SELECT 1 FROM {effects} e WHERE e.seq = s.seq)"
+    )[0][0]
+    out["lost_sample"] = [
+        r[0]
+        for r in q(f"SELECT seq FROM {events} EXCEPT SELECT seq FROM {effects} ORDER BY 1 LIMIT 10")
+    ]
+    out["unknown"] = q(
+        f"SELECT count(*) FROM {effects} e WHERE NOT EXISTS "
+        f"(SELECT 1 FROM {events} s WHERE s.seq = e.seq)"
+    )[0][0]
+    for spec in ranges:
+        lo = -1 if spec["lo"] is None else int(spec["lo"])
+        hi, r = int(spec["hi"]), int(spec["range_id"])
+        out["outside_range"] += q(
+            f"SELECT count(*) FROM {effects} WHERE range_id = :r AND NOT (seq > :lo AND seq <= :hi)",
+            r=r,
+            lo=lo,
+            hi=hi,
+        )[0][0]
+        out["rows_in_range"][r] = q(
+            f"SELECT count(*) FROM {events} WHERE seq > :lo AND seq <= :hi", lo=lo, hi=hi
+        )[0][0]
+    return out

@@ -252,40 +252,9 @@ def _run_and_kill(
 def _effects(engine: sa.Engine, ranges: list[dict[str, Any]]) -> dict[str, Any]:
     """What the processor's own record says about coverage and replay; ``ranges``: dicts with
     ``range_id``, ``lo``, ``hi`` (the round's final ranges)."""
-    out: dict[str, Any] = {"outside_range": 0, "rows_in_range": {}}
     with engine.connect() as conn:
         q = lambda sql, **kw: conn.execute(sa.text(sql), kw).all()  # noqa: E731
-        out["lost"] = q(
-            "SELECT count(*) FROM celery_events s WHERE NOT EXISTS "
-            "(SELECT 1 FROM celery_effects e WHERE e.seq = s.seq)"
-        )[0][0]
-        out["lost_sample"] = [
-            r[0]
-            for r in q(
-                "SELECT seq FROM celery_events EXCEPT SELECT seq FROM celery_effects "
-                "ORDER BY 1 LIMIT 10"
-            )
-        ]
-        out["unknown"] = q(
-            "SELECT count(*) FROM celery_effects e WHERE NOT EXISTS "
-            "(SELECT 1 FROM celery_events s WHERE s.seq = e.seq)"
-        )[0][0]
-        for spec in ranges:
-            lo, hi, r = (
-                -1 if spec["lo"] is None else int(spec["lo"]),
-                int(spec["hi"]),
-                int(spec["range_id"]),
-            )
-            out["outside_range"] += q(
-                "SELECT count(*) FROM celery_effects WHERE range_id = :r "
-                "AND NOT (seq > :lo AND seq <= :hi)",
-                r=r,
-                lo=lo,
-                hi=hi,
-            )[0][0]
-            out["rows_in_range"][r] = q(
-                "SELECT count(*) FROM celery_events WHERE seq > :lo AND seq <= :hi", lo=lo, hi=hi
-            )[0][0]
+        out = ds.effects_coverage(conn, "celery_events", "celery_effects", ranges)
         out["replayed_keys"] = {
             int(r): int(n)
             for r, n in q(

@@ -205,43 +205,12 @@ def _run_and_kill(
 
 def _effects(engine: sa.Engine, ranges: list[dict[str, Any]]) -> dict[str, Any]:
     """What the independent record of side effects says about coverage and replay."""
-    out: dict[str, Any] = {}
     with engine.connect() as conn:
         q = lambda sql, **kw: conn.execute(sa.text(sql), kw).all()  # noqa: E731
-        out["lost"] = q(
-            "SELECT count(*) FROM sched_events s "
-            "WHERE NOT EXISTS (SELECT 1 FROM sched_effects e WHERE e.seq = s.seq)"
-        )[0][0]
-        out["lost_sample"] = [
-            r[0]
-            for r in q(
-                "SELECT seq FROM sched_events EXCEPT SELECT seq FROM sched_effects "
-                "ORDER BY 1 LIMIT 10"
-            )
-        ]
-        out["unknown"] = q(
-            "SELECT count(*) FROM sched_effects e "
-            "WHERE NOT EXISTS (SELECT 1 FROM sched_events s WHERE s.seq = e.seq)"
-        )[0][0]
+        out = ds.effects_coverage(conn, "sched_events", "sched_effects", ranges)
         out["twice_in_one_try"] = q(
             "SELECT count(*) - count(DISTINCT (seq, range_id, try_number)) FROM sched_effects"
         )[0][0]
-        out["outside_range"] = 0
-        out["rows_in_range"] = {}
-        for spec in ranges:
-            lo = -1 if spec["lo"] is None else int(spec["lo"])
-            hi = int(spec["hi"])
-            r = int(spec["range_id"])
-            out["outside_range"] += q(
-                "SELECT count(*) FROM sched_effects WHERE range_id = :r "
-                "AND NOT (seq > :lo AND seq <= :hi)",
-                r=r,
-                lo=lo,
-                hi=hi,
-            )[0][0]
-            out["rows_in_range"][r] = q(
-                "SELECT count(*) FROM sched_events WHERE seq > :lo AND seq <= :hi", lo=lo, hi=hi
-            )[0][0]
         out["tries"] = {
             int(r): sorted(t)
             for r, t in q(
