@@ -127,6 +127,7 @@ def pull_command(a: dict[str, Any]) -> dict[str, Any]:
         options=options,
         first_range=a.get("first_range"),
         split=a["split"],
+        tasks=a.get("tasks"),
     )
     end, cpu1 = time.monotonic(), _cpu()
     t.close()

@@ -14,6 +14,7 @@ import subprocess
 from typing import Any
 
 from airflow_keyset_provider.core import KeysetTraversal, Round
+from airflow_keyset_provider.core.pull import first_positions
 from benchmarks import procs, project
 from benchmarks.context import BenchContext
 from benchmarks.timing import Sample
@@ -51,7 +52,8 @@ def run_tasks(
     processor: dict[str, Any] | None = None,
 ) -> Sample:
     """``tasks`` pull-mode tasks over the planned round; its makespan, checked complete."""
-    firsts = [spec.range_id for spec in sorted(rnd.ranges, key=lambda s: s.lo_encoded)]
+    ordered = [spec.range_id for spec in sorted(rnd.ranges, key=lambda s: s.lo_encoded)]
+    firsts = [ordered[i] for i in first_positions(len(ordered), tasks)]
     children = [
         procs.spawn(
             "pull",
@@ -63,6 +65,7 @@ def run_tasks(
                 round_id=rnd.round_id,
                 lineage=f"task{k}",
                 first_range=firsts[k] if k < len(firsts) else None,
+                tasks=tasks,
                 split=split,
                 chunk_size=chunk_size,
                 processor=processor or {},

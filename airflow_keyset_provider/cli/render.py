@@ -153,7 +153,9 @@ def render_round(con: Any, rnd: RoundStatus, *, wide: bool = False) -> None:
     con.print(head)
     eta = rnd.eta_s is not None and not rnd.closed
     con.print(
-        f"  {rnd.ranges_complete}/{rnd.n_ranges} ranges complete, {_pct(rnd.progress)} of key space; "
+        f"  {rnd.ranges_complete}/{rnd.n_ranges} ranges complete"
+        + (f" ({rnd.ranges_merged:,} coalesced)" if rnd.ranges_merged else "")
+        + f", {_pct(rnd.progress)} of key space; "
         f"done {rnd.done:,}, skipped {rnd.skipped:,}, dead {rnd.dead:,}, retry {rnd.retries:,}; "
         f"rate {format_rate(rnd.rate)}"
         + (f" ({rnd.rate_basis})" if rnd.rate_basis else "")

@@ -3,9 +3,10 @@
 ``KeysetTraversal.traverse_round`` runs ``PullLoop.run``. Its steps, each range run by
 ``run_range`` with the same fencing as a one-range task (owner token, lease, epoch):
 
-1. **resume**: the ranges this task's ``owner_lineage`` holds or last held and that are not
-   complete (a retry, or the call after a ``"budget"`` yield, picks up what the task held);
-2. **first range**: the range the plan gave this task (``first_range``);
+1. **resume**: the range this task's ``owner_lineage`` claimed last (``held_by``; a retry, or the
+   call after a ``"budget"`` yield, picks up what the task held; if it is complete, nothing);
+2. **first range**: the range the plan gave this task (``first_range``; the plan spreads the
+   tasks' first ranges evenly over the key order, ``first_positions``);
 3. **next**: ``CursorStore.next_unclaimed`` until it says none is left (a hint: a range it hands
    out may be held or complete; the claim decides);
 4. **rescue**: ranges that are not complete and have no live owner (released, or their owner's
@@ -17,6 +18,16 @@
 Steps 3 to 5 repeat until nothing is left to claim, rescue or split; then the call returns
 (``RoundPullResult.finished``). A range held by another live owner is skipped, never waited for.
 The owner splits at a chunk boundary above everything it read (``core/range_split.py``).
+
+**Coalescing** (when the call knows how many ``tasks`` share the round): ranges are cheap because
+a claim in steps 2 to 4 also absorbs the fresh ranges that follow it (``CursorStore.claim(...,
+coalesce=m)``: never claimed, nothing committed, adjacent), up to ``m = ceil(left / tasks) - 1``
+of them (``left``: the ranges not handed out yet; at most ``COALESCE_MAX``): the first claims
+take a task's share of the round, later ones less and less (guided self-scheduling), and the tail
+is balanced by splitting. The absorbed ranges stay in the round, empty (``lo = hi``) and
+complete, so the ranges still partition ``(start, end]`` and ``CLOSE_ROUND`` proves it as ever; a
+round of 4,096 ranges over 16 tasks then reads like one of 16 ranges (``benchmarks``:
+``ranges_overhead``).
 
 Which range to ask: the one with the most rows left by this estimate from its brief: the rows
 committed so far per key-space fraction, times the fraction left, ``done * (1 - f) / f``, ``f``
@@ -34,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import random
 import time
 import uuid
 from collections.abc import Sequence
@@ -56,6 +68,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_keyset_provider")
 
+#: The most ranges one claim absorbs (bounds the claim script's time on Redis, ~2 us a range).
+COALESCE_MAX = 1024
 #: How often a requester reads the owner's answer to its split request.
 SPLIT_POLL_SECONDS = 0.1
 #: How often a requester waiting for an answer checks that the owner still holds its lease.
@@ -130,8 +144,11 @@ class PullLoop:
         options: TraverseOptions,
         first_range: int | None,
         split: bool,
+        tasks: int | None = None,
     ) -> None:
         self.t, self.store, self.round_id, self.processor = t, t.store, round_id, processor
+        self.tasks = tasks  # how many tasks share the round (None: do not coalesce)
+        self.n_ranges = 0  # read by ``_check_round``
         self.o = dataclasses.replace(options, claim_timeout=0)  # skip held ranges, never wait
         self.first_range, self.split = first_range, split
         self.lineage = options.owner_lineage
@@ -141,6 +158,7 @@ class PullLoop:
         self.deadline = self.started + budget if budget is not None else None
         self.result = RoundPullResult(round_id, self.lineage)
         self.finished: set[int] = set()  # complete, by this call's knowledge
+        self.seen_complete: set[int] = set()  # complete when the briefs were read: not re-read
         self.skipped: set[int] = set()  # left incomplete without a reason: not taken again
         self.declined: set[int] = set()  # declined a split (or never answered): not asked again
         self.busy_since: dict[int, float] = {}
@@ -184,16 +202,19 @@ class PullLoop:
         for range_id in self._held():
             if not self._take(range_id, "resuming (held by this task before)"):
                 return
-        if self.first_range is not None and not self._take(self.first_range, "first range"):
+        first = self.first_range
+        if first is not None and not self._take(first, "first range", self._share(first, 0)):
             return
-        while (next_id := self.store.next_unclaimed(self.round_id)) is not None:
-            if not self._take(next_id, _NEXT):
+        while (nxt := self.store.next_unclaimed_of(self.round_id)) is not None:
+            next_id, self.n_ranges = nxt
+            if not self._take(next_id, _NEXT, self._share(next_id, next_id)):
                 return
         while not self._over():
-            briefs = self.store.open_briefs(self.round_id)
+            briefs = self.store.open_briefs(self.round_id, self.seen_complete)
             orphan = self._orphan(briefs)
             if orphan is not None:
-                if not self._take(orphan, "rescuing (not complete, no live owner)"):
+                share = self._share(orphan, self.n_ranges - len(briefs))
+                if not self._take(orphan, "rescuing (not complete, no live owner)", share):
                     return
                 continue
             if not self.split:
@@ -209,11 +230,21 @@ class PullLoop:
         """Once per call: the round exists (restored from the mirror if Redis lost it) and was
         planned over this source; every range id the loop runs then comes from the store."""
         try:
-            self.t._check_range(self.round_id, self.first_range or 0)
+            self.n_ranges = self.t._check_range(self.round_id, self.first_range or 0)
         except RoundStateLostError:
             if not self.t.control.restore(self.round_id):
                 raise
-            self.t._check_range(self.round_id, self.first_range or 0)
+            self.n_ranges = self.t._check_range(self.round_id, self.first_range or 0)
+
+    def _share(self, range_id: int, handed: int) -> int:
+        """How many ranges a claim of ``range_id`` may absorb (see the module docstring):
+        ``ceil(left / tasks) - 1``, ``left`` the ranges from ``handed`` on, capped by
+        ``COALESCE_MAX`` and by the ids that exist after ``range_id``."""
+        if not self.tasks:
+            return 0
+        left = max(self.n_ranges - handed, 1)
+        share = -(-left // self.tasks) - 1
+        return max(min(share, COALESCE_MAX, self.n_ranges - 1 - range_id), 0)
 
     def _over(self) -> bool:
         """A stop was requested, or the time budget is spent (recorded in the result)."""
@@ -226,13 +257,10 @@ class PullLoop:
     def _held(self) -> list[int]:
         if not self.lineage:
             return []
-        return [
-            b.range_id
-            for b in self.store.open_briefs(self.round_id)
-            if b.lineage == self.lineage and b.state != RangeState.COMPLETE
-        ]
+        held = self.store.held_by(self.round_id, self.lineage)
+        return [] if held is None else [held]
 
-    def _take(self, range_id: int, why: str) -> bool:
+    def _take(self, range_id: int, why: str, coalesce: int = 0) -> bool:
         """Run one range (skipped when a live owner holds it). False: the call ends here."""
         if self._over():
             return False
@@ -252,6 +280,8 @@ class PullLoop:
                 split=self.split,
                 pacer=self.pacer,
                 beats=self.beats,
+                coalesce=coalesce,
+                pull=True,
             )
         except LeaseHeldError:
             if self.t._stop.is_set():
@@ -268,15 +298,17 @@ class PullLoop:
         return True
 
     def _orphan(self, briefs: Sequence[RangeBrief]) -> int | None:
-        """A range that is not complete and has no live owner (None: there is none)."""
-        for b in briefs:
-            if b.state == RangeState.COMPLETE or b.range_id in self.skipped:
-                continue
-            if b.range_id in self.finished:
-                continue
-            if not b.live_owner:
-                return b.range_id
-        return None
+        """A range that is not complete and has no live owner (None: there is none), picked at
+        random, so idle tasks reading the same briefs do not all race for the same one."""
+        orphans = [
+            b.range_id
+            for b in briefs
+            if b.state != RangeState.COMPLETE
+            and b.range_id not in self.skipped
+            and b.range_id not in self.finished
+            and not b.live_owner
+        ]
+        return random.choice(orphans) if orphans else None
 
     def _candidates(self, briefs: Sequence[RangeBrief]) -> list[RangeBrief]:
         """Running ranges worth splitting, the most work left first."""
@@ -375,10 +407,19 @@ class PullLoop:
         return alive
 
 
+def first_positions(n_ranges: int, tasks: int) -> list[int]:
+    """Where in key order each of ``tasks`` pull tasks starts (at most one per range): spread
+    evenly, so that with coalescing each task's first claim takes its own share of the round."""
+    k = min(n_ranges, tasks)
+    return [i * n_ranges // k for i in range(k)]
+
+
 __all__ = [
+    "COALESCE_MAX",
     "SPLIT_ANSWER_LEASES",
     "SPLIT_POLL_SECONDS",
     "PullLoop",
     "RoundPullResult",
+    "first_positions",
     "remaining_rows",
 ]

@@ -19,15 +19,27 @@ log = logging.getLogger("airflow_keyset_provider")
 
 
 def claim_range(
-    t: KeysetTraversal, round_id: str, range_id: int, token: str, o: TraverseOptions
+    t: KeysetTraversal,
+    round_id: str,
+    range_id: int,
+    token: str,
+    o: TraverseOptions,
+    coalesce: int = 0,
+    pull: bool = False,
 ) -> Claim:
     """Claim the range; while a live owner holds it, wait (on the traversal's stop event) until
-    its lease runs out, up to ``claim_timeout``."""
+    its lease runs out, up to ``claim_timeout``. ``coalesce``: absorb up to that many fresh
+    ranges that follow it (``CursorStore.claim``; pull mode), mirrored at once. ``pull``: a
+    pulling task's claim (recorded as its lineage's)."""
     timeout, lease_ms = o.claim_timeout_seconds, o.lease_ms
     deadline = time.monotonic() + timeout
     while True:
-        res = t.store.claim(round_id, range_id, token, o.owner_lineage, lease_ms)
+        res = t.store.claim(
+            round_id, range_id, token, o.owner_lineage, lease_ms, coalesce, pull=pull
+        )
         if isinstance(res, Claim):
+            if res.absorbed:
+                mirror_coalesced(t, round_id, range_id, res.absorbed)
             return res
         owner, ms_left = res.owner, res.ms_left
         if time.monotonic() + ms_left / 1000 > deadline + lease_ms / 1000:
@@ -51,6 +63,28 @@ def claim_range(
             raise LeaseHeldError(
                 f"stop requested while waiting for round {round_id} range {range_id}"
             )
+
+
+def mirror_coalesced(t: KeysetTraversal, round_id: str, range_id: int, absorbed: int) -> None:
+    """With a checkpoint mirror: the claimed range (its new ``hi``) and the ranges it absorbed
+    (now empty and complete) in one transaction of the mirror, so a round restored from it is
+    still a partition (a failed mirror write is logged, as checkpoints are)."""
+    if t.mirror is None:
+        return
+    try:
+        info = t.store.round_info(round_id)
+        ids = range(range_id, range_id + absorbed + 1)
+        t.mirror.save_round(t.stream, round_id, info, t.store.snapshot_ranges(round_id, ids))
+    except Exception as exc:  # the mirror is a safety net; its outage must not stop the range
+        log.warning(
+            "round %s range %d: the checkpoint mirror did not record the coalescing of ranges "
+            "%d..%d: %s",
+            round_id,
+            range_id,
+            range_id + 1,
+            range_id + absorbed,
+            exc,
+        )
 
 
 def check_retention(
@@ -91,13 +125,16 @@ def log_claim(
         )
     else:
         log.info(
-            "round %s range %d: claimed (%s, %s], resuming at cursor %s",
+            "round %s range %d: claimed (%s, %s]%s, resuming at cursor %s",
             round_id,
             range_id,
             display_key(rng["lo"], t.arity),
             display_key(rng["hi"], t.arity),
+            f" (ranges {range_id + 1}..{range_id + claim.absorbed} coalesced into it)"
+            if claim.absorbed
+            else "",
             display_key(claim.cursor, t.arity),
         )
 
 
-__all__ = ["check_retention", "claim_range", "log_claim"]
+__all__ = ["check_retention", "claim_range", "log_claim", "mirror_coalesced"]

@@ -78,6 +78,8 @@ def run_range(
     split: bool = False,
     pacer: Pacer | None = None,
     beats: HeartbeatThread | None = None,
+    coalesce: int = 0,
+    pull: bool = False,
 ) -> RangeResult:
     """Claim the range (waiting while a live owner holds it), refuse it if the source's retention
     passed its cursor, run it with a heartbeat, release the lease. Returns its counters.
@@ -87,12 +89,14 @@ def run_range(
     idle task asks (``core/range_split.py``; only pull loops pass it). ``pacer``: a started
     pacer the caller keeps across its ranges (a pull loop; it polls the same stream control
     either way); without one the range starts and stops its own. ``beats``: likewise, a running
-    heartbeat thread the range attaches to (else it starts a thread of its own)."""
+    heartbeat thread the range attaches to (else it starts a thread of its own). ``coalesce``:
+    the claim absorbs up to that many fresh ranges that follow it; ``pull``: a pull loop's claim
+    (the round records it as its lineage's, ``CursorStore.held_by``)."""
     token = f"{o.owner_lineage or 'worker'}#{uuid.uuid4().hex[:12]}"
     started = time.monotonic()
     if deadline is None and o.max_task_seconds is not None:
         deadline = started + o.max_task_seconds
-    claim = claim_range(t, round_id, range_id, token, o)
+    claim = claim_range(t, round_id, range_id, token, o, coalesce, pull)
     if claim.complete:
         return _already_complete(round_id, range_id, claim)
     check_retention(t, round_id, range_id, token, claim.cursor)

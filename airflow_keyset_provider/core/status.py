@@ -99,6 +99,9 @@ class RangeStatus:
     lease_until_ms: int = 0
     rate: float | None = None  #: items/s between two readings (see ``RoundStatus.sampled``)
     eta_s: float | None = None  #: seconds to ``hi`` at the sampled key-space velocity
+    #: the range a pull task coalesced this one into when it claimed it (this one is then empty
+    #: and complete, its keys that range's); None otherwise
+    merged_into: int | None = None
 
     @classmethod
     def from_hash(cls, h: dict[str, str], arity: int, now_ms: int) -> RangeStatus:
@@ -126,6 +129,7 @@ class RangeStatus:
             completed_ms=int(h.get("completed_ms") or 0),
             heartbeat_ms=hb,
             lease_until_ms=lease,
+            merged_into=int(h["merged_into"]) if h.get("merged_into") else None,
         )
 
     # ---- derived facts
@@ -206,6 +210,7 @@ class RangeStatus:
             "progress": self.progress,
             "rate": self.rate,
             "eta_s": self.eta_s,
+            "merged_into": self.merged_into,
         }
 
     def sampled(self, before: RangeStatus, seconds: float) -> RangeStatus:
@@ -288,6 +293,8 @@ class RoundStatus:
     dead = property(lambda self: sum(r.dead for r in self.ranges))
     retries = property(lambda self: sum(r.retries for r in self.ranges))
     items = property(lambda self: sum(r.items for r in self.ranges))
+    #: ranges coalesced into a neighbour (empty and complete; counted in ``ranges_complete``)
+    ranges_merged = property(lambda self: sum(r.merged_into is not None for r in self.ranges))
 
     @property
     def in_key_order(self) -> tuple[RangeStatus, ...]:
@@ -306,10 +313,11 @@ class RoundStatus:
 
     @property
     def progress(self) -> float | None:
-        """1.0 once closed, else the mean of the ranges' fractions (None if one has none)."""
+        """1.0 once closed, else the mean of the ranges' fractions (None if one has none); a
+        range coalesced into another (empty) does not count."""
         if self.closed:
             return 1.0
-        fractions = [r.progress for r in self.ranges]
+        fractions = [r.progress for r in self.ranges if r.merged_into is None]
         if not fractions or None in fractions:
             return None
         return sum(f for f in fractions if f is not None) / len(fractions)
@@ -355,6 +363,7 @@ class RoundStatus:
             "source": self.source,
             "n_ranges": self.n_ranges,
             "ranges_complete": self.ranges_complete,
+            "ranges_merged": self.ranges_merged,
             "done": self.done,
             "skipped": self.skipped,
             "dead": self.dead,

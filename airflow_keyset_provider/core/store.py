@@ -295,15 +295,26 @@ class CursorStore(RangePull):
 
     # ---- one range -------------------------------------------------------------------------
     def claim(
-        self, round_id: str, range_id: int, token: str, lineage: str, lease_ms: int
+        self,
+        round_id: str,
+        range_id: int,
+        token: str,
+        lineage: str,
+        lease_ms: int,
+        coalesce: int = 0,
+        pull: bool = False,
     ) -> Claim | Held:
         """A ``Claim`` (``complete=True`` when there is nothing left to do), or ``Held`` when a
-        live owner holds the range (nothing written)."""
-        keys = [
-            self.round_key(round_id),
-            *self._range_keys(round_id, range_id),
-        ]
-        res = self._call(self._claim, keys, [token, lineage, lease_ms])
+        live owner holds the range (nothing written). ``coalesce``: the claim also absorbs up to
+        that many of the ranges that follow by id, while each is fresh (never claimed, nothing
+        committed) and adjacent (``Claim.absorbed``, ``Claim.hi`` the new end; see ``CLAIM``).
+        ``pull``: a pulling task's claim; the round records it as its lineage's (``held_by``)."""
+        keys = [self.round_key(round_id), *self._range_keys(round_id, range_id)]
+        for i in range(range_id + 1, range_id + 1 + max(coalesce, 0)):
+            keys += self._range_keys(round_id, i)
+        res = self._call(
+            self._claim, keys, [token, lineage, lease_ms, range_id, "1" if pull else ""]
+        )
         return claim_result(self._where(round_id, range_id), token, res)
 
     def heartbeat(self, round_id: str, range_id: int, token: str, lease_ms: int) -> bool:

@@ -79,7 +79,13 @@ class RangePull(StoreReads):
     def next_unclaimed(self, round_id: str) -> int | None:
         """The next range id this round's hint counter never handed out, or None when it passed
         ``n_ranges`` (or the round is no longer open). The caller claims the id as usual; the
-        counter is only a hint (a complete or held range is simply skipped)."""
+        counter is only a hint (a complete or held range is simply skipped; a claim that
+        coalesces ranges moves the counter past them)."""
+        nxt = self.next_unclaimed_of(round_id)
+        return None if nxt is None else nxt[0]
+
+    def next_unclaimed_of(self, round_id: str) -> tuple[int, int] | None:
+        """``next_unclaimed`` with the round's ``n_ranges`` read in the same step."""
         res = self._call(self._next, [self.round_key(round_id)], [])
         status = _s(res[0])
         if status == "lost":
@@ -88,7 +94,7 @@ class RangePull(StoreReads):
             return None
         n = int(res[2])  # read in the same step as the id
         i = int(res[1])
-        return i if i < n else None
+        return (i, n) if i < n else None
 
     def range_briefs(self, round_id: str) -> list[RangeBrief]:
         """Every range of the round, read with pipelined HMGETs in batches of ``BRIEF_BATCH``
@@ -107,17 +113,27 @@ class RangePull(StoreReads):
                 )
         return out
 
-    def open_briefs(self, round_id: str) -> list[RangeBrief]:
+    def open_briefs(
+        self, round_id: str, known_complete: set[int] | None = None, lineage: str = ""
+    ) -> list[RangeBrief]:
         """``range_briefs`` of the ranges that are not complete, filtered in Redis (one script per
         ``BRIEF_BATCH`` ranges, each O(batch)): what a pulling task polls, so a poll at the end of
-        a round of thousands of ranges reads the few left, not all of them. Raises
-        ``RoundStateLostError`` for a missing range."""
-        n = int(self.round_info(round_id)["n_ranges"])
+        a round of thousands of ranges returns the few left, not all of them. ``known_complete``
+        (the caller's, updated here): ids found complete before, not read again, and those found
+        complete now (a complete range reopens only when an operator replays its dead letters,
+        and that replay traverses it). ``lineage``: only the ranges of that lineage (filtered in
+        Redis too). Raises ``RoundStateLostError`` for a missing range."""
+        n = self._n_ranges(round_id, known_complete)
+        skip = known_complete if known_complete is not None else set()
+        ids = [i for i in range(n) if i not in skip]
         width = len(_BRIEF_FIELDS) + 1
         out: list[RangeBrief] = []
-        for first in range(0, n, BRIEF_BATCH):
-            keys = [self.range_key(round_id, i) for i in range(first, min(n, first + BRIEF_BATCH))]
-            res = self._call(self._open_briefs, keys, [first, *_BRIEF_FIELDS])
+        for first in range(0, len(ids), BRIEF_BATCH):
+            batch = ids[first : first + BRIEF_BATCH]
+            keys = [self.range_key(round_id, i) for i in batch]
+            res = self._call(
+                self._open_briefs, keys, [lineage, len(_BRIEF_FIELDS), *_BRIEF_FIELDS, *batch]
+            )
             if _s(res[0]) == "lost":
                 raise RoundStateLostError(
                     f"{self._where(round_id, int(res[1]))} has no state in Redis"
@@ -126,7 +142,29 @@ class RangePull(StoreReads):
             for j in range(2, len(res), width):
                 values = [_s(v) for v in res[j + 1 : j + width]]
                 out.append(self._brief(round_id, int(res[j]), values, now))
+        if known_complete is not None and not lineage:
+            known_complete.update(set(ids) - {b.range_id for b in out})
         return out
+
+    def _n_ranges(self, round_id: str, known_complete: set[int] | None = None) -> int:
+        """The round's ``n_ranges``; with ``known_complete``, one read of the round hash that
+        also adds the ids coalesced into other ranges (``skip:<id>`` = the first id after the
+        run): empty and complete for good (a replay of dead letters has none to reopen)."""
+        if known_complete is None:
+            n = self.client.hget(self.round_key(round_id), "n_ranges")
+            if n is None:
+                raise self._missing_round(round_id)
+            return int(n)
+        info = self.round_info(round_id)
+        for name, after in info.items():
+            if name.startswith("skip:"):
+                known_complete.update(range(int(name[5:]) + 1, int(after)))
+        return int(info["n_ranges"])
+
+    def held_by(self, round_id: str, lineage: str) -> int | None:
+        """The range a pulling task of ``lineage`` claimed last (``claim(..., pull=True)``)."""
+        v = self.client.hget(self.round_key(round_id), f"held:{lineage}")
+        return None if v is None else int(v)
 
     def _brief(self, round_id: str, i: int, v: list[str], now: int) -> RangeBrief:
         if not v[0] and not v[1]:

@@ -32,6 +32,7 @@ class Claim:
     complete: bool = False
     lo: str = ""  # the range's bounds at the claim ('' from a complete claim; only the owner
     hi: str = ""  # splits, so they hold while this claim does)
+    absorbed: int = 0  # fresh ranges that followed by id, coalesced into this one (``CLAIM``)
 
 
 class Held(NamedTuple):
@@ -115,6 +116,7 @@ def claim_result(where: str, token: str, res: Sequence[Any]) -> Claim | Held:
         int(res[7]),
         lo=_s(res[8]),
         hi=_s(res[9]),
+        absorbed=int(res[10]) if len(res) > 10 else 0,
     )
 
 

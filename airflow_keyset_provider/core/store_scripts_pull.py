@@ -9,34 +9,44 @@ from .store_lua import _INTACT, _NOW
 
 NEXT_UNCLAIMED = """
 -- Hand out the next range id of a round that this counter never handed out (a hint for tasks
--- that pull ranges: the claim that follows is fenced per range as always).
+-- that pull ranges: the claim that follows is fenced per range as always). An id that a claim
+-- coalesced ranges into ('skip:<id>', written by CLAIM) is jumped over with its run.
 -- KEYS[1] round hash.  Returns {'lost'} (no round: nothing written) | {'closed'} (round not open)
 --       | {'ok', id, n_ranges} (id >= n_ranges: every range was handed out once).
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return {'closed'} end
-return {'ok', redis.call('HINCRBY', KEYS[1], 'next', 1) - 1, redis.call('HGET', KEYS[1], 'n_ranges')}
+local i = tonumber(redis.call('HGET', KEYS[1], 'next') or '0')
+for _ = 1, 256 do
+  local after = redis.call('HGET', KEYS[1], 'skip:' .. i)
+  if not after then break end
+  i = tonumber(after)
+end
+redis.call('HSET', KEYS[1], 'next', i + 1)
+return {'ok', i, redis.call('HGET', KEYS[1], 'n_ranges')}
 """
 
 OPEN_BRIEFS = (
     """
 -- The fields a pulling task reads of each range of one batch that is not complete (it never
 -- claims, rescues or splits a complete one), so its polls at a round's end return what is left,
--- not every range. KEYS range hashes of ids ARGV[1], ARGV[1] + 1, ...  ARGV[2..] field names
+-- not every range. KEYS range hashes  ARGV[1] lineage ('' = any; else only the ranges whose
+-- 'lineage' is this one: what a retry resumes)  ARGV[2] F  ARGV[3..F+2] field names
+-- ARGV[F+3..] the range id of each key, in order
 -- Returns {'lost', id} (a range has no state) | {'ok', now, id, values..., id, values..., ...}
 -- (missing fields as '').
 """
     + _NOW
     + """
-local first = tonumber(ARGV[1])
+local f = tonumber(ARGV[2])
 local names = {}
-for j = 2, #ARGV do names[#names + 1] = ARGV[j] end
+for j = 3, f + 2 do names[#names + 1] = ARGV[j] end
 local out = {'ok', now}
 for k = 1, #KEYS do
-  local v = redis.call('HMGET', KEYS[k], 'lo', 'hi', 'state', unpack(names))
-  if not v[1] and not v[2] then return {'lost', first + k - 1} end
-  if v[3] ~= 'complete' then
-    out[#out + 1] = first + k - 1
-    for j = 4, #v do out[#out + 1] = v[j] or '' end
+  local v = redis.call('HMGET', KEYS[k], 'lo', 'hi', 'state', 'lineage', unpack(names))
+  if not v[1] and not v[2] then return {'lost', ARGV[f + 2 + k]} end
+  if v[3] ~= 'complete' and (ARGV[1] == '' or v[4] == ARGV[1]) then
+    out[#out + 1] = ARGV[f + 2 + k]
+    for j = 5, #v do out[#out + 1] = v[j] or '' end
   end
 end
 return out

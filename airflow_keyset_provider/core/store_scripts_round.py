@@ -152,8 +152,13 @@ for j = 0, n - 1 do
   r.id = j
   table.insert(walk, r)
 end
--- key order; equal lo (an overlap) sorts by id so the walk stops on it deterministically
-table.sort(walk, function(a, b) if a[1] == b[1] then return a.id < b.id end return a[1] < b[1] end)
+-- key order; equal lo: the empty range first (a range coalesced into its neighbour keeps
+-- lo = hi = the neighbour's end), then by id, so the walk stops on an overlap deterministically
+table.sort(walk, function(a, b)
+  if a[1] ~= b[1] then return a[1] < b[1] end
+  if a[2] ~= b[2] then return a[2] < b[2] end
+  return a.id < b.id
+end)
 for _, r in ipairs(walk) do
   if r[1] ~= expect or r[2] < r[1] then return {'gap', tostring(r.id)} end
   expect = r[2]

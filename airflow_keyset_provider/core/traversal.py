@@ -313,6 +313,7 @@ class KeysetTraversal:
         options: TraverseOptions | None = None,
         first_range: int | None = None,
         split: bool = True,
+        tasks: int | None = None,
     ) -> RoundPullResult:
         """Pull mode: work through the round's ranges until nothing is left for this call.
 
@@ -321,13 +322,17 @@ class KeysetTraversal:
         then (``split``) asks the running range with the most work left to split at its next
         chunk boundary and claims the new range (``core/pull.py``). Each range is claimed and
         committed exactly as by ``traverse`` (fenced; a held range is skipped, not waited for).
+        ``tasks``: how many tasks share the round (the plan's ``workers``); with it, a claim
+        coalesces fresh ranges that follow into the claimed one, a share of the round at a time,
+        so many small ranges cost about what few large ones do (``core/pull.py``).
         Returns with ``finished`` when nothing is left to claim, rescue or split, or early with
         ``yielded`` (``"budget"`` after ``options.max_task_seconds``, or the pacer's reasons)
         or ``stopped``; raises what ``traverse`` raises for the range in hand.
         """
         _check_processor(processor)
         self.source.ensure_validated()
-        loop = PullLoop(self, round_id, processor, options or TraverseOptions(), first_range, split)
+        o = options or TraverseOptions()
+        loop = PullLoop(self, round_id, processor, o, first_range, split, tasks)
         try:
             return loop.run()
         finally:
@@ -361,8 +366,9 @@ class KeysetTraversal:
         self._check_range(round_id, range_id)
         return run_range(self, round_id, range_id, processor, options, **run)
 
-    def _check_range(self, round_id: str, range_id: int) -> None:
-        """The range exists, and the round was planned over this source."""
+    def _check_range(self, round_id: str, range_id: int) -> int:
+        """The range exists, and the round was planned over this source; the round's
+        ``n_ranges``."""
         info = self.store.round_info(round_id)
         n_ranges = int(info["n_ranges"])
         if (
@@ -378,6 +384,7 @@ class KeysetTraversal:
                 f"round {round_id} was planned over {info.get('source')}, not "
                 f"{self.source.fingerprint()}; traverse it with the same table, key and where"
             )
+        return n_ranges
 
     def replay_dead_letters(
         self,

@@ -23,6 +23,7 @@ from airflow_keyset_provider.common import (
 from airflow_keyset_provider.core import ConfigurationError, KeysetTraversal, Round
 from airflow_keyset_provider.core.keys import coerce_bound, from_tuple, parse_bound, to_json
 from airflow_keyset_provider.core.planner import MAX_RANGES
+from airflow_keyset_provider.core.pull import first_positions
 from airflow_keyset_provider.hooks.keyset import KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
 
@@ -31,9 +32,11 @@ _LOGGED_RANGES = 64  # the plan task logs the first ranges, then how many more
 
 
 def pull_tasks(rnd: Round, max_tasks: int, common: dict[str, Any]) -> list[dict[str, Any]]:
-    """Pull mode: one dict per task (at most ``max_tasks``, at most one per range); task ``k``
-    starts with the ``k``-th range in key order, then pulls whatever is left."""
-    specs = sorted(rnd.ranges, key=lambda spec: spec.lo_encoded)[:max_tasks]
+    """Pull mode: one dict per task (at most ``max_tasks``, at most one per range); the tasks'
+    first ranges are spread evenly over the key order (task ``k`` of ``n`` starts ``k/n`` of the
+    way in and, coalescing, claims its share of the round), then each pulls whatever is left."""
+    ordered = sorted(rnd.ranges, key=lambda spec: spec.lo_encoded)
+    specs = [ordered[i] for i in first_positions(len(ordered), max_tasks)]
     return [
         {
             "round_id": rnd.round_id,

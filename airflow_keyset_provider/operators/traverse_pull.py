@@ -57,6 +57,7 @@ def run_pull(
         options=options,
         first_range=first_range,
         split=op.split_stragglers,
+        tasks=op.workers if isinstance(op.workers, int) else None,
     )
 
 

@@ -149,7 +149,7 @@ def test_a_retry_resumes_the_ranges_its_lineage_held(
     rnd = t.plan(max_ranges=4, start_key=0, end_key=800)
     lineage = "dag/run/traverse/0"
     # a try of this lineage that died holding range 3: its lease still runs for a minute
-    t.store.claim(rnd.round_id, 3, f"{lineage}#dead", lineage, 60_000)
+    t.store.claim(rnd.round_id, 3, f"{lineage}#dead", lineage, 60_000, pull=True)
     seen = Deliveries()
     calls = Counter[int]()
 

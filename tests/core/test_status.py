@@ -52,6 +52,7 @@ RANGE_KEYS = {
     "progress",
     "rate",
     "eta_s",
+    "merged_into",
 }
 ROUND_KEYS = {
     "stream",
@@ -70,6 +71,7 @@ ROUND_KEYS = {
     "source",
     "n_ranges",
     "ranges_complete",
+    "ranges_merged",
     "done",
     "skipped",
     "dead",
