@@ -116,6 +116,7 @@ class RoundPullResult:
             "mode": "pull",
             "ranges": [r.range_id for r in self.ranges],
             "ranges_completed": sum(1 for r in self.ranges if r.complete),
+            "ranges_coalesced": sum(r.coalesced for r in self.ranges),
             "rows_read": self.rows_read,
             "chunks": self.chunks,
             "splits_asked": self.splits_asked,
@@ -289,7 +290,8 @@ class PullLoop:
                 return False
             log.info("round %s range %d: held by a live owner; skipped", self.round_id, range_id)
             return True
-        self.result.ranges.append(res)
+        if not (res.complete and not res.chunks and not res.rows_read):
+            self.result.ranges.append(res)  # not a range that was complete when claimed
         if res.stopped or res.yielded:
             self.result.stopped, self.result.yielded = res.stopped, res.yielded
             self.result.retry_after = res.retry_after

@@ -123,6 +123,7 @@ def run_range(
         run.yielded == Pace.PAUSED,
         run.yielded,
         pacer.retry_after if run.yielded in (Pace.THROTTLED, Pace.UNHEALTHY) else 0.0,
+        claim.absorbed,
     )
 
 

@@ -44,6 +44,7 @@ class RangeResult:
     paused: bool = False  # the stream is paused: committed, released, returned (resume continues)
     yielded: str = ""  # why the pacer ended the call early: "paused", "throttled", "unhealthy"
     retry_after: float = 0.0  # "throttled"/"unhealthy": seconds worth waiting before trying again
+    coalesced: int = 0  # fresh ranges this call's claim absorbed into this one (pull mode)
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -13,12 +13,15 @@ Key layout (``P`` is the key prefix, ``ks`` by default; ``S`` the stream)::
     P:{S}:chained                   string  id of the open round that started at the watermark
     P:{S}:by_key                    hash    idempotency key (e.g. Airflow run id) -> round id
     P:{S}:ahead                     hash    closed rounds above a gap: round id -> "start|end"
-    P:{S}:round:R                   hash    start, end, n_ranges, state, chained, source, totals
+    P:{S}:round:R                   hash    start, end, n_ranges, state, chained, source, totals;
+                                            pull mode: next (hint counter), skip:<I> (first id
+                                            after the run range I coalesced), held:<lineage>
+                                            (the range that lineage claimed last), merged
     P:{S}:round:R:range:I           hash    lo, hi, cursor, state, dead, retries; as it runs:
                                             owner, lineage, epoch, lease_until, heartbeat_ms,
                                             claimed_ms, completed_ms, done, skipped, chunks,
                                             takeovers, split_* (a field at its default may be
-                                            missing: see below)
+                                            missing: see below); merged_into (coalesced: empty)
     P:{S}:round:R:retry:I           hash    encoded key -> "attempts|last error"   (sparse)
     P:{S}:round:R:dead:I            list    JSON dead letters, newest first, never trimmed (sparse)
     P:{S}:control                   hash    pause, reason, rate (``core/stream_control.py``)

@@ -9,6 +9,10 @@ strictly between the range's committed cursor and its ``hi``, and in one step th
 ``(lo, at]`` and a new pending range ``(at, hi]`` is appended (``n_ranges`` grows by one). The
 ranges therefore partition ``(start, end]`` whatever the splits, and ``close_round`` checks it by
 walking them in key order. Every claim stays fenced per range (owner token, lease, epoch).
+
+The inverse, coalescing, is the claim's (``CursorStore.claim(..., coalesce=m)``, the ``CLAIM``
+script): it absorbs fresh ranges that follow the claimed one, each left empty at the new end, so
+the partition holds again; ``next_unclaimed`` jumps over what a claim absorbed (``skip:<id>``).
 """
 
 from __future__ import annotations

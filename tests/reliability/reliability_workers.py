@@ -182,9 +182,9 @@ def run_worker(spec: dict[str, Any]) -> None:
         crash.reach("advance_after")
         return out
 
-    def claim(round_id: str, range_id: int, token: str, lineage: str, lease_ms: int) -> Any:
+    def claim(round_id: str, range_id: int, token: str, *args: Any, **kwargs: Any) -> Any:
         tokens.append(token)
-        return real_claim(round_id, range_id, token, lineage, lease_ms)
+        return real_claim(round_id, range_id, token, *args, **kwargs)
 
     t.source.fetch, t.source.fetch_keys = fetch, fetch_keys  # type: ignore[method-assign]
     t.store.advance, t.store.claim = advance, claim  # type: ignore[method-assign]

@@ -59,8 +59,8 @@ class Waiter:
         self.t._stop = RecordingEvent()
         real_claim = self.t.store.claim
 
-        def claim(*args: Any) -> Any:
-            res = real_claim(*args)
+        def claim(*args: Any, **kwargs: Any) -> Any:
+            res = real_claim(*args, **kwargs)
             if isinstance(res, tuple):
                 self.attempts.append(("held", _server_ms(self.t), res[1]))
             else:
