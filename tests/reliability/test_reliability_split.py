@@ -39,10 +39,10 @@ from typing import Any
 
 import redis
 import reliability_support as rs
-from split_model import Figures, KeySpace, PropertyViolation
+from split_model import LEASE_MS, Figures, KeySpace, PropertyViolation
 from split_sim import Sim
 
-from airflow_keyset_provider.core.store import Closed, CloseResult, CursorStore, Gap
+from airflow_keyset_provider.core.store import Claim, Closed, CloseResult, CursorStore, Gap
 from airflow_keyset_provider.core.store_scripts import CLAIM
 
 SCENARIO = "split + crash + takeover (model)"
@@ -106,6 +106,33 @@ def test_split_crash_takeover_properties(redis_client: redis.Redis, key_prefix: 
         assert min(total.splits, total.crashes, total.stalls, total.takeovers) > 0, note
         assert total.coalesced > 0, note
         assert total.stale_refused > 0 and total.requests > 0, note
+
+
+def test_a_claim_coalesces_only_while_the_round_is_open(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """The trials' round is open until it closes (when nothing is fresh any more), so this
+    clause of ``CLAIM`` is checked here: three fresh ranges, a claim of the first with
+    ``coalesce=2`` absorbs both others in an open round and none in an unrecoverable one."""
+    store = CursorStore(redis_client, "split-open", prefix=key_prefix)
+    enc = KeySpace.enc
+    absorbed = {}
+    for unrecoverable in (False, True):
+        rid, _ = store.create_round(
+            idempotency_key=None,
+            chained=False,
+            start=enc(0),
+            end=enc(30),
+            source="{}",
+            arity=1,
+            bounds=[(enc(0), enc(10)), (enc(10), enc(20)), (enc(20), enc(30))],
+        )
+        if unrecoverable:
+            assert store.mark_unrecoverable(rid, "test")
+        res = store.claim(rid, 0, f"t{rid}", "w0", LEASE_MS, coalesce=2)
+        assert isinstance(res, Claim)
+        absorbed[unrecoverable] = (res.absorbed, res.hi, store.range(rid, 2)["state"])
+    assert absorbed == {False: (2, enc(30), "complete"), True: (0, enc(10), "pending")}
 
 
 # --------------------------------------------------------------------------- planted bugs
