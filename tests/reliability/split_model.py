@@ -60,6 +60,7 @@ class Figures:
     keys: int = 0
     chunks: int = 0
     splits: int = 0
+    coalesced: int = 0  # ranges absorbed by claims (``CursorStore.claim(..., coalesce=m)``)
     declined: int = 0
     requests: int = 0
     crashes: int = 0
@@ -90,10 +91,18 @@ class ModelRange:
     owner: str = ""
     lineage: str = ""
     expired: bool = False  # the owner's lease was run out (stall / crash without restart)
+    claimed: bool = False  # some claim of it was ever accepted
+    merged_into: int | None = None  # coalesced into that range by its claim (empty, complete)
 
     @property
     def complete(self) -> bool:
         return self.cursor == self.hi
+
+    @property
+    def fresh(self) -> bool:
+        """A claim may coalesce it: never claimed, nothing committed, not complete (the sim
+        makes no retries or dead letters, so those are always 0)."""
+        return not self.claimed and self.owner == "" and self.cursor == self.lo < self.hi
 
 
 @dataclass
@@ -129,6 +138,8 @@ class Attempt:
     request: str = ""  # the split request seen at the last commit
     asked: int | None = None  # the range this idle attempt asked to split
     resume: int | None = None  # the range a restarted attempt resumes first
+    hint: int | None = None  # an id ``next_unclaimed`` handed out, claimed at a later step
+    known: set[int] = field(default_factory=set)  # ``open_briefs``' known_complete
     finished: bool = False
 
     @property
@@ -199,9 +210,10 @@ def check_outcome(
 def check_partition(
     seed: int, ks: KeySpace, briefs: list[Any], model: dict[int, ModelRange]
 ) -> None:
-    """(b) the final ranges, sorted by lo, partition ``(start, end]`` with no gap or overlap;
-    each is complete with its counters equal to its keys, and matches the model's record."""
-    walk = sorted(briefs, key=lambda b: (b.lo, b.range_id))
+    """(b) the final ranges, in key order (lo, then hi: an empty range left by coalescing sits
+    before the range that starts where it is), partition ``(start, end]`` with no gap or
+    overlap; each is complete with its counters equal to its keys, and matches the model."""
+    walk = sorted(briefs, key=lambda b: (KeySpace.dec(b.lo), KeySpace.dec(b.hi), b.range_id))
     expect = KeySpace.enc(0)
     for b in walk:
         if b.lo != expect:

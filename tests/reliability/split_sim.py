@@ -1,12 +1,14 @@
 """Simulated workers driving the real ``CursorStore`` through random interleavings of the
-scale-out protocol: pull a range (``next_unclaimed`` + ``claim``), read and commit chunks, ask a
-busy range to split and claim the answer, split at a chunk boundary (the owner, above everything
-it has read, prefetch included), release, crash, stall past the lease, come back stale.
+scale-out protocol: pull a range (``next_unclaimed`` + ``claim``, the claim coalescing the fresh
+ranges after it or not: ``split_coalesce``), read and commit chunks, ask a busy range to split
+and claim the answer, split at a chunk boundary (the owner, above everything it has read,
+prefetch included), release, crash, stall past the lease, come back stale.
 
 One step is one store call (or one processor delivery), chosen by a seeded RNG, so a seed
 replays the same interleaving. Every store answer is checked against the model the moment it
 comes back (a live owner is never refused, a stale one always is and changes nothing, a claim
-resumes at the committed cursor); the end state is checked by ``split_model``.
+resumes at the committed cursor and coalesces what the model predicts); the end state is checked
+by ``split_model``.
 
 Redis measures leases on its own clock, which a test cannot move: a stall or a crash without a
 restart makes the owner's last heartbeat a 1 ms lease and waits 3 ms, so "its lease ran out"
@@ -20,6 +22,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from split_coalesce import (
+    absorb,
+    check_absorbed,
+    check_held_by,
+    check_hint,
+    check_open_briefs,
+    pick_coalesce,
+    predict_absorbed,
+)
 from split_model import (
     EXPIRE_MS,
     LEASE_MS,
@@ -72,7 +83,7 @@ class Sim:
         return self.fig
 
     def plan(self) -> None:
-        end, k = self.ks.end, self.rng.randint(1, 6)
+        end, k = self.ks.end, self.rng.randint(1, 12)
         cuts = sorted(self.rng.choices(range(1, end), k=min(k - 1, end - 1)))
         bounds = list(zip([0, *cuts], [*cuts, end], strict=True))
         self.round_id, created = self.store.create_round(
@@ -279,17 +290,31 @@ class Sim:
                 if answer != "no":
                     self.claim(a, int(answer))
             return
-        rid = self.store.next_unclaimed(self.round_id)
-        if rid is not None:
+        if a.hint is not None:  # handed out at an earlier step: another claim may have
+            rid, a.hint = a.hint, None  # coalesced it since (the claim then says complete)
             self.claim(a, rid)
+            return
+        rid = self.store.next_unclaimed(self.round_id)
+        if self.check_steps:
+            check_hint(self.seed, self.model, rid)
+        if rid is not None:
+            if self.rng.random() < 0.3:
+                a.hint = rid
+            else:
+                self.claim(a, rid)
             return
         self.look_around(a)
 
     def look_around(self, a: Attempt) -> None:
         """Nothing unhanded left: claim a range nobody holds (released, lease run out, a split
         nobody claimed yet), else ask the busiest live one to split."""
-        briefs = self.store.range_briefs(self.round_id)
-        open_ = [b for b in briefs if b.state != "complete"]
+        if self.rng.random() < 0.5:
+            open_ = self.store.open_briefs(self.round_id, known_complete=a.known)
+            if self.check_steps:
+                check_open_briefs(self.seed, self.model, a, open_)
+        else:
+            briefs = self.store.range_briefs(self.round_id)
+            open_ = [b for b in briefs if b.state != "complete"]
         if not open_:
             a.finished = True
             return
@@ -314,7 +339,10 @@ class Sim:
         self.tokens += 1
         token = f"{a.requester}#{self.tokens}"
         held = m.owner != "" and not m.expired and m.lineage != a.lineage and not m.complete
-        res = self.store.claim(self.round_id, rid, token, a.lineage, LEASE_MS)
+        coalesce, pull = pick_coalesce(self.rng), self.rng.random() < 0.5
+        res = self.store.claim(
+            self.round_id, rid, token, a.lineage, LEASE_MS, coalesce=coalesce, pull=pull
+        )
         if isinstance(res, Held) or res.complete:
             if isinstance(res, Held) != held or (not isinstance(res, Held) and not m.complete):
                 fail(self.seed, f"claim of {rid} by {token} answered {res}, the model has {m}")
@@ -322,7 +350,14 @@ class Sim:
         if held or m.complete or res.takeover != (m.owner != ""):
             fail(self.seed, f"claim of {rid} by {token} answered {res}, the model has {m}")
         self.fig.takeovers += int(res.takeover)
-        m.owner, m.lineage, m.expired = token, a.lineage, False
+        ids = predict_absorbed(self.model, rid, coalesce)
+        absorb(self.model, rid, ids)
+        self.fig.coalesced += len(ids)
+        m.owner, m.lineage, m.expired, m.claimed = token, a.lineage, False, True
+        if self.check_steps:
+            check_absorbed(self.seed, self.store, self.round_id, rid, ids, res, m.hi)
+            if pull:
+                check_held_by(self.seed, self.store, self.round_id, a, rid)
         # the worker goes by what the store says, as the engine does; the model checks it
         hi = dec(self.store.range(self.round_id, rid)["hi"])
         a.rid, a.token, a.cursor, a.hi, a.request = rid, token, dec(res.cursor), hi, ""

@@ -1,26 +1,33 @@
 """Scenario 12, dynamic splitting under crashes and takeovers: a model-based property test.
 
-Guarantee: whatever the interleaving of pulls, chunk commits, split requests, owner splits
-(above everything the owner has read, prefetch included), releases, crashes (with or without a
-retry of the task, the old process dead or living on as a zombie), stalls past the lease and
-takeovers, on the real ``CursorStore`` in real Redis:
+Guarantee: whatever the interleaving of pulls (claims that coalesce the fresh ranges after them
+or not), chunk commits, split requests, owner splits (above everything the owner has read,
+prefetch included), releases, crashes (with or without a retry of the task, the old process dead
+or living on as a zombie), stalls past the lease and takeovers, on the real ``CursorStore`` in
+real Redis:
 
 (a) every key of the round is processed at least once (0 keys lost);
-(b) the final ranges, sorted by ``lo``, partition ``(start, end]`` exactly (no gap, no
+(b) the final ranges, sorted by ``(lo, hi)``, partition ``(start, end]`` exactly (no gap, no
     overlap), each complete, and ``close_round`` returns ``Closed``;
 (c) a key is processed again only because a fence event (a crash, a stall, a zombie) abandoned
     the chunk it was in, and each such event abandons at most one chunk of one range;
 (d) every key is committed exactly once, so the round's ``done`` equals the number of keys;
-(e) a stale owner's advance or split is refused and changes nothing in Redis.
+(e) a stale owner's advance or split is refused and changes nothing in Redis;
+(f) a claim with ``coalesce=m`` absorbs exactly the ranges the model predicts (the next ids,
+    at most ``m``, while each is fresh and starts where the claimed range ends), each left empty
+    and complete at the new end, ``merged_into`` the claimed range; a claim of one answers
+    complete, ``next_unclaimed`` never hands one out, ``open_briefs`` never takes an open range
+    as complete, and a pulling claim is its lineage's ``held_by``.
 
-Each trial is a seeded random world (``split_sim.Sim``): 20-160 keys spread over ``1..3N``, 1-6
-planned ranges, 1-4 workers, chunks of 1-8 keys. Short mode runs 300 trials, long mode
-(``KEYSET_RELIABILITY_LONG=1``) 10,000. A failure names its seed; ``KEYSET_SPLIT_SEED=<seed>``
+Each trial is a seeded random world (``split_sim.Sim``): 20-160 keys spread over ``1..3N``, 1-12
+planned ranges (so runs of fresh ranges exist to coalesce), 1-4 workers, chunks of 1-8 keys.
+Short mode runs 300 trials, long mode (``KEYSET_RELIABILITY_LONG=1``) 10,000. A failure names its seed; ``KEYSET_SPLIT_SEED=<seed>``
 replays that one trial.
 
 The last tests plant bugs (an owner that splits below what it has read, a split that leaves a
-gap, a close that ignores gaps, a fence that lets a stale owner through) and require the harness
-to catch each: the property test is only as good as what it can fail on.
+gap, a close that ignores gaps, a fence that lets a stale owner through, a claim that coalesces
+a range claimed before, a claim that leaves coalesced ranges at their old end) and require the
+harness to catch each: the property test is only as good as what it can fail on.
 """
 
 from __future__ import annotations
@@ -32,10 +39,11 @@ from typing import Any
 
 import redis
 import reliability_support as rs
-from split_model import Figures, KeySpace, PropertyViolation
+from split_model import LEASE_MS, Figures, KeySpace, PropertyViolation
 from split_sim import Sim
 
-from airflow_keyset_provider.core.store import Closed, CloseResult, CursorStore, Gap
+from airflow_keyset_provider.core.store import Claim, Closed, CloseResult, CursorStore, Gap
+from airflow_keyset_provider.core.store_scripts import CLAIM
 
 SCENARIO = "split + crash + takeover (model)"
 
@@ -77,6 +85,7 @@ def test_split_crash_takeover_properties(redis_client: redis.Redis, key_prefix: 
     seconds = time.perf_counter() - started
     note = (
         f"{total.splits} splits ({total.requests} requests, {total.declined} declined), "
+        f"{total.coalesced} ranges coalesced, "
         f"{total.crashes} crashes, {total.stalls} stalls, {total.takeovers} takeovers, "
         f"{total.stale_refused} stale calls refused, {total.replayed_keys} keys replayed, "
         f"up to {total.max_ranges} ranges, {seconds:.1f} s"
@@ -95,7 +104,35 @@ def test_split_crash_takeover_properties(redis_client: redis.Redis, key_prefix: 
     # the trials must have exercised what they claim to (not timing: counts of events)
     if total.trials >= 100:
         assert min(total.splits, total.crashes, total.stalls, total.takeovers) > 0, note
+        assert total.coalesced > 0, note
         assert total.stale_refused > 0 and total.requests > 0, note
+
+
+def test_a_claim_coalesces_only_while_the_round_is_open(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """The trials' round is open until it closes (when nothing is fresh any more), so this
+    clause of ``CLAIM`` is checked here: three fresh ranges, a claim of the first with
+    ``coalesce=2`` absorbs both others in an open round and none in an unrecoverable one."""
+    store = CursorStore(redis_client, "split-open", prefix=key_prefix)
+    enc = KeySpace.enc
+    absorbed = {}
+    for unrecoverable in (False, True):
+        rid, _ = store.create_round(
+            idempotency_key=None,
+            chained=False,
+            start=enc(0),
+            end=enc(30),
+            source="{}",
+            arity=1,
+            bounds=[(enc(0), enc(10)), (enc(10), enc(20)), (enc(20), enc(30))],
+        )
+        if unrecoverable:
+            assert store.mark_unrecoverable(rid, "test")
+        res = store.claim(rid, 0, f"t{rid}", "w0", LEASE_MS, coalesce=2)
+        assert isinstance(res, Claim)
+        absorbed[unrecoverable] = (res.absorbed, res.hi, store.range(rid, 2)["state"])
+    assert absorbed == {False: (2, enc(30), "complete"), True: (0, enc(10), "pending")}
 
 
 # --------------------------------------------------------------------------- planted bugs
@@ -146,6 +183,42 @@ class LeakyFenceStore(CursorStore):
         return super().advance(round_id, range_id, token, *args, **kw)
 
 
+def _planted_claim(old: str, new: str) -> str:
+    assert CLAIM.count(old) == 1, f"the planted bug no longer applies to CLAIM: {old!r}"
+    return CLAIM.replace(old, new)
+
+
+# absorbs a range someone claimed before (released, nothing committed yet): no claim-time or
+# owner check, only pending and untouched
+CLAIM_ABSORBS_CLAIMED = _planted_claim(
+    "c[3] ~= 'pending' or c[4] ~= '' or c[5] ~= c[1] or c[6] ~= '0'",
+    "c[3] ~= 'pending' or c[5] ~= c[1]",
+)
+# writes each absorbed range, empty, at its own old hi instead of the host's new hi: the
+# empties sit inside the host's range (an overlap)
+CLAIM_EMPTIES_AT_OLD_HI = _planted_claim(
+    "    local key = KEYS[2 + 3 * k]\n    redis.call('DEL', key)\n",
+    "    local key = KEYS[2 + 3 * k]\n    local hi = redis.call('HGET', key, 'hi')\n"
+    "    redis.call('DEL', key)\n",
+)
+
+
+class AbsorbsClaimedStore(CursorStore):
+    """A claim that coalesces a range that was claimed before (not fresh)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._claim = self.script(CLAIM_ABSORBS_CLAIMED)
+
+
+class EmptiesAtOldHiStore(CursorStore):
+    """A claim that leaves each coalesced range empty at its own old end, not the new one."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._claim = self.script(CLAIM_EMPTIES_AT_OLD_HI)
+
+
 def test_harness_catches_an_owner_splitting_below_what_it_read(
     redis_client: redis.Redis, key_prefix: str
 ) -> None:
@@ -182,3 +255,22 @@ def test_harness_catches_a_fence_that_lets_a_stale_owner_through(
 ) -> None:
     found = _first_violation(redis_client, key_prefix, 200, store_cls=LeakyFenceStore)
     assert "stale" in found, found
+
+
+def test_harness_catches_a_claim_coalescing_a_claimed_range(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    found = _first_violation(redis_client, key_prefix, 300, store_cls=AbsorbsClaimedStore)
+    assert "seed" in found and "the model predicts" in found, found
+
+
+def test_harness_catches_coalesced_ranges_left_at_their_old_end(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Caught at the claim; with the step checks off, ``close_round`` finds the overlap."""
+    found = _first_violation(redis_client, key_prefix, 200, store_cls=EmptiesAtOldHiStore)
+    assert "seed" in found and "coalesced into" in found, found
+    blind = _first_violation(
+        redis_client, key_prefix, 200, store_cls=EmptiesAtOldHiStore, check_steps=False
+    )
+    assert "close_round returned Gap" in blind, blind
