@@ -99,7 +99,9 @@ def range_table(rnd: RoundStatus, *, title: str | None = None, wide: bool = Fals
             str(r.range_id),
             r.cursor_label,
             _bar(r.progress),
-            f"[yellow]{r.state}[/]" if lagging else str(r.state),
+            f"[yellow]{r.state}[/]"
+            if lagging
+            else (f"coalesced into {r.merged_into}" if r.merged_into is not None else str(r.state)),
             f"{r.done:,}",
             f"{r.skipped:,}",
             f"[red]{r.dead:,}[/]" if r.dead else "0",

@@ -298,9 +298,10 @@ class RoundStatus:
 
     @property
     def in_key_order(self) -> tuple[RangeStatus, ...]:
-        """The ranges sorted by ``lo`` (``ranges`` is in id order; a split appends a range whose
-        keys sit inside its parent's old bounds, so ids are not in key order after one)."""
-        return tuple(sorted(self.ranges, key=lambda r: (r.lo_encoded, r.range_id)))
+        """The ranges sorted by ``lo``, then ``hi`` (``ranges`` is in id order; a split appends a
+        range whose keys sit inside its parent's old bounds, so ids are not in key order after
+        one; a coalesced range is empty at its host's end, right after the host)."""
+        return tuple(sorted(self.ranges, key=lambda r: (r.lo_encoded, r.hi_encoded, r.range_id)))
 
     @property
     def closed(self) -> bool:

@@ -5,11 +5,12 @@ The same rows of ``seq`` (all of them), the same 16 pull-mode task processes
 chunk size; only the number of planned ranges differs. The ratio is the 4,096-range makespan over
 the 16-range one (lower is better). Planning is untimed (the planning metrics time it).
 
-A range's fixed costs (claim, reading its bounds, the heartbeat thread, the last short chunk,
-release, the next pull) do not depend on the rows, so the ratio shrinks as the table grows: the
-note gives those costs per range (wall time and client CPU) and the row count at which they would
-be 15 % of the 16-range round at its rows/s on this machine (an underestimate at small sizes,
-where the 16-range round itself is mostly fixed costs).
+The tasks run as ``PlanRangesOperator(max_tasks=16)`` runs them: first ranges spread over the key
+order, each claim coalescing its share of the fresh ranges that follow (``core/pull.py``), so the
+4,096-range round is read as a few dozen claims, not 4,096. The note gives what a planned range
+still costs (wall time and client CPU: the 4,096-range round minus the 16-range one, per planned
+range), how many ranges the tasks actually claimed ("ranges run", splits included), and the row
+count at which that cost would be 15 % of the 16-range round at its rows/s on this machine.
 """
 
 from __future__ import annotations

@@ -1,20 +1,24 @@
 """Scale-out target: dynamic splitting of a straggler shortens the round.
 
 A round of 16 equal ranges over ``seq`` (at most 32,000 rows) is worked by 4 pull-mode task
-processes. The processor sleeps a fixed time per row (so the figure is about scheduling, not
-about a machine's CPU), ten times as long on the keys of one range: the 9th in key order, which
-the tasks reach after two ranges each. Same tasks, same rows, same processor; the project runs
-with ``split=True`` (idle tasks ask the straggler's owner to split at a chunk boundary and take
-the new range), the baseline with ``split=False`` (a task ends when nothing is left to claim).
+processes, as ``PlanRangesOperator(max_tasks=4)`` starts them: first ranges spread over the key
+order (positions 0, 4, 8, 12) and each claim coalescing its share of what is left (the first
+claims take 4 ranges each). The processor sleeps a fixed time per row (so the figure is about
+scheduling, not about a machine's CPU), ten times as long on the keys of one range: the 9th in key
+order, the first of the third task's block. Same tasks, same rows, same processor; the project
+runs with ``split=True`` (idle tasks ask the straggler's owner to split at a chunk boundary and
+take the new range), the baseline with ``split=False`` (a task ends when nothing is left to claim).
 The ratio is baseline makespan / project makespan.
 
 Sizes: a normal range sleeps 1 s (0.5 ms per row at 32,000 rows) in chunks of 50 rows (25 ms),
 so the engine's per-chunk cost stays small beside the work and a split waits at most one 250 ms
 chunk of the straggler. The ceiling for this layout, in units of one normal range: without
-splitting the straggler starts at 2 and ends at 2 + 10 = 12; with perfect splitting the 25 units
-of work end at 25 / 4 = 6.25; so 1.92x. What the project loses to that goes to the engine's cost per chunk and per range, to
-chunk boundaries (a split waits for the owner's next commit) and to the requesters' polling
-(task processes are started and connected before the clock starts).
+splitting the block holding the straggler ends at 10 + 3 = 13; with perfect splitting the 25
+units of work end at 25 / 4 = 6.25; so 2.08x. What the project loses to that goes to the engine's
+cost per chunk and per range, to chunk boundaries (a split waits for the owner's next commit), to
+splits at the median of the rows left (a block mixing the slow range with fast ones is first
+split in its fast part) and to the requesters' polling (task processes are started and
+connected before the clock starts).
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ TARGET = 1.6
 
 def ceiling() -> float:
     """The best ratio splitting can reach on this layout (module docstring)."""
-    start = SLOW_INDEX // TASKS
-    return (start + SLOWDOWN) / ((RANGES - 1 + SLOWDOWN) / TASKS)
+    block = RANGES // TASKS  # the first claims coalesce a block each; the slow range leads one
+    return (SLOWDOWN + block - 1) / ((RANGES - 1 + SLOWDOWN) / TASKS)
 
 
 def one_round(ctx: BenchContext, table: str, rows: int, split: bool) -> Sample:
