@@ -91,6 +91,9 @@ def test_a_claim_absorbs_the_fresh_run_up_to_m_and_the_round_closes_with_exact_t
     )
     info = store.round_info(rid)
     assert (info["merged"], info["skip:0"]) == ("3", "4")
+    # the host claimed again (as a rescue would): the empties at its end are not fresh
+    assert store.claim(rid, 0, "a#1", "task-a", LEASE, coalesce=4).absorbed == 0
+    assert store.round_info(rid)["merged"] == "3"
     again = store.claim(rid, 2, "b#1", "task-b", LEASE, coalesce=3)
     assert again.complete and (again.done, again.absorbed) == (0, 0)
     assert store.close_round(rid) == Incomplete((0, 4, 5, 6, 7))
