@@ -167,8 +167,8 @@ def test_a_round_restored_from_the_mirror_after_coalescing_closes_with_exact_tot
     """One task with ``tasks=2`` over 8 ranges: its first claim takes ranges 0..3 as one, the
     next 4..5. Redis then loses everything mid-range: the mirror recorded each coalescing (host
     with its new end and its empties, in one transaction), so the restored round is still a
-    partition, the task goes on from the last checkpoint and the round closes with exact totals;
-    at most the chunk in hand is delivered again."""
+    partition (its empties still marked as coalesced), the task goes on from the last checkpoint
+    and the round closes with exact totals; at most the chunk in hand is delivered again."""
     keys = list(range(1, 801))
     analyzed_events(pg_engine, keys)
     t = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
@@ -192,6 +192,9 @@ def test_a_round_restored_from_the_mirror_after_coalescing_closes_with_exact_tot
     assert "restored from the checkpoint mirror" in caplog.text
     status = t.control.round_status(rnd.round_id)
     hosts = {r.range_id: r.hi for r in status.ranges if r.lo != r.hi}
+    # the restored empties still say what they were coalesced into (status, progress, the CLI)
+    assert [r.merged_into for r in status.ranges] == [None, 0, 0, 0, None, 4, None, None]
+    assert status.ranges_merged == 4
     assert sorted(hosts) == [0, 4, 6, 7] and hosts[0] == 400 and hosts[4] == 600
     assert set(seen.seen) == set(keys)
     assert max(seen.seen.values()) == 2 and seen.seen[451] == 2  # the chunk in hand, again
