@@ -11,11 +11,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from core_support import traversal
 from test_pull import Deliveries, analyzed_events
 
 from airflow_keyset_provider.cli import main as cli_main
 from airflow_keyset_provider.core import RoundPullResult, TraverseOptions
+from airflow_keyset_provider.core.errors import RoundStateLostError
 from airflow_keyset_provider.core.pull import first_positions
 
 STREAM = "events-nightly"  # core_support.traversal's stream
@@ -200,3 +202,37 @@ def test_a_round_restored_from_the_mirror_after_coalescing_closes_with_exact_tot
     assert max(seen.seen.values()) == 2 and seen.seen[451] == 2  # the chunk in hand, again
     totals = t.close_round(rnd.round_id)
     assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
+
+
+@pytest.mark.parametrize("mirrored", [True, False])
+def test_an_absorbed_range_lost_alone_is_restored_empty_or_reads_as_lost(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client, mirrored
+):
+    """A task coalesced all 4 ranges into range 0 and finished it; then Redis loses range 2's
+    hash alone. With a mirror, the close rewrites range 2 from it (empty, complete, still marked
+    as coalesced) and closes with exact totals; without one, the close raises
+    ``RoundStateLostError``: a lost range never reads as complete."""
+    keys = list(range(1, 401))
+    analyzed_events(pg_engine, keys)
+    kw = {"checkpoint_url": pg_schema_url} if mirrored else {}
+    t = traversal(pg_schema_url, redis_url, key_prefix, **kw)
+    rnd = t.plan(max_ranges=4, start_key=0, end_key=400)
+    res = t.traverse_round(
+        rnd.round_id, lambda chunk: None, options=TraverseOptions(chunk_size=50), tasks=1
+    )
+    assert res.finished and [r.range_id for r in res.ranges] == [0]
+    redis_client.delete(t.store.range_key(rnd.round_id, 2))
+    if not mirrored:
+        with pytest.raises(RoundStateLostError):
+            t.close_round(rnd.round_id)
+        return
+    totals = t.close_round(rnd.round_id)
+    assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
+    two = t.store.range(rnd.round_id, 2)
+    assert (two["lo"], two["hi"], two["state"], two["done"], two["merged_into"]) == (
+        t.source.encode([400]),
+        t.source.encode([400]),
+        "complete",
+        "0",
+        "0",
+    )
