@@ -236,3 +236,86 @@ def test_an_absorbed_range_lost_alone_is_restored_empty_or_reads_as_lost(
         "0",
         "0",
     )
+
+
+def test_a_coalescing_the_mirror_missed_is_mirrored_by_the_hosts_next_checkpoint(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client, caplog
+):
+    """Double fault: the mirror is down (its table renamed away) when a claim coalesces ranges
+    1..3 into range 0, and back for the range's checkpoints; then Redis loses everything. The
+    restored round must still be a partition: the host's checkpoints may not reach the mirror
+    without the coalescing they depend on (a host (0, 400] beside the fresh ranges 1..3 would
+    overlap them: their keys delivered a second time and the round never closing)."""
+    keys = list(range(1, 401))
+    analyzed_events(pg_engine, keys)
+    t = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
+    t.checkpoint_seconds = 0
+    rnd = t.plan(max_ranges=4, start_key=0, end_key=400)
+    with pg_engine.begin() as c:  # the mirror's outage
+        c.exec_driver_sql("ALTER TABLE keyset_checkpoints RENAME TO keyset_checkpoints_away")
+    seen = Deliveries()
+    flushed: list[int] = []
+
+    def proc(chunk: Any) -> None:
+        seen.record("w", chunk)
+        if chunk.keys[0] == 1:  # the mirror is back
+            with pg_engine.begin() as c:
+                c.exec_driver_sql(
+                    "ALTER TABLE keyset_checkpoints_away RENAME TO keyset_checkpoints"
+                )
+        if chunk.keys[0] == 251 and not flushed:  # Redis restarts without persistence
+            flushed.append(1)
+            for key in list(redis_client.scan_iter(f"{key_prefix}:*")):
+                redis_client.delete(key)
+
+    caplog.set_level("WARNING", logger="airflow_keyset_provider")
+    res = t.traverse_round(
+        rnd.round_id, proc, options=TraverseOptions(owner_lineage="w", chunk_size=50), tasks=1
+    )
+    assert "did not record the coalescing" in caplog.text
+    assert "restored from the checkpoint mirror" in caplog.text
+    assert flushed and res.finished
+    assert set(seen.seen) == set(keys)
+    assert max(seen.seen.values()) == 2 and seen.seen[251] == 2  # the chunk in hand, again
+    totals = t.close_round(rnd.round_id)
+    assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
+
+
+def test_a_split_of_a_host_whose_coalescing_the_mirror_missed_carries_the_coalescing(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    """As above, but the host's first mirror record after the outage is its split (no periodic
+    checkpoint): the split's record carries the absorbed ranges too, so the round restored after
+    Redis loses everything is a partition and closes with exact totals."""
+    keys = list(range(1, 401))
+    analyzed_events(pg_engine, keys)
+    t = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
+    t.checkpoint_seconds = 3600  # no periodic checkpoint: the split writes the first record
+    rnd = t.plan(max_ranges=4, start_key=0, end_key=400)
+    ghost = traversal(pg_schema_url, redis_url, key_prefix)
+    with pg_engine.begin() as c:
+        c.exec_driver_sql("ALTER TABLE keyset_checkpoints RENAME TO keyset_checkpoints_away")
+    seen = Deliveries()
+    flushed: list[int] = []
+
+    def proc(chunk: Any) -> None:
+        seen.record("w", chunk)
+        if chunk.keys[0] == 1:  # the mirror is back; an idle task asks for a split, then dies
+            with pg_engine.begin() as c:
+                c.exec_driver_sql(
+                    "ALTER TABLE keyset_checkpoints_away RENAME TO keyset_checkpoints"
+                )
+            assert ghost.store.request_split(rnd.round_id, 0, "ghost#1") == "asked"
+        if chunk.keys[0] == 101 and not flushed:  # after the split: Redis loses everything
+            flushed.append(1)
+            for key in list(redis_client.scan_iter(f"{key_prefix}:*")):
+                redis_client.delete(key)
+
+    res = t.traverse_round(
+        rnd.round_id, proc, options=TraverseOptions(owner_lineage="w", chunk_size=10), tasks=1
+    )
+    assert flushed and res.finished
+    assert int(t.store.round_info(rnd.round_id)["n_ranges"]) == 5  # the split's range 4
+    assert set(seen.seen) == set(keys)
+    totals = t.close_round(rnd.round_id)
+    assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
