@@ -68,14 +68,19 @@ def claim_range(
 def mirror_coalesced(t: KeysetTraversal, round_id: str, range_id: int, absorbed: int) -> None:
     """With a checkpoint mirror: the claimed range (its new ``hi``) and the ranges it absorbed
     (now empty and complete) in one transaction of the mirror, so a round restored from it is
-    still a partition (a failed mirror write is logged, as checkpoints are)."""
+    still a partition. A failed mirror write is logged, as checkpoints are, and remembered
+    (``KeysetTraversal.unmirrored_coalescing``): until the mirror has it, the host's checkpoints
+    and split records carry the absorbed ranges too (the host with its new ``hi`` alone, beside
+    the mirror's fresh copies of the ranges it absorbed, would overlap them)."""
     if t.mirror is None:
         return
     try:
         info = t.store.round_info(round_id)
         ids = range(range_id, range_id + absorbed + 1)
         t.mirror.save_round(t.stream, round_id, info, t.store.snapshot_ranges(round_id, ids))
+        t.unmirrored_coalescing.pop((round_id, range_id), None)
     except Exception as exc:  # the mirror is a safety net; its outage must not stop the range
+        t.unmirrored_coalescing[(round_id, range_id)] = absorbed
         log.warning(
             "round %s range %d: the checkpoint mirror did not record the coalescing of ranges "
             "%d..%d: %s",

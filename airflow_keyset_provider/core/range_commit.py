@@ -22,6 +22,7 @@ from .errors import (
 )
 from .keys import display_key
 from .options import TraverseOptions
+from .range_claim import mirror_coalesced
 from .run_state import CommittedRange
 from .store import Advanced, CursorStore
 
@@ -153,6 +154,10 @@ class RangeCommits:
         if not force and time.monotonic() - self.last_checkpoint < self.t.checkpoint_seconds:
             return
         self.last_checkpoint = time.monotonic()
+        pending = self.t.unmirrored_coalescing.get((self.round_id, self.range_id))
+        if pending:  # the mirror missed this range's coalescing: the checkpoint carries it
+            mirror_coalesced(self.t, self.round_id, self.range_id, pending)
+            return
         try:
             snapshot = self.store.snapshot_range(self.round_id, self.range_id)
             mirror.save_range(self.t.stream, self.round_id, self.range_id, snapshot)

@@ -64,7 +64,8 @@ RESTORE_ROUND = (
 -- KEYS[1] round hash  KEYS[2] open set  KEYS[3] chained id  KEYS[4] by_key hash  KEYS[5] seq
 -- then per range: range hash, retry hash, dead list
 -- ARGV[1] round info (JSON)  ARGV[2..] one JSON document per range (all values strings)
--- Owners of rewritten ranges are cleared (every old token is fenced out); running -> pending.
+-- Owners of rewritten ranges are cleared (every old token is fenced out); running -> pending;
+-- 'merged_into' (a range coalesced into another at claim time) is kept.
 -- Returns {round rewritten 0/1, ranges rewritten}; {0, 0} means nothing was written.
 """
     + _INTACT
@@ -103,6 +104,10 @@ for i = 1, #ARGV - 1 do
       'lineage', '', 'epoch', d.epoch, 'lease_until', 0, 'heartbeat_ms', 0, 'done', d.done,
       'skipped', d.skipped, 'dead', d.dead, 'takeovers', d.takeovers, 'chunks', d.chunks,
       'retries', retries, 'restored', 1)
+    -- a range coalesced into another (empty, complete) stays marked as such
+    if d.merged_into and d.merged_into ~= '' then
+      redis.call('HSET', rk, 'merged_into', d.merged_into)
+    end
     rewritten = rewritten + 1
   end
 end
