@@ -73,6 +73,11 @@ if (r[4] or '') ~= '' and r[4] ~= ARGV[1] and now - tonumber(r[5] or '0') < tonu
   return 'busy'
 end
 redis.call('HSET', KEYS[2], 'split_req', ARGV[1], 'split_req_ms', now)
+-- this requester's answer to an earlier request goes: SPLIT_ANSWER must not return it again
+local answer = redis.call('HGET', KEYS[2], 'split_answer') or ''
+if string.sub(answer, 1, #ARGV[1] + 1) == ARGV[1] .. '|' then
+  redis.call('HSET', KEYS[2], 'split_answer', '')
+end
 return 'asked'
 """
 )

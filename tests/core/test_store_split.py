@@ -226,3 +226,26 @@ def test_a_new_owner_does_not_inherit_the_previous_owners_split_request(
         rid, 0, "a#2", c.cursor, k(10), done=10, skipped=0, lease_ms=LEASE, max_item_attempts=3
     )
     assert adv.split_req == ""
+
+
+def test_a_second_request_of_the_same_requester_waits_for_a_new_answer(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """A requester that asks the same range again (its first split was answered) gets a new
+    answer, not the old one again: a pulling task keeps one requester token for all its requests,
+    and reading the earlier new range's id as the answer would make it "win" a split that never
+    happened, again and again (seen in the Celery test: 164 "splits won", one real split)."""
+    store = CursorStore(redis_client, "s", prefix=key_prefix)
+    rid = _round(store, [100, 200])
+    c = store.claim(rid, 0, "a#1", "task-a", LEASE)
+    store.advance(
+        rid, 0, "a#1", c.cursor, k(20), done=20, skipped=0, lease_ms=LEASE, max_item_attempts=3
+    )
+    assert store.request_split(rid, 0, "b#1") == "asked"
+    assert store.split(rid, 0, "a#1", k(60)) == 2
+    assert store.split_answer(rid, 0, "b#1") == "2"
+    assert store.request_split(rid, 0, "b#1") == "asked"
+    assert store.split_answer(rid, 0, "b#1") is None  # pending: the owner has not answered yet
+    assert store.split(rid, 0, "a#1", k(40)) == 3
+    assert store.split_answer(rid, 0, "b#1") == "3"
+    assert (store.range(rid, 0)["hi"], store.range(rid, 3)["lo"]) == (k(40), k(40))
