@@ -13,7 +13,8 @@
    lease ran out: a dead worker's ranges wait one lease, not one Airflow retry);
 5. **split** (``split=True``): ask the running range with the most work left to split
    (``request_split``), wait for its owner's answer (``split_answer``, polled every
-   ``SPLIT_POLL_SECONDS`` for at most ``SPLIT_ANSWER_LEASES`` leases), claim the new range.
+   ``SPLIT_POLL_FIRST_SECONDS`` after the request, then twice as long each time up to
+   ``SPLIT_POLL_SECONDS``, for at most ``SPLIT_ANSWER_LEASES`` leases), claim the new range.
 
 Steps 3 to 5 repeat until nothing is left to claim, rescue or split; then the call returns
 (``RoundPullResult.finished``). A range held by another live owner is skipped, never waited for.
@@ -72,6 +73,9 @@ log = logging.getLogger("airflow_keyset_provider")
 COALESCE_MAX = 1024
 #: How often a requester reads the owner's answer to its split request.
 SPLIT_POLL_SECONDS = 0.1
+#: The first read of the answer: an owner between two short chunks answers within milliseconds,
+#: and a requester that waited the full poll would end the round later than the owner alone.
+SPLIT_POLL_FIRST_SECONDS = 0.005
 #: How often a requester waiting for an answer checks that the owner still holds its lease.
 SPLIT_OWNER_CHECK_SECONDS = 1.0
 #: How long (in leases) a requester waits for an answer, or lets a range stay busy with another
@@ -370,6 +374,7 @@ class PullLoop:
         and a rescue step claims it)."""
         limit = time.monotonic() + SPLIT_ANSWER_LEASES * self.o.lease_seconds
         checked = time.monotonic()
+        poll = SPLIT_POLL_FIRST_SECONDS
         while True:
             if time.monotonic() - checked >= SPLIT_OWNER_CHECK_SECONDS:
                 checked = time.monotonic()
@@ -389,7 +394,8 @@ class PullLoop:
                     range_id,
                 )
                 return None
-            self.t._stop.wait(SPLIT_POLL_SECONDS)
+            self.t._stop.wait(poll)
+            poll = min(poll * 2, SPLIT_POLL_SECONDS)
 
     def _owner_alive(self, range_id: int) -> bool:
         """The range is running under a live lease (on the Redis server's clock)."""

@@ -62,11 +62,15 @@ if ARGV[5] == '1' and ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'held:' .. 
 local hi, absorbed = r[11], 0
 if #KEYS > 4 and redis.call('HGET', KEYS[1], 'state') == 'open' then
   for j = 5, #KEYS - 2, 3 do
-    if not intact(KEYS[j], KEYS[j + 1], KEYS[j + 2]) then break end
-    local c = fields(KEYS[j], 'lo', 'hi', 'state', 'owner', 'cursor', 'claimed_ms', 'retries',
-      'dead')
-    if c[1] ~= hi or c[3] ~= 'pending' or c[4] ~= '' or c[5] ~= c[1] or c[6] ~= '0'
-      or c[7] ~= '0' or c[8] ~= '0' then break end
+    -- fresh and intact in two calls (a missing field is at its default, store_layout.py): its
+    -- counts are 0 and its retry hash and dead list do not exist
+    local c = redis.call('HMGET', KEYS[j], 'lo', 'hi', 'state', 'owner', 'cursor', 'claimed_ms',
+      'retries', 'dead')
+    if c[1] ~= hi or (c[3] or 'pending') ~= 'pending' or (c[4] or '') ~= ''
+      or (c[5] or c[1]) ~= c[1] or (c[6] or '0') ~= '0' or (c[7] or '0') ~= '0'
+      or (c[8] or '0') ~= '0' or redis.call('EXISTS', KEYS[j + 1], KEYS[j + 2]) > 0 then
+      break
+    end
     hi = c[2]
     absorbed = absorbed + 1
   end

@@ -191,8 +191,9 @@ def _planted_claim(old: str, new: str) -> str:
 # absorbs a range someone claimed before (released, nothing committed yet): no claim-time or
 # owner check, only pending and untouched
 CLAIM_ABSORBS_CLAIMED = _planted_claim(
-    "c[3] ~= 'pending' or c[4] ~= '' or c[5] ~= c[1] or c[6] ~= '0'",
-    "c[3] ~= 'pending' or c[5] ~= c[1]",
+    "(c[3] or 'pending') ~= 'pending' or (c[4] or '') ~= ''\n"
+    "      or (c[5] or c[1]) ~= c[1] or (c[6] or '0') ~= '0' or",
+    "(c[3] or 'pending') ~= 'pending'\n      or (c[5] or c[1]) ~= c[1] or",
 )
 # writes each absorbed range, empty, at its own old hi instead of the host's new hi: the
 # empties sit inside the host's range (an overlap)
