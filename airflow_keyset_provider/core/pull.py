@@ -208,7 +208,7 @@ class PullLoop:
             if not self._take(range_id, "resuming (held by this task before)"):
                 return
         first = self.first_range
-        if first is not None and not self._take(first, "first range", self._share(first, 0)):
+        if first is not None and not self._take(first, "first range", self._first_share(first)):
             return
         while (nxt := self.store.next_unclaimed_of(self.round_id)) is not None:
             next_id, self.n_ranges = nxt
@@ -240,6 +240,17 @@ class PullLoop:
             if not self.t.control.restore(self.round_id):
                 raise
             self.n_ranges = self.t._check_range(self.round_id, self.first_range or 0)
+
+    def _first_share(self, first: int) -> int:
+        """``_share`` of the first claim, stopping before the next task's first range (planned
+        ranges are numbered in key order, and the plan spreads the first ranges with
+        ``first_positions``), so that a task does not absorb where another one starts."""
+        share = self._share(first, 0)
+        if self.tasks:
+            later = [p for p in first_positions(self.n_ranges, self.tasks) if p > first]
+            if later:
+                share = min(share, later[0] - first - 1)
+        return share
 
     def _share(self, range_id: int, handed: int) -> int:
         """How many ranges a claim of ``range_id`` may absorb (see the module docstring):

@@ -319,3 +319,30 @@ def test_a_split_of_a_host_whose_coalescing_the_mirror_missed_carries_the_coales
     assert set(seen.seen) == set(keys)
     totals = t.close_round(rnd.round_id)
     assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
+
+
+def test_a_first_claim_stops_before_the_next_tasks_first_range(
+    pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """10 ranges over 4 tasks start at 0, 2, 5, 7 (``first_positions``); a share is
+    ceil(10 / 4) - 1 = 2 ranges, but task 0's first claim absorbs only range 1: range 2 is where
+    task 1 starts, so it is left for task 1 (here claimed later by task 0 itself, as a range of
+    its own, since task 1 never runs)."""
+    keys = list(range(1, 1001))
+    analyzed_events(pg_engine, keys)
+    t = traversal(pg_schema_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=10, start_key=0, end_key=1000)
+    assert len(rnd.ranges) == 10 and first_positions(10, 4) == [0, 2, 5, 7]
+    seen = Deliveries()
+    res = t.traverse_round(
+        rnd.round_id,
+        lambda chunk: seen.record("w0", chunk),
+        options=TraverseOptions(owner_lineage="w0", chunk_size=50),
+        first_range=0,
+        tasks=4,
+    )
+    assert res.finished and set(seen.seen) == set(keys)
+    merged = {r.range_id: r.merged_into for r in t.control.round_status(rnd.round_id).ranges}
+    assert merged[1] == 0 and merged[2] is None  # range 2 was claimed on its own
+    assert t.close_round(rnd.round_id).done == len(keys)
+    t.close()
