@@ -54,9 +54,14 @@ def pull_workers(
     round_id: str,
     n: int,
     processor: Callable[[str, Any], None],
+    *,
+    firsts: list[int] | None = None,
+    tasks: int | None = None,
+    split: bool = True,
     **options: Any,
 ) -> dict[str, RoundPullResult]:
-    """``n`` workers pulling the round at the same time; returns each one's result."""
+    """``n`` workers pulling the round at the same time (worker ``i`` starting with range
+    ``firsts[i]``, default ``i``; ``tasks``: coalescing, see ``traverse_round``); each result."""
     results: dict[str, RoundPullResult] = {}
     errors: list[BaseException] = []
 
@@ -65,19 +70,26 @@ def pull_workers(
         try:
             opts = TraverseOptions(owner_lineage=name, **options)
             results[name] = t.traverse_round(
-                round_id, lambda chunk: processor(name, chunk), options=opts, first_range=first
+                round_id,
+                lambda chunk: processor(name, chunk),
+                options=opts,
+                first_range=first,
+                split=split,
+                tasks=tasks,
             )
         except BaseException as exc:
             errors.append(exc)
         finally:
             t.close()
 
-    threads = [threading.Thread(target=work, args=(f"w{i}", i)) for i in range(n)]
+    starts = firsts if firsts is not None else list(range(n))
+    threads = [threading.Thread(target=work, args=(f"w{i}", f)) for i, f in enumerate(starts)]
     for th in threads:
         th.start()
     for th in threads:
         th.join(timeout=300)
     assert not errors, errors
+    assert len(results) == len(starts)
     return results
 
 

@@ -7,13 +7,12 @@ Workers are threads, each with its own traversal, as separate processes would be
 from __future__ import annotations
 
 import io
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from core_support import traversal
-from test_pull import Deliveries, analyzed_events
+from test_pull import Deliveries, analyzed_events, pull_workers
 
 from airflow_keyset_provider.cli import main as cli_main
 from airflow_keyset_provider.core import RoundPullResult, TraverseOptions
@@ -35,36 +34,18 @@ def coalescing_workers(
     **options: Any,
 ) -> dict[str, RoundPullResult]:
     """One worker per first range, all pulling the round at once with ``tasks``; each result."""
-    results: dict[str, RoundPullResult] = {}
-    errors: list[BaseException] = []
-
-    def work(name: str, first: int) -> None:
-        t = traversal(url, redis_url, key_prefix)
-        try:
-            opts = TraverseOptions(owner_lineage=name, **options)
-            results[name] = t.traverse_round(
-                round_id,
-                lambda chunk: processor(name, chunk),
-                options=opts,
-                first_range=first,
-                split=split,
-                tasks=tasks,
-            )
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            t.close()
-
-    threads = [
-        threading.Thread(target=work, args=(f"w{i}", first)) for i, first in enumerate(firsts)
-    ]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=300)
-    assert not errors, errors
-    assert len(results) == len(firsts)
-    return results
+    return pull_workers(
+        url,
+        redis_url,
+        key_prefix,
+        round_id,
+        len(firsts),
+        processor,
+        firsts=firsts,
+        tasks=tasks,
+        split=split,
+        **options,
+    )
 
 
 def cli(redis_url: str, key_prefix: str, *argv: str) -> str:

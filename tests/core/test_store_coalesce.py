@@ -12,11 +12,11 @@ again, and state lost reads as lost, never as complete.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Callable
 
 import pytest
 import redis
+from test_store_split import _round as round_with_cuts
 
 from airflow_keyset_provider.core.errors import RoundStateLostError
 from airflow_keyset_provider.core.keys import MIN_KEY, encode_key
@@ -31,18 +31,7 @@ def k(i: int) -> str:
 
 def _round(store: CursorStore, n: int) -> str:
     """A round of ``n`` ranges (MIN, 100], (100, 200], ..., ids in key order."""
-    points = [MIN_KEY, *(k(100 * (i + 1)) for i in range(n))]
-    rid, created = store.create_round(
-        idempotency_key=None,
-        chained=True,
-        start=points[0],
-        end=points[-1],
-        source="{}",
-        arity=1,
-        bounds=list(itertools.pairwise(points)),
-    )
-    assert created
-    return rid
+    return round_with_cuts(store, [100 * (i + 1) for i in range(n)])
 
 
 def _commit(store: CursorStore, rid: str, i: int, token: str, frm: str, to: str, done: int) -> None:
