@@ -35,7 +35,14 @@ def claim_range(
     deadline = time.monotonic() + timeout
     while True:
         res = t.store.claim(
-            round_id, range_id, token, o.owner_lineage, lease_ms, coalesce, pull=pull
+            round_id,
+            range_id,
+            token,
+            o.owner_lineage,
+            lease_ms,
+            coalesce,
+            pull=pull,
+            mirror=t.mirror is not None,
         )
         if isinstance(res, Claim):
             if res.absorbed:
@@ -68,19 +75,19 @@ def claim_range(
 def mirror_coalesced(t: KeysetTraversal, round_id: str, range_id: int, absorbed: int) -> None:
     """With a checkpoint mirror: the claimed range (its new ``hi``) and the ranges it absorbed
     (now empty and complete) in one transaction of the mirror, so a round restored from it is
-    still a partition. A failed mirror write is logged, as checkpoints are, and remembered
-    (``KeysetTraversal.unmirrored_coalescing``): until the mirror has it, the host's checkpoints
-    and split records carry the absorbed ranges too (the host with its new ``hi`` alone, beside
-    the mirror's fresh copies of the ranges it absorbed, would overlap them)."""
+    still a partition. A failed mirror write is logged, as checkpoints are; the range keeps its
+    ``unmirrored`` mark in Redis (written by the claim), so until the mirror has the run, every
+    checkpoint and split record of this range, by this owner or a later one, carries the
+    absorbed ranges too (the host with its new ``hi`` alone, beside the mirror's fresh copies
+    of the ranges it absorbed, would overlap them)."""
     if t.mirror is None:
         return
     try:
         info = t.store.round_info(round_id)
         ids = range(range_id, range_id + absorbed + 1)
         t.mirror.save_round(t.stream, round_id, info, t.store.snapshot_ranges(round_id, ids))
-        t.unmirrored_coalescing.pop((round_id, range_id), None)
+        t.store.mirrored_coalescing(round_id, range_id)
     except Exception as exc:  # the mirror is a safety net; its outage must not stop the range
-        t.unmirrored_coalescing[(round_id, range_id)] = absorbed
         log.warning(
             "round %s range %d: the checkpoint mirror did not record the coalescing of ranges "
             "%d..%d: %s",

@@ -154,12 +154,11 @@ class RangeCommits:
         if not force and time.monotonic() - self.last_checkpoint < self.t.checkpoint_seconds:
             return
         self.last_checkpoint = time.monotonic()
-        pending = self.t.unmirrored_coalescing.get((self.round_id, self.range_id))
-        if pending:  # the mirror missed this range's coalescing: the checkpoint carries it
-            mirror_coalesced(self.t, self.round_id, self.range_id, pending)
-            return
         try:
             snapshot = self.store.snapshot_range(self.round_id, self.range_id)
+            if snapshot.get("unmirrored"):  # the mirror missed this range's coalescing
+                mirror_coalesced(self.t, self.round_id, self.range_id, int(snapshot["unmirrored"]))
+                return
             mirror.save_range(self.t.stream, self.round_id, self.range_id, snapshot)
         except RoundStateLostError:
             raise

@@ -119,16 +119,16 @@ class Splitter:
         mirror = run.t.mirror
         if mirror is None:
             return
-        # a coalescing of this range that the mirror missed goes with it (``mirror_coalesced``)
-        host = (run.round_id, run.range_id)
-        absorbed = range(
-            run.range_id + 1, run.range_id + 1 + run.t.unmirrored_coalescing.get(host, 0)
-        )
         try:
             info = run.store.round_info(run.round_id)
-            docs = run.store.snapshot_ranges(run.round_id, [run.range_id, new_id, *absorbed])
+            docs = run.store.snapshot_ranges(run.round_id, [run.range_id, new_id])
+            # a coalescing of this range that the mirror missed goes with it (its mark)
+            missed = int(docs[0].get("unmirrored") or 0)
+            first = run.range_id + 1
+            docs += run.store.snapshot_ranges(run.round_id, range(first, first + missed))
             mirror.save_round(run.t.stream, run.round_id, info, docs)
-            run.t.unmirrored_coalescing.pop(host, None)
+            if missed:
+                run.store.mirrored_coalescing(run.round_id, run.range_id)
         except RoundStateLostError:
             raise
         except Exception as exc:

@@ -21,7 +21,8 @@ Key layout (``P`` is the key prefix, ``ks`` by default; ``S`` the stream)::
                                             owner, lineage, epoch, lease_until, heartbeat_ms,
                                             claimed_ms, completed_ms, done, skipped, chunks,
                                             takeovers, split_* (a field at its default may be
-                                            missing: see below); merged_into (coalesced: empty)
+                                            missing: see below); merged_into (coalesced: empty);
+                                            unmirrored (ranges it absorbed, not yet mirrored)
     P:{S}:round:R:retry:I           hash    encoded key -> "attempts|last error"   (sparse)
     P:{S}:round:R:dead:I            list    JSON dead letters, newest first, never trimmed (sparse)
     P:{S}:control                   hash    pause, reason, rate (``core/stream_control.py``)
@@ -78,6 +79,8 @@ State changes that are *not* a Lua script, and why each is still safe::
     set_control_field  HSET / HDEL of one field of the control hash (the rate): a single atomic
                        command; pause and resume are scripts (``core/stream_control.py``)
     reset_bucket       DEL of the token bucket: the next charge starts with a full burst
+    mirrored_coalescing HDEL of a range's 'unmirrored' mark, after the mirror recorded the
+                       ranges it absorbed; clearing it late only mirrors them once more
 
 The module: ``store_reads.py`` holds the key names and the reads (``StoreReads``),
 ``store_pull.py`` what tasks that pull ranges need (next unclaimed range, briefs, split requests
@@ -306,19 +309,28 @@ class CursorStore(RangePull):
         lease_ms: int,
         coalesce: int = 0,
         pull: bool = False,
+        mirror: bool = False,
     ) -> Claim | Held:
         """A ``Claim`` (``complete=True`` when there is nothing left to do), or ``Held`` when a
         live owner holds the range (nothing written). ``coalesce``: the claim also absorbs up to
         that many of the ranges that follow by id, while each is fresh (never claimed, nothing
         committed) and adjacent (``Claim.absorbed``, ``Claim.hi`` the new end; see ``CLAIM``).
-        ``pull``: a pulling task's claim; the round records it as its lineage's (``held_by``)."""
+        ``pull``: a pulling task's claim; the round records it as its lineage's (``held_by``).
+        ``mirror``: the caller keeps a checkpoint mirror; a coalescing claim marks the range
+        ``unmirrored`` until ``mirrored_coalescing``."""
         keys = [self.round_key(round_id), *self._range_keys(round_id, range_id)]
         for i in range(range_id + 1, range_id + 1 + max(coalesce, 0)):
             keys += self._range_keys(round_id, i)
         res = self._call(
-            self._claim, keys, [token, lineage, lease_ms, range_id, "1" if pull else ""]
+            self._claim,
+            keys,
+            [token, lineage, lease_ms, range_id, "1" if pull else "", "1" if mirror else ""],
         )
         return claim_result(self._where(round_id, range_id), token, res)
+
+    def mirrored_coalescing(self, round_id: str, range_id: int) -> None:
+        """The checkpoint mirror has recorded the ranges this one absorbed: clear its mark."""
+        self.client.hdel(self.range_key(round_id, range_id), "unmirrored")
 
     def heartbeat(self, round_id: str, range_id: int, token: str, lease_ms: int) -> bool:
         return bool(

@@ -16,6 +16,9 @@ CLAIM = (
 --         attempt is fenced by the new token)  ARGV[3] lease ms
 -- ARGV[4] this range's id  ARGV[5] '1' = a pulling task's claim: the round hash records
 --         'held:<lineage>' = this id, so a retry of the lineage finds what it held
+-- ARGV[6] '1' = the caller keeps a checkpoint mirror: a claim that absorbs ranges marks this
+--         range 'unmirrored' = how many, until the mirror has recorded them (any later owner's
+--         checkpoint then carries them: CursorStore.mirrored_coalescing clears the mark)
 -- Coalescing (pull mode): KEYS[5..] range hash, retry hash, dead list of the ranges that follow
 -- this one by id. While the round is open, each of them that is
 -- fresh (pending, never claimed, nothing committed, no retries or dead letters) and starts where
@@ -84,6 +87,7 @@ if #KEYS > 4 and redis.call('HGET', KEYS[1], 'state') == 'open' then
   end
   if absorbed > 0 then
     redis.call('HSET', KEYS[2], 'hi', hi)
+    if ARGV[6] == '1' then redis.call('HSET', KEYS[2], 'unmirrored', absorbed) end
     redis.call('HINCRBY', KEYS[1], 'merged', absorbed)
     -- NEXT_UNCLAIMED jumps from this id past the run it now owns; a counter already inside
     -- the run moves past it now

@@ -103,8 +103,6 @@ class KeysetTraversal:
         )
         self.mirror = CheckpointMirror(checkpoint_url) if checkpoint_url is not None else None
         self.checkpoint_seconds = checkpoint_seconds
-        # (round, host) -> ranges it absorbed that the mirror has not recorded yet (range_claim)
-        self.unmirrored_coalescing: dict[tuple[str, int], int] = {}
         self.metrics: Metrics = metrics or NullMetrics()
         self.tags = {"stream": stream}
         self.control = StreamControl(self.store, self.mirror)

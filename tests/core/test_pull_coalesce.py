@@ -7,6 +7,7 @@ Workers are threads, each with its own traversal, as separate processes would be
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -327,3 +328,43 @@ def test_a_first_claim_stops_before_the_next_tasks_first_range(
     assert merged[1] == 0 and merged[2] is None  # range 2 was claimed on its own
     assert t.close_round(rnd.round_id).done == len(keys)
     t.close()
+
+
+def test_a_coalescing_the_mirror_missed_is_carried_by_the_next_owners_checkpoint(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    """The claim that coalesced ranges 1..3 into range 0 came from a process that died before
+    it could write the mirror (here: the claim alone, with a lease of 1 ms). The mark stays on
+    the range in Redis, so the owner that takes it over (another process: nothing in its memory)
+    mirrors the run with its first checkpoint; Redis then loses everything, and the round
+    restored from the mirror is a partition: every key once more at most in the chunk in hand,
+    exact totals."""
+    keys = list(range(1, 401))
+    analyzed_events(pg_engine, keys)
+    t = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
+    t.checkpoint_seconds = 0
+    rnd = t.plan(max_ranges=4, start_key=0, end_key=400)
+    dead = t.store.claim(rnd.round_id, 0, "w#dead", "w", 1, 3, pull=True, mirror=True)
+    assert dead.absorbed == 3 and t.store.range(rnd.round_id, 0)["unmirrored"] == "3"
+    time.sleep(0.01)  # its lease runs out
+    seen = Deliveries()
+    flushed: list[int] = []
+
+    def proc(chunk: Any) -> None:
+        seen.record("w2", chunk)
+        if chunk.keys[0] == 251 and not flushed:  # Redis restarts without persistence
+            flushed.append(1)
+            for key in list(redis_client.scan_iter(f"{key_prefix}:*")):
+                redis_client.delete(key)
+
+    t2 = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
+    t2.checkpoint_seconds = 0
+    res = t2.traverse_round(
+        rnd.round_id, proc, options=TraverseOptions(owner_lineage="w2", chunk_size=50), tasks=1
+    )
+    assert flushed and res.finished
+    assert set(seen.seen) == set(keys) and max(seen.seen.values()) <= 2
+    totals = t2.close_round(rnd.round_id)
+    assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
+    t.close()
+    t2.close()
