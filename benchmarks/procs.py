@@ -71,3 +71,25 @@ def cpus() -> int:
     return (
         len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     )
+
+
+def wait_ready(children: list[subprocess.Popen[str]]) -> None:
+    """Wait until every child has said "ready" (imported, connected, reflected the table)."""
+    for child in children:
+        assert child.stdout is not None
+        if child.stdout.readline().strip() != "ready":
+            raise RuntimeError("benchmark child did not get ready")
+
+
+def release(children: list[subprocess.Popen[str]]) -> None:
+    """Let every waiting child go at once."""
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+
+
+def start_together(children: list[subprocess.Popen[str]]) -> None:
+    """Wait until every child is ready, then let them all go."""
+    wait_ready(children)
+    release(children)

@@ -10,7 +10,6 @@ counted once, or the run raises: a fast wrong answer is not a result.
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any
 
 from airflow_keyset_provider.core import KeysetTraversal, Round
@@ -25,18 +24,6 @@ def plan(
 ) -> tuple[KeysetTraversal, Round]:
     """A round over keys ``(0, rows]`` of ``table`` (``seq``) in at most ``ranges`` ranges."""
     return project.plan(ctx, table, "seq", 0, rows, ranges=ranges, stream=stream)
-
-
-def start_together(children: list[subprocess.Popen[str]]) -> None:
-    """Wait until every child is ready, then let them all go."""
-    for child in children:
-        assert child.stdout is not None
-        if child.stdout.readline().strip() != "ready":
-            raise RuntimeError("benchmark child did not get ready")
-    for child in children:
-        assert child.stdin is not None
-        child.stdin.write("go\n")
-        child.stdin.flush()
 
 
 def run_tasks(
@@ -73,7 +60,7 @@ def run_tasks(
         )
         for k in range(tasks)
     ]
-    start_together(children)
+    procs.start_together(children)
     results = [procs.result(c) for c in children]
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
     totals = t.close_round(rnd.round_id)

@@ -124,8 +124,9 @@ class Splitter:
             docs = run.store.snapshot_ranges(run.round_id, [run.range_id, new_id])
             # a coalescing of this range that the mirror missed goes with it (its mark)
             missed = int(docs[0].get("unmirrored") or 0)
-            first = run.range_id + 1
-            docs += run.store.snapshot_ranges(run.round_id, range(first, first + missed))
+            if missed:
+                first = run.range_id + 1
+                docs += run.store.snapshot_ranges(run.round_id, range(first, first + missed))
             mirror.save_round(run.t.stream, run.round_id, info, docs)
             if missed:
                 run.store.mirrored_coalescing(run.round_id, run.range_id)

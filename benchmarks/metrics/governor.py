@@ -59,14 +59,7 @@ def _governor(ctx: BenchContext) -> Metric:
         )
         for spec in rnd.ranges
     ]
-    for child in children:
-        assert child.stdout is not None
-        if child.stdout.readline().strip() != "ready":
-            raise RuntimeError("benchmark child did not get ready")
-    for child in children:
-        assert child.stdin is not None
-        child.stdin.write("go\n")
-        child.stdin.flush()
+    procs.start_together(children)
     results = [procs.result(c) for c in children]
     t.close()
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)

@@ -38,15 +38,9 @@ def run_round(ctx: BenchContext, table: str, ranges: int) -> Sample:
         )
         for spec in rnd.ranges
     ]
-    for child in children:
-        assert child.stdout is not None and child.stdin is not None
-        if child.stdout.readline().strip() != "ready":
-            raise RuntimeError("benchmark child did not get ready")
+    procs.wait_ready(children)
     server0 = procs.server_cpu_seconds()
-    for child in children:
-        assert child.stdin is not None
-        child.stdin.write("go\n")
-        child.stdin.flush()
+    procs.release(children)
     results = [procs.result(c) for c in children]
     server = procs.server_cpu_seconds() - server0
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)

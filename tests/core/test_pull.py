@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 import sqlalchemy as sa
 from core_support import make_events, traversal
 
@@ -39,6 +40,20 @@ class Deliveries:
             self.seen.update(chunk.keys)
             self.by_worker.setdefault(worker, set()).add(chunk.range_id)
             self.order.append((worker, chunk.range_id, chunk.keys[0]))
+
+
+class RedisLoss:
+    """Called with each chunk: the first time a chunk starts at key ``at``, every key under the
+    test's prefix goes (Redis restarting without persistence); ``done`` says it happened."""
+
+    def __init__(self, client: redis.Redis, prefix: str, at: int) -> None:
+        self.client, self.prefix, self.at, self.done = client, prefix, at, False
+
+    def __call__(self, chunk: Any) -> None:
+        if chunk.keys[0] == self.at and not self.done:
+            self.done = True
+            for key in list(self.client.scan_iter(f"{self.prefix}:*")):
+                self.client.delete(key)
 
 
 def analyzed_events(engine: sa.Engine, keys: list[int]) -> None:
@@ -332,21 +347,18 @@ def test_a_split_round_restored_from_the_mirror_is_still_a_partition(
     rnd = t.plan(max_ranges=1, start_key=0, end_key=400)
     ghost = traversal(pg_schema_url, redis_url, key_prefix)
     seen = Deliveries()
-    flushed: list[int] = []
+    redis_loss = RedisLoss(redis_client, key_prefix, at=101)
 
     def proc(chunk: Any) -> None:
         if chunk.keys[0] == 11:  # an idle task asks, then dies before it claims the new range
             assert ghost.store.request_split(rnd.round_id, 0, "ghost#1") == "asked"
         seen.record("w", chunk)
-        if chunk.keys[0] == 101 and not flushed:  # Redis restarts without persistence
-            flushed.append(1)
-            for k in list(redis_client.scan_iter(f"{key_prefix}:*")):
-                redis_client.delete(k)
+        redis_loss(chunk)  # Redis restarts without persistence
 
     res = t.traverse_round(
         rnd.round_id, proc, options=TraverseOptions(owner_lineage="w", chunk_size=10)
     )
-    assert flushed and res.finished
+    assert redis_loss.done and res.finished
     assert int(t.store.round_info(rnd.round_id)["n_ranges"]) == 2
     assert set(seen.seen) == set(keys)
     assert max(seen.seen.values()) == 2 and seen.seen[101] == 2  # the chunk in hand, again

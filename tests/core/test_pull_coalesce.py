@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from core_support import traversal
-from test_pull import Deliveries, analyzed_events, pull_workers
+from test_pull import Deliveries, RedisLoss, analyzed_events, pull_workers
 
 from airflow_keyset_provider.cli import main as cli_main
 from airflow_keyset_provider.core import RoundPullResult, TraverseOptions
@@ -159,20 +159,17 @@ def test_a_round_restored_from_the_mirror_after_coalescing_closes_with_exact_tot
     t.checkpoint_seconds = 0
     rnd = t.plan(max_ranges=8, start_key=0, end_key=800)
     seen = Deliveries()
-    flushed: list[int] = []
+    redis_loss = RedisLoss(redis_client, key_prefix, at=451)
 
     def proc(chunk: Any) -> None:
         seen.record("w", chunk)
-        if chunk.keys[0] == 451 and not flushed:  # Redis restarts without persistence
-            flushed.append(1)
-            for key in list(redis_client.scan_iter(f"{key_prefix}:*")):
-                redis_client.delete(key)
+        redis_loss(chunk)  # Redis restarts without persistence
 
     caplog.set_level("WARNING", logger="airflow_keyset_provider")
     res = t.traverse_round(
         rnd.round_id, proc, options=TraverseOptions(owner_lineage="w", chunk_size=10), tasks=2
     )
-    assert flushed and res.finished
+    assert redis_loss.done and res.finished
     assert "restored from the checkpoint mirror" in caplog.text
     status = t.control.round_status(rnd.round_id)
     hosts = {r.range_id: r.hi for r in status.ranges if r.lo != r.hi}
@@ -236,7 +233,7 @@ def test_a_coalescing_the_mirror_missed_is_mirrored_by_the_hosts_next_checkpoint
     with pg_engine.begin() as c:  # the mirror's outage
         c.exec_driver_sql("ALTER TABLE keyset_checkpoints RENAME TO keyset_checkpoints_away")
     seen = Deliveries()
-    flushed: list[int] = []
+    redis_loss = RedisLoss(redis_client, key_prefix, at=251)
 
     def proc(chunk: Any) -> None:
         seen.record("w", chunk)
@@ -245,10 +242,7 @@ def test_a_coalescing_the_mirror_missed_is_mirrored_by_the_hosts_next_checkpoint
                 c.exec_driver_sql(
                     "ALTER TABLE keyset_checkpoints_away RENAME TO keyset_checkpoints"
                 )
-        if chunk.keys[0] == 251 and not flushed:  # Redis restarts without persistence
-            flushed.append(1)
-            for key in list(redis_client.scan_iter(f"{key_prefix}:*")):
-                redis_client.delete(key)
+        redis_loss(chunk)  # Redis restarts without persistence
 
     caplog.set_level("WARNING", logger="airflow_keyset_provider")
     res = t.traverse_round(
@@ -256,7 +250,7 @@ def test_a_coalescing_the_mirror_missed_is_mirrored_by_the_hosts_next_checkpoint
     )
     assert "did not record the coalescing" in caplog.text
     assert "restored from the checkpoint mirror" in caplog.text
-    assert flushed and res.finished
+    assert redis_loss.done and res.finished
     assert set(seen.seen) == set(keys)
     assert max(seen.seen.values()) == 2 and seen.seen[251] == 2  # the chunk in hand, again
     totals = t.close_round(rnd.round_id)
@@ -278,7 +272,7 @@ def test_a_split_of_a_host_whose_coalescing_the_mirror_missed_carries_the_coales
     with pg_engine.begin() as c:
         c.exec_driver_sql("ALTER TABLE keyset_checkpoints RENAME TO keyset_checkpoints_away")
     seen = Deliveries()
-    flushed: list[int] = []
+    redis_loss = RedisLoss(redis_client, key_prefix, at=101)
 
     def proc(chunk: Any) -> None:
         seen.record("w", chunk)
@@ -288,15 +282,12 @@ def test_a_split_of_a_host_whose_coalescing_the_mirror_missed_carries_the_coales
                     "ALTER TABLE keyset_checkpoints_away RENAME TO keyset_checkpoints"
                 )
             assert ghost.store.request_split(rnd.round_id, 0, "ghost#1") == "asked"
-        if chunk.keys[0] == 101 and not flushed:  # after the split: Redis loses everything
-            flushed.append(1)
-            for key in list(redis_client.scan_iter(f"{key_prefix}:*")):
-                redis_client.delete(key)
+        redis_loss(chunk)  # after the split: Redis loses everything
 
     res = t.traverse_round(
         rnd.round_id, proc, options=TraverseOptions(owner_lineage="w", chunk_size=10), tasks=1
     )
-    assert flushed and res.finished
+    assert redis_loss.done and res.finished
     assert int(t.store.round_info(rnd.round_id)["n_ranges"]) == 5  # the split's range 4
     assert set(seen.seen) == set(keys)
     totals = t.close_round(rnd.round_id)
@@ -348,21 +339,18 @@ def test_a_coalescing_the_mirror_missed_is_carried_by_the_next_owners_checkpoint
     assert dead.absorbed == 3 and t.store.range(rnd.round_id, 0)["unmirrored"] == "3"
     time.sleep(0.01)  # its lease runs out
     seen = Deliveries()
-    flushed: list[int] = []
+    redis_loss = RedisLoss(redis_client, key_prefix, at=251)
 
     def proc(chunk: Any) -> None:
         seen.record("w2", chunk)
-        if chunk.keys[0] == 251 and not flushed:  # Redis restarts without persistence
-            flushed.append(1)
-            for key in list(redis_client.scan_iter(f"{key_prefix}:*")):
-                redis_client.delete(key)
+        redis_loss(chunk)  # Redis restarts without persistence
 
     t2 = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
     t2.checkpoint_seconds = 0
     res = t2.traverse_round(
         rnd.round_id, proc, options=TraverseOptions(owner_lineage="w2", chunk_size=50), tasks=1
     )
-    assert flushed and res.finished
+    assert redis_loss.done and res.finished
     assert set(seen.seen) == set(keys) and max(seen.seen.values()) <= 2
     totals = t2.close_round(rnd.round_id)
     assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
