@@ -20,7 +20,7 @@ from .core.errors import (
     RoundStateLostError,
 )
 from .core.keys import key_label
-from .core.supervision import SupervisorWatch
+from .core.run.supervision import SupervisorWatch
 
 #: Context variable set by ``TraverseRangeOperator.execute``; the default ``map_index_template``
 #: renders it, e.g. ``range 3 (1000, 2000]``.

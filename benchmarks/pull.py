@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_keyset_provider.core import KeysetTraversal, Round
-from airflow_keyset_provider.core.pull import first_positions
+from airflow_keyset_provider.core.run.pull import first_positions
 from benchmarks import procs, project
 from benchmarks.context import BenchContext
 from benchmarks.timing import Sample

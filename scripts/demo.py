@@ -151,7 +151,7 @@ def summarize(metadata_db: Path, source: Path, redis_url: str, wall: float) -> N
     import redis
 
     from airflow_keyset_provider.core import StreamControl
-    from airflow_keyset_provider.core.store import CursorStore
+    from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
     ranges = xcoms(metadata_db, "traverse")
     [totals] = xcoms(metadata_db, "barrier")

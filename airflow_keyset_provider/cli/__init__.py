@@ -18,7 +18,7 @@ Progress is measured in *key space*: a range's fraction is where its cursor sits
 and ``hi`` (first key column that differs, interpolated numerically). Ranges are balanced by row
 count, so the round's fraction is the mean of its ranges'. Rates and ETAs come from two readings
 ``--sample`` seconds apart (or from successive ``--watch`` refreshes); without them only the
-round's average rate since it was planned is shown (the maths live in ``core/status.py``).
+round's average rate since it was planned is shown (the maths live in ``core/rounds/status.py``).
 
 The package: ``commands.py`` (what each command reads and does), ``render.py`` (rich tables of
 the status records), ``exits.py`` (exit codes); this module holds the parser and ``main``.

@@ -1,7 +1,7 @@
 """The commands of ``airflow-keyset``: read the status model, render it or print its JSON.
 
 Each ``cmd_*`` takes the parsed arguments and the output stream and returns an exit code
-(``exits.py``). They read through ``StreamControl`` (records of ``core/status.py``) and write only
+(``exits.py``). They read through ``StreamControl`` (records of ``core/rounds/status.py``) and write only
 through ``StreamControl.reset_round`` and ``KeysetTraversal.replay_dead_letters``.
 """
 
@@ -16,12 +16,12 @@ from typing import Any, TextIO
 
 import redis
 
-from ..core.control import StreamControl, list_streams
 from ..core.errors import ConfigurationError
 from ..core.keys import decode_user_key as decode
 from ..core.keys import display_key, to_json
-from ..core.status import StreamStatus, iso_ms
-from ..core.store import CursorStore
+from ..core.rounds.control import StreamControl, list_streams
+from ..core.rounds.status import StreamStatus, iso_ms
+from ..core.store.cursor_store import CursorStore
 from . import render
 from .exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, CliError
 
@@ -355,7 +355,7 @@ def _source_engine(args: argparse.Namespace) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# pause / resume / throttle (the stream's control hash: core/stream_control.py)
+# pause / resume / throttle (the stream's control hash: core/pace/stream_control.py)
 # --------------------------------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from ..core.status import (
+from ..core.rounds.status import (
     RangeState,
     RoundStatus,
     StreamStatus,

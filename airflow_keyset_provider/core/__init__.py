@@ -1,7 +1,6 @@
 """The traversal engine. Imports nothing from Airflow: usable from any orchestrator or script."""
 
 from .chunk import Chunk, ChunkResult, load_processor
-from .control import RoundCheck, StreamControl
 from .errors import (
     CommitOrderTimeoutError,
     ConfigurationError,
@@ -23,6 +22,7 @@ from .errors import (
     UnsupportedKeyTypeError,
 )
 from .options import TraverseOptions
+from .rounds.control import RoundCheck, StreamControl
 from .traversal import (
     KeysetTraversal,
     RangeResult,

@@ -103,7 +103,7 @@ class TraverseOptions:
 
     health_checks: tuple[Any, ...] = ()
     """Checks of the source database evaluated before each chunk and shared by every task of
-    the stream (``core/health.py``: ``ReplicationLag``, ``ActiveBackends``, ``SqlThreshold``,
+    the stream (``core/pace/health.py``: ``ReplicationLag``, ``ActiveBackends``, ``SqlThreshold``,
     ``CallableCheck``, or any object with ``name`` and ``probe(engine)``). While the verdict is
     unhealthy no chunk is started. Costs one Redis round trip per chunk; empty: off."""
 

@@ -28,23 +28,23 @@ from typing import Any
 import redis
 
 from .chunk import Processor, load_processor
-from .control import RangeSpec, Round, RoundTotals, StreamControl
 from .errors import (
     ConfigurationError,
     RoundStateLostError,
 )
 from .keys import MIN_KEY, KeyEncodingError, coerce_bound, decode_user_key, display_key, encode_key
 from .metrics import Metrics, NullMetrics
-from .mirror import CheckpointMirror
 from .options import TraverseOptions, call_options
-from .planner import check_max_ranges, split
-from .pull import PullLoop, RoundPullResult
-from .range_run import run_range
-from .run_state import ProgressCallback, ProgressHook, RangeResult
-from .source import SqlSource
-from .status import RangeStatus, RoundState
-from .store import CursorStore, connect_redis
-from .stream_control import ControlState
+from .pace.stream_control import ControlState
+from .rounds.control import RangeSpec, Round, RoundTotals, StreamControl
+from .rounds.mirror import CheckpointMirror
+from .rounds.planner import check_max_ranges, split
+from .rounds.status import RangeStatus, RoundState
+from .run.pull import PullLoop, RoundPullResult
+from .run.range_run import run_range
+from .run.state import ProgressCallback, ProgressHook, RangeResult
+from .sql.source import SqlSource
+from .store.cursor_store import CursorStore, connect_redis
 
 log = logging.getLogger("airflow_keyset_provider")
 
@@ -320,11 +320,11 @@ class KeysetTraversal:
         Resumes the ranges ``options.owner_lineage`` holds or last held, then ``first_range``,
         then claims unclaimed ranges one after the other, then rescues ranges with no live owner,
         then (``split``) asks the running range with the most work left to split at its next
-        chunk boundary and claims the new range (``core/pull.py``). Each range is claimed and
+        chunk boundary and claims the new range (``core/run/pull.py``). Each range is claimed and
         committed exactly as by ``traverse`` (fenced; a held range is skipped, not waited for).
         ``tasks``: how many tasks share the round (the plan's ``workers``); with it, a claim
         coalesces fresh ranges that follow into the claimed one, a share of the round at a time,
-        so many small ranges cost about what few large ones do (``core/pull.py``).
+        so many small ranges cost about what few large ones do (``core/run/pull.py``).
         Returns with ``finished`` when nothing is left to claim, rescue or split, or early with
         ``yielded`` (``"budget"`` after ``options.max_task_seconds``, or the pacer's reasons)
         or ``stopped``; raises what ``traverse`` raises for the range in hand.

@@ -23,9 +23,9 @@ import sqlalchemy as sa
 from airflow.sdk import BaseHook
 
 from airflow_keyset_provider.core import ConfigurationError, KeysetTraversal, StreamControl
-from airflow_keyset_provider.core.mirror import CheckpointMirror
-from airflow_keyset_provider.core.source import make_engine
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.rounds.mirror import CheckpointMirror
+from airflow_keyset_provider.core.sql.source import make_engine
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 SOURCE_CONN_TYPES = ("postgres", "sqlite")
 STORE_CONN_TYPES = ("redis",)

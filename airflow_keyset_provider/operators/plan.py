@@ -22,8 +22,8 @@ from airflow_keyset_provider.common import (
 )
 from airflow_keyset_provider.core import ConfigurationError, KeysetTraversal, Round
 from airflow_keyset_provider.core.keys import coerce_bound, from_tuple, parse_bound, to_json
-from airflow_keyset_provider.core.planner import MAX_RANGES
-from airflow_keyset_provider.core.pull import first_positions
+from airflow_keyset_provider.core.rounds.planner import MAX_RANGES
+from airflow_keyset_provider.core.run.pull import first_positions
 from airflow_keyset_provider.hooks.keyset import KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
 

@@ -291,7 +291,7 @@ class TraverseRangeOperator(BaseOperator):
             )
             self._traversal = t
             mirror = range_state_mirror(self, context, t, range_id, stream)
-            # An orphan of a dead supervisor stops within one chunk (core/supervision.py).
+            # An orphan of a dead supervisor stops within one chunk (core/run/supervision.py).
             watch = supervisor_watch(t.request_stop, f"round {self.round_id} range {range_id}")
             try:
                 options = dataclasses.replace(self.options, owner_lineage=lineage)

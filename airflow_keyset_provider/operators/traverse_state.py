@@ -17,8 +17,8 @@ from airflow.sdk import Context
 
 from airflow_keyset_provider.core import KeysetTraversal
 from airflow_keyset_provider.core.keys import to_json
-from airflow_keyset_provider.core.run_state import CommittedRange
-from airflow_keyset_provider.core.status import RangeState
+from airflow_keyset_provider.core.rounds.status import RangeState
+from airflow_keyset_provider.core.run.state import CommittedRange
 
 if TYPE_CHECKING:
     from airflow_keyset_provider.operators.traverse import TraverseRangeOperator

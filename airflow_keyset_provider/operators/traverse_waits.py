@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from airflow_keyset_provider.core import KeysetTraversal
-from airflow_keyset_provider.core.range_run import BUDGET
+from airflow_keyset_provider.core.run.range_run import BUDGET
 from airflow_keyset_provider.triggers.keyset import KeysetResumeTrigger
 
 if TYPE_CHECKING:

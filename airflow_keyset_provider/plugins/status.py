@@ -6,7 +6,7 @@ nothing else (the app allows them to DAG editors only). It imports nothing from 
 is testable against a bare Redis client.
 
 The numbers are the CLI's (``airflow-keyset status``): both render the records of
-``core/status.py`` (``as_dict()`` is the JSON of both), and durations are worded by its
+``core/rounds/status.py`` (``as_dict()`` is the JSON of both), and durations are worded by its
 ``format_duration`` (the page's ``fmtDur`` mirrors it), so the terminal and the browser never
 disagree about a round. On top of it this module adds what a page
 needs and a terminal table does not:
@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..core.control import StreamControl, list_streams
 from ..core.errors import (
     ConfigurationError,
     RoundNotFoundError,
@@ -37,9 +36,10 @@ from ..core.errors import (
     StreamNotFoundError,
 )
 from ..core.keys import display_key
-from ..core.status import RangeState, RoundState, RoundStatus, format_duration, iso_ms
-from ..core.store import CursorStore
-from ..core.store_reads import stream_names
+from ..core.rounds.control import StreamControl, list_streams
+from ..core.rounds.status import RangeState, RoundState, RoundStatus, format_duration, iso_ms
+from ..core.store.cursor_store import CursorStore
+from ..core.store.reads import stream_names
 
 #: Heartbeats renew a lease every third of its length (see ``core.traversal._Heartbeat``).
 HEARTBEATS_PER_LEASE = 3

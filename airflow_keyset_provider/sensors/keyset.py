@@ -46,9 +46,9 @@ from airflow_keyset_provider.common import (
     airflow_errors,
     key_label,
 )
-from airflow_keyset_provider.core.control import StreamControl
 from airflow_keyset_provider.core.keys import to_json
-from airflow_keyset_provider.core.status import RoundState
+from airflow_keyset_provider.core.rounds.control import StreamControl
+from airflow_keyset_provider.core.rounds.status import RoundState
 from airflow_keyset_provider.hooks.keyset import AirflowStatsMetrics, KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
 from airflow_keyset_provider.triggers.keyset import BarrierEvent, KeysetRoundTrigger

@@ -23,14 +23,14 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from asgiref.sync import sync_to_async
 
 from airflow_keyset_provider.common import DEFAULT_KEY_PREFIX
-from airflow_keyset_provider.core.control import RoundCheck, StreamControl
 from airflow_keyset_provider.core.errors import (
     ConfigurationError,
     KeysetError,
     RoundNotFoundError,
     RoundStateLostError,
 )
-from airflow_keyset_provider.core.status import RangeState
+from airflow_keyset_provider.core.rounds.control import RoundCheck, StreamControl
+from airflow_keyset_provider.core.rounds.status import RangeState
 
 # How often the pub/sub channel is checked (non-blocking) between two polls of the round.
 _HINT_CHECK_SECONDS = 0.5

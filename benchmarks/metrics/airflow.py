@@ -42,7 +42,7 @@ import redis
 import sqlalchemy as sa
 
 from airflow_keyset_provider.core import KeysetTraversal, StreamControl
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 from benchmarks import procs
 from benchmarks.context import BenchContext
 from benchmarks.data import ensure_table

@@ -6,7 +6,7 @@ chunk size; only the number of planned ranges differs. The ratio is the 4,096-ra
 the 16-range one (lower is better). Planning is untimed (the planning metrics time it).
 
 The tasks run as ``PlanRangesOperator(max_tasks=16)`` runs them: first ranges spread over the key
-order, each claim coalescing its share of the fresh ranges that follow (``core/pull.py``), so the
+order, each claim coalescing its share of the fresh ranges that follow (``core/run/pull.py``), so the
 4,096-range round is read as a few dozen claims, not 4,096. The note gives what a planned range
 still costs (wall time and client CPU: the 4,096-range round minus the 16-range one, per planned
 range), how many ranges the tasks actually claimed ("ranges run", splits included), and the row

@@ -16,8 +16,8 @@ import uuid
 from typing import Any
 
 from airflow_keyset_provider.core.keys import MIN_KEY, encode_key
-from airflow_keyset_provider.core.store import Claim, CursorStore
-from airflow_keyset_provider.core.store_reads import READ_BATCH
+from airflow_keyset_provider.core.store.cursor_store import Claim, CursorStore
+from airflow_keyset_provider.core.store.reads import READ_BATCH
 from benchmarks.context import BenchContext
 from benchmarks.report import Metric
 

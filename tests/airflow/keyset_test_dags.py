@@ -240,7 +240,7 @@ def _store() -> Any:
     import redis as redis_py
     from airflow.providers.redis.hooks.redis import RedisHook
 
-    from airflow_keyset_provider.core.store import CursorStore
+    from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
     client: redis_py.Redis = RedisHook(redis_conn_id=REDIS_CONN_ID).get_conn()
     return lambda stream: CursorStore(client, stream, prefix=KEY_PREFIX)
@@ -260,7 +260,7 @@ def pause_after_second_chunk(chunk: Chunk) -> ChunkResult:
     import threading
     import time
 
-    from airflow_keyset_provider.core.stream_control import StreamSwitch
+    from airflow_keyset_provider.core.pace.stream_control import StreamSwitch
 
     where = (chunk.round_id, chunk.range_id)
     DELIVERIES[where] += 1

@@ -30,7 +30,7 @@ from keyset_examples_common import create_example_tables
 from test_example_dags import control, insert_events, states, xcom
 
 from airflow_keyset_provider.core import KeysetTraversal
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 pytestmark = pytest.mark.airflow
 

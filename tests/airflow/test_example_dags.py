@@ -19,7 +19,7 @@ from airflow.utils.state import DagRunState, TaskInstanceState
 from keyset_examples_common import create_example_tables, example_metadata
 
 from airflow_keyset_provider.core import StreamControl
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 pytestmark = pytest.mark.airflow
 

@@ -25,7 +25,7 @@ from keyset_examples_common import create_example_tables, example_metadata
 
 from airflow_keyset_provider.core import KeysetTraversal, StreamControl
 from airflow_keyset_provider.core.keys import parse_bound
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 pytestmark = pytest.mark.airflow
 

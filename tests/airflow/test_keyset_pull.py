@@ -15,8 +15,8 @@ from keyset_examples_common import create_example_tables, example_metadata
 from test_example_dags import rendered_map_indexes
 from test_keyset_operators import task_instances, xcom
 
-from airflow_keyset_provider.core.store import CursorStore
-from airflow_keyset_provider.core.store_reads import stream_names
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
+from airflow_keyset_provider.core.store.reads import stream_names
 
 pytestmark = pytest.mark.airflow
 
@@ -120,8 +120,8 @@ def test_pull_tasks_spread_the_first_ranges_over_the_key_order(
     coalescing claim takes its own share of the round. Range ids here are deliberately not in key
     order (as after splits), so the order used must be the keys'."""
     from airflow_keyset_provider.core import Round
-    from airflow_keyset_provider.core.control import RangeSpec
     from airflow_keyset_provider.core.keys import MIN_KEY, encode_key
+    from airflow_keyset_provider.core.rounds.control import RangeSpec
     from airflow_keyset_provider.operators.plan import pull_tasks
 
     ids = [(7 * i + 3) % n for i in range(n)]  # key position i holds range id ids[i]

@@ -25,7 +25,7 @@ worker of the task that has processed the fewest keys "fails" in two steps: SIGK
 process group (Celery's main process, its pool processes and the tasks' supervisors), then of its
 task processes. Airflow 3.3 runs each task process in a process group of its own, so the group kill
 alone leaves them running, orphaned: the test checks that each notices its supervisor's death and
-stops by itself within one chunk (``core/supervision.py``: at most one processor call starts after
+stops by itself within one chunk (``core/run/supervision.py``: at most one processor call starts after
 the kill, every chunk it processed is committed, it releases its range and exits; the test waits at
 most ``ORPHAN_WATCH_S``), then kills whatever is left as the machine failure would. The surviving
 tasks go on pulling and rescue the released ranges from their committed cursors; nobody reports the
@@ -61,7 +61,7 @@ import redis
 import sqlalchemy as sa
 
 from airflow_keyset_provider.core import StreamControl
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 DAG_ID = "keyset_celery_kill"
 ROWS = 6400

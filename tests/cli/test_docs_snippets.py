@@ -841,7 +841,7 @@ def test_troubleshooting_quotes_key_validation_errors(
     pg_schema_url: str, pg_engine: sa.Engine, redis_url: str, key_prefix: str
 ) -> None:
     from airflow_keyset_provider.core import KeysetTraversal
-    from airflow_keyset_provider.core.source import _BYTE_ORDER_COLLATIONS
+    from airflow_keyset_provider.core.sql.source import _BYTE_ORDER_COLLATIONS
 
     # A collation that does not order by code point, if the server can use one (ICU or an OS
     # locale); a server built without ICU and without locales (the embedded one) has none at all.
@@ -933,7 +933,7 @@ def test_troubleshooting_quotes_key_validation_errors(
             ' ALTER COLUMN name TYPE text COLLATE "C" (or page by another key).',
         )
     else:  # every collation here orders by code point: the refusal cannot happen, so check its text
-        _in_source("core/key_checks.py", collation_tail)
+        _in_source("core/sql/key_checks.py", collation_tail)
     _quoted(
         plan("events", "seq", start_key=50, end_key=10),
         "start_key 50 is above end_key 10: a round is start < key <= end",
@@ -1090,7 +1090,7 @@ def test_troubleshooting_quotes_runtime_errors(
         "the lease on range ",
         " of round r1 (stream 'events-nightly') expired before the advance; refused (fencing)",
     )
-    _in_source("core/range_run.py", "lease lost; chunk not committed")
+    _in_source("core/run/range_run.py", "lease lost; chunk not committed")
 
     # lost state
     store.client.delete(store.range_key(rnd.round_id, 0))
@@ -1154,7 +1154,7 @@ def test_troubleshooting_quotes_the_airflow_adapters() -> None:
         " is not defined. Create it in the Airflow UI (Admin > Connections, type ",
         "; it must be of type ",
     )
-    _in_source("core/range_claim.py", " s more; waiting")
+    _in_source("core/run/claim.py", " s more; waiting")
 
 
 if __name__ == "__main__":

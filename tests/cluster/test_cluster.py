@@ -20,9 +20,9 @@ from airflow_keyset_provider.core import (
     RoundStateLostError,
     StreamControl,
 )
-from airflow_keyset_provider.core.control import list_streams
-from airflow_keyset_provider.core.mirror import CheckpointMirror
-from airflow_keyset_provider.core.store import CursorStore, connect_redis
+from airflow_keyset_provider.core.rounds.control import list_streams
+from airflow_keyset_provider.core.rounds.mirror import CheckpointMirror
+from airflow_keyset_provider.core.store.cursor_store import CursorStore, connect_redis
 
 
 @pytest.fixture

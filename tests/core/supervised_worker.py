@@ -29,7 +29,7 @@ from typing import Any
 
 def _task(spec: dict[str, Any]) -> None:
     from airflow_keyset_provider.core import Chunk, KeysetTraversal, RetryableError
-    from airflow_keyset_provider.core.supervision import SupervisorWatch
+    from airflow_keyset_provider.core.run.supervision import SupervisorWatch
 
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from core_support import Recorder, traversal
 
 from airflow_keyset_provider.core import ConfigurationError, TraverseOptions
-from airflow_keyset_provider.core.adaptive import ChunkSizer
+from airflow_keyset_provider.core.pace.adaptive import ChunkSizer
 
 
 def test_sizer_converges_to_the_target_and_respects_its_bounds() -> None:

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from core_support import make_events, traversal
 
 from airflow_keyset_provider.core import ConfigurationError, TraverseOptions
-from airflow_keyset_provider.core.health import (
+from airflow_keyset_provider.core.pace.health import (
     ActiveBackends,
     CallableCheck,
     HealthGate,
@@ -103,7 +103,7 @@ def test_a_failing_probe_is_unhealthy_and_builtins_read_postgres(
 ):
     """A probe that raises is an unhealthy verdict naming the error (an outage never reads as
     healthy); the PostgreSQL built-ins run against a real server (no replica here: lag 0)."""
-    from airflow_keyset_provider.core.store import CursorStore
+    from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
     store = CursorStore(redis_client, "h1", prefix=key_prefix)
 

@@ -8,8 +8,8 @@ import time
 from core_support import Recorder, make_events, traversal
 
 from airflow_keyset_provider.core import TraverseOptions
-from airflow_keyset_provider.core.governor import Governor
-from airflow_keyset_provider.core.stream_control import StreamSwitch
+from airflow_keyset_provider.core.pace.governor import Governor
+from airflow_keyset_provider.core.pace.stream_control import StreamSwitch
 
 FIGURES: list[str] = []
 
@@ -105,7 +105,7 @@ def test_bucket_is_shared_and_runs_on_the_server_clock(redis_client, key_prefix)
     """Two governors of one stream (two tasks) draw from one bucket: with a rate of 1,000 rows/s
     and a burst of 1,000, the first charge of 1,000 is free, the second (the other task) owes
     about one second, the third about two."""
-    from airflow_keyset_provider.core.store import CursorStore
+    from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
     a = Governor(CursorStore(redis_client, "s1", prefix=key_prefix))
     b = Governor(CursorStore(redis_client, "s1", prefix=key_prefix))
@@ -121,7 +121,7 @@ def test_switch_refuses_a_bad_rate(redis_client, key_prefix):
     import pytest
 
     from airflow_keyset_provider.core import ConfigurationError
-    from airflow_keyset_provider.core.store import CursorStore
+    from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
     sw = StreamSwitch(CursorStore(redis_client, "s1", prefix=key_prefix))
     for bad in (0, -5):

@@ -1,4 +1,4 @@
-"""Planner (``core/planner.py``): ``split`` covers ``(start, end]`` exactly with at most
+"""Planner (``core/rounds/planner.py``): ``split`` covers ``(start, end]`` exactly with at most
 ``max_ranges`` disjoint half-open ranges whose inner boundaries are cut keys (hypothesis; short
 mode a few hundred examples, long mode ``KEYSET_RELIABILITY_LONG=1`` thousands)."""
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_keyset_provider.core.keys import MIN_KEY, encode_key
-from airflow_keyset_provider.core.planner import split
+from airflow_keyset_provider.core.rounds.planner import split
 
 EXAMPLES = modes.trials(300, 5000)
 

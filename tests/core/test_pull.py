@@ -23,7 +23,7 @@ from airflow_keyset_provider.core import (
     RoundPullResult,
     TraverseOptions,
 )
-from airflow_keyset_provider.core.status import RangeState
+from airflow_keyset_provider.core.rounds.status import RangeState
 
 
 class Deliveries:

@@ -1,4 +1,4 @@
-"""Pull mode with coalescing (``traverse_round(..., tasks=N)``, ``core/pull.py``) on real
+"""Pull mode with coalescing (``traverse_round(..., tasks=N)``, ``core/run/pull.py``) on real
 PostgreSQL and Redis: every key exactly once with far fewer claims than ranges, the round closes
 with exact totals, status and the CLI tell coalesced ranges apart, a round restored from the
 checkpoint mirror after coalescing is still a partition; without ``tasks`` nothing coalesces.
@@ -18,7 +18,7 @@ from test_pull import Deliveries, RedisLoss, analyzed_events, pull_workers
 from airflow_keyset_provider.cli import main as cli_main
 from airflow_keyset_provider.core import RoundPullResult, TraverseOptions
 from airflow_keyset_provider.core.errors import RoundStateLostError
-from airflow_keyset_provider.core.pull import first_positions
+from airflow_keyset_provider.core.run.pull import first_positions
 
 STREAM = "events-nightly"  # core_support.traversal's stream
 

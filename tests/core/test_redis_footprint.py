@@ -1,7 +1,7 @@
 """Redis stays small: a round of 4,096 ranges takes at most 1 MB at every stage (issue #11).
 
 A range hash leaves out the fields at their default and a complete range drops its owner's
-fields when released (``core/store_layout.py``); ``retries`` and ``dead`` stay
+fields when released (``core/store/layout.py``); ``retries`` and ``dead`` stay
 in every hash, so partial loss is still detected. Hashes written by the older layout (every
 field) keep working. Sizes are the server's own ``MEMORY USAGE <key> SAMPLES 0`` summed over every
 key of the stream (a size, never a duration).
@@ -17,7 +17,7 @@ import redis
 
 from airflow_keyset_provider.core import RoundStateLostError, StreamControl
 from airflow_keyset_provider.core.keys import MIN_KEY, encode_key
-from airflow_keyset_provider.core.store import Claim, Closed, CursorStore
+from airflow_keyset_provider.core.store.cursor_store import Claim, Closed, CursorStore
 
 N_RANGES = 4096
 BUDGET = 1_000_000

@@ -1,4 +1,4 @@
-"""The source (``core/source.py``) against real PostgreSQL: chunks are index range scans, and a
+"""The source (``core/sql/source.py``) against real PostgreSQL: chunks are index range scans, and a
 round's upper bound waits until every key below it has committed (commit order)."""
 
 from __future__ import annotations

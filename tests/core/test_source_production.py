@@ -24,7 +24,7 @@ from airflow_keyset_provider.core import (
     KeyValidationError,
 )
 from airflow_keyset_provider.core.keys import MIN_KEY, decode_key, encode_key
-from airflow_keyset_provider.core.source import SqlSource
+from airflow_keyset_provider.core.sql.source import SqlSource
 
 
 def traversal(url, redis_url: str, key_prefix: str, stream: str = "prod", **kw) -> KeysetTraversal:

@@ -1,4 +1,4 @@
-"""The status model (``core/status.py``): states, key-space fractions, rate and ETA from two
+"""The status model (``core/rounds/status.py``): states, key-space fractions, rate and ETA from two
 readings, the one duration wording, and the JSON keys ``--json`` and the page's API promise.
 
 Pure records: nothing here needs Redis (the records are built the way ``StreamControl`` builds
@@ -12,8 +12,8 @@ import datetime as dt
 import pytest
 
 from airflow_keyset_provider.core.keys import MIN_KEY, encode_key
-from airflow_keyset_provider.core.progress import key_fraction
-from airflow_keyset_provider.core.status import (
+from airflow_keyset_provider.core.rounds.progress import key_fraction
+from airflow_keyset_provider.core.rounds.status import (
     RangeState,
     RangeStatus,
     RoundState,

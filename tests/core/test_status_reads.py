@@ -20,8 +20,8 @@ from redis_servers import start_redis
 
 from airflow_keyset_provider.core import StreamControl
 from airflow_keyset_provider.core.keys import encode_key
-from airflow_keyset_provider.core.store import Claim, CursorStore
-from airflow_keyset_provider.core.store_reads import READ_BATCH
+from airflow_keyset_provider.core.store.cursor_store import Claim, CursorStore
+from airflow_keyset_provider.core.store.reads import READ_BATCH
 from airflow_keyset_provider.plugins.status import round_view
 
 N_RANGES = 1100  # > 4 batches, the last one partial

@@ -1,4 +1,4 @@
-"""Coalescing at claim time (``CLAIM`` with ``coalesce=m``, ``core/store_scripts_range.py``), on
+"""Coalescing at claim time (``CLAIM`` with ``coalesce=m``, ``core/store/scripts_range.py``), on
 real Redis.
 
 The invariant: a claim absorbs only ranges that nobody ever worked on (pending, never claimed,
@@ -20,7 +20,7 @@ from test_store_split import _round as round_with_cuts
 
 from airflow_keyset_provider.core.errors import RoundStateLostError
 from airflow_keyset_provider.core.keys import MIN_KEY, encode_key
-from airflow_keyset_provider.core.store import Closed, CursorStore, Incomplete
+from airflow_keyset_provider.core.store.cursor_store import Closed, CursorStore, Incomplete
 
 LEASE = 60_000
 

@@ -24,8 +24,8 @@ from airflow_keyset_provider.core import (
     RoundStateLostError,
     StreamControl,
 )
-from airflow_keyset_provider.core.mirror import CheckpointMirror
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.rounds.mirror import CheckpointMirror
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 TROUBLESHOOTING = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
 

@@ -1,4 +1,4 @@
-"""Ranges pulled by tasks and split by their owners (``core/store_pull.py``), on real Redis.
+"""Ranges pulled by tasks and split by their owners (``core/store/pull.py``), on real Redis.
 
 The invariant behind the barrier: whatever the splits, the ranges of a round partition
 ``(start, end]`` (no gap, no overlap) and ``close_round`` checks it by walking them in key order,
@@ -15,7 +15,7 @@ import redis
 
 from airflow_keyset_provider.core.errors import RoundStateLostError
 from airflow_keyset_provider.core.keys import MIN_KEY, encode_key
-from airflow_keyset_provider.core.store import Closed, CursorStore, Gap, Incomplete
+from airflow_keyset_provider.core.store.cursor_store import Closed, CursorStore, Gap, Incomplete
 
 LEASE = 60_000
 

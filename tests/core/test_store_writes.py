@@ -6,7 +6,7 @@ from __future__ import annotations
 import redis
 
 from airflow_keyset_provider.core.keys import MIN_KEY, encode_key
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 
 def _round(store: CursorStore, bounds: list[tuple[str, str]], key: str | None = None) -> str:
@@ -49,7 +49,7 @@ def test_marking_a_missing_round_writes_nothing(redis_client: redis.Redis, key_p
 
 
 def test_unrecoverable_round_refuses_to_close(redis_client: redis.Redis, key_prefix: str) -> None:
-    from airflow_keyset_provider.core.store import Unrecoverable
+    from airflow_keyset_provider.core.store.cursor_store import Unrecoverable
 
     store = CursorStore(redis_client, "s", prefix=key_prefix)
     rid = _round(store, [(MIN_KEY, encode_key([10]))])
@@ -79,7 +79,7 @@ def test_control_hash_bucket_and_retry_reads_go_through_the_store(
     the Redis client themselves (pipeline, HSET/HDEL, HMGET, DEL, register_script). They now use
     the store's named methods, which read and write the same keys, all under the stream's hash
     tag."""
-    from airflow_keyset_provider.core.governor import Governor
+    from airflow_keyset_provider.core.pace.governor import Governor
 
     store = CursorStore(redis_client, "s", prefix=key_prefix)
     tag = f"{key_prefix}:{{s}}:control"

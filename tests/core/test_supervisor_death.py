@@ -1,5 +1,5 @@
 """Supervisor death (issue #11): a task process whose supervisor died notices within one chunk and
-stops (``core/supervision.py``, wired in ``TraverseRangeOperator``).
+stops (``core/run/supervision.py``, wired in ``TraverseRangeOperator``).
 
 Real processes, as Airflow 3.3 starts them (``supervised_worker.py``): a *supervisor* process forks
 the *task process*, which leads a process group of its own and traverses one range under a

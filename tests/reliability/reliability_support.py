@@ -25,7 +25,7 @@ from modes import MODE as MODE
 from modes import trials as trials
 
 from airflow_keyset_provider.core.keys import encode_key
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 
 @dataclass

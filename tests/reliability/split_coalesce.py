@@ -17,7 +17,7 @@ from typing import Any
 
 from split_model import Attempt, KeySpace, ModelRange, fail
 
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 enc = KeySpace.enc
 

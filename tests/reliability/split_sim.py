@@ -45,7 +45,7 @@ from split_model import (
 )
 
 from airflow_keyset_provider.core.errors import KeysetError
-from airflow_keyset_provider.core.store import Closed, CursorStore, Held
+from airflow_keyset_provider.core.store.cursor_store import Closed, CursorStore, Held
 
 enc, dec = KeySpace.enc, KeySpace.dec
 

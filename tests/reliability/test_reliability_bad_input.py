@@ -363,7 +363,7 @@ def _non_c_collation_table(engine: sa.Engine) -> str | None:
     """Create ``icu (k text COLLATE <c> PRIMARY KEY)`` with a collation that does not order by code
     point (ICU's und-x-icu first, else any other the server can use); None when the server has no
     such collation at all (a build without ICU and without OS locales), where the refusal cannot occur."""
-    from airflow_keyset_provider.core.source import _BYTE_ORDER_COLLATIONS
+    from airflow_keyset_provider.core.sql.source import _BYTE_ORDER_COLLATIONS
 
     with engine.connect() as c:
         names = (

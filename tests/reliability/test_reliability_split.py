@@ -42,8 +42,14 @@ import reliability_support as rs
 from split_model import LEASE_MS, Figures, KeySpace, PropertyViolation
 from split_sim import Sim
 
-from airflow_keyset_provider.core.store import Claim, Closed, CloseResult, CursorStore, Gap
-from airflow_keyset_provider.core.store_scripts import CLAIM
+from airflow_keyset_provider.core.store.cursor_store import (
+    Claim,
+    Closed,
+    CloseResult,
+    CursorStore,
+    Gap,
+)
+from airflow_keyset_provider.core.store.scripts import CLAIM
 
 SCENARIO = "split + crash + takeover (model)"
 

@@ -46,7 +46,7 @@ import sqlalchemy as sa
 from scheduler_support import FIGURES, AirflowDeployment
 
 from airflow_keyset_provider.core import StreamControl
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

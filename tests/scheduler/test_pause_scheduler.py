@@ -40,7 +40,7 @@ from test_real_scheduler import (
 
 from airflow_keyset_provider.cli import main as cli_main
 from airflow_keyset_provider.core import StreamControl
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 ROWS = 3000
 CHUNK = 15

@@ -47,7 +47,7 @@ import sqlalchemy as sa
 from scheduler_support import FIGURES, HEARTBEAT_TIMEOUT_S, AirflowDeployment
 
 from airflow_keyset_provider.core import StreamControl
-from airflow_keyset_provider.core.store import CursorStore
+from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 DAG_ID = "keyset_scheduler_kill"
 ROWS = 3000

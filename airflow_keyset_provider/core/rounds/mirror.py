@@ -1,0 +1,153 @@
+"""A durable mirror of a stream's control state, for when Redis loses it.
+
+Redis on many deployments keeps nothing on disk: a restart or FLUSHDB mid-round would otherwise
+leave the engine unable to tell "done" from "never started". With a mirror configured the engine
+writes, to a SQL table, the round definition at plan time, each range's *committed* cursor with its
+counters, pending item retries and dead letters at most every ``checkpoint_seconds`` (and when a
+range finishes or stops), and the watermark when a round closes.
+
+Guarantee: a mirrored cursor is never ahead of the cursor Redis committed (it is written after
+the commit, from the commit's own result). Restoring therefore moves a range *back* to its last
+checkpoint: the keys committed after it are delivered again (at-least-once, at most
+``checkpoint_seconds`` worth of chunks per range) and the counters are exact again once they are
+re-counted. Nothing is ever restored as complete that the mirror did not record as complete.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine
+
+from ..errors import ConfigurationError
+
+_ROUND, _WATERMARK = -1, -2
+
+
+class CheckpointMirror:
+    """The table ``keyset_checkpoints`` (created if missing): one row per stream/round/range."""
+
+    def __init__(self, url: str | sa.URL | Engine, table: str = "keyset_checkpoints") -> None:
+        try:
+            self.engine = (
+                url if isinstance(url, Engine) else sa.create_engine(url, pool_pre_ping=True)
+            )
+        except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
+            raise ConfigurationError(f"checkpoint mirror URL is not usable: {exc}") from exc
+        schema, _, name = table.rpartition(".")
+        self.table = sa.Table(
+            name,
+            sa.MetaData(),
+            sa.Column("stream", sa.String(200), primary_key=True),
+            sa.Column("round_id", sa.String(64), primary_key=True),
+            sa.Column("range_id", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column("doc", sa.Text, nullable=False),
+            schema=schema or None,
+        )
+        self._created = False
+
+    def _ensure(self) -> None:
+        if not self._created:
+            self.table.create(self.engine, checkfirst=True)
+            self._created = True
+
+    def _upsert(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        self._ensure()
+        dialect = self.engine.dialect.name
+        insert: Any = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}.get(dialect)
+        if insert is None:
+            raise ConfigurationError(
+                f"checkpoint mirror supports PostgreSQL and SQLite, not {dialect}"
+            )
+        stmt = insert(self.table)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["stream", "round_id", "range_id"], set_={"doc": stmt.excluded.doc}
+        )
+        with self.engine.begin() as conn:
+            conn.execute(stmt, rows)
+
+    # ---- writing -----------------------------------------------------------------------------
+    def save_round(
+        self, stream: str, round_id: str, info: dict[str, str], ranges: list[dict[str, Any]]
+    ) -> None:
+        rows = [
+            {"stream": stream, "round_id": round_id, "range_id": _ROUND, "doc": json.dumps(info)}
+        ]
+        rows += [
+            {
+                "stream": stream,
+                "round_id": round_id,
+                "range_id": int(r["range_id"]),
+                "doc": json.dumps(r),
+            }
+            for r in ranges
+        ]
+        self._upsert(rows)
+
+    def save_range(self, stream: str, round_id: str, range_id: int, doc: dict[str, Any]) -> None:
+        self._upsert(
+            [{"stream": stream, "round_id": round_id, "range_id": range_id, "doc": json.dumps(doc)}]
+        )
+
+    def save_watermark(self, stream: str, watermark: str) -> None:
+        self._upsert(
+            [
+                {
+                    "stream": stream,
+                    "round_id": "",
+                    "range_id": _WATERMARK,
+                    "doc": json.dumps({"watermark": watermark}),
+                }
+            ]
+        )
+
+    # ---- reading -----------------------------------------------------------------------------
+    def load_round(
+        self, stream: str, round_id: str
+    ) -> tuple[dict[str, str], list[dict[str, Any]]] | None:
+        self._ensure()
+        t = self.table
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(t.c.range_id, t.c.doc)
+                .where(t.c.stream == stream, t.c.round_id == round_id)
+                .order_by(t.c.range_id)
+            ).all()
+        docs = {rid: json.loads(doc) for rid, doc in rows}
+        info = docs.pop(_ROUND, None)
+        if info is None:
+            return None
+        return info, [docs[i] for i in sorted(docs)]
+
+    def rounds(self, stream: str) -> list[dict[str, str]]:
+        """The mirrored round definitions of a stream."""
+        self._ensure()
+        t = self.table
+        with self.engine.connect() as conn:
+            docs = conn.execute(
+                sa.select(t.c.doc).where(t.c.stream == stream, t.c.range_id == _ROUND)
+            ).scalars()
+            return [json.loads(d) for d in docs]
+
+    def load_watermark(self, stream: str) -> str | None:
+        self._ensure()
+        t = self.table
+        with self.engine.connect() as conn:
+            doc = conn.execute(
+                sa.select(t.c.doc).where(t.c.stream == stream, t.c.range_id == _WATERMARK)
+            ).scalar()
+        return None if doc is None else json.loads(doc)["watermark"]
+
+    def max_round_number(self, stream: str) -> int:
+        self._ensure()
+        t = self.table
+        with self.engine.connect() as conn:
+            ids = conn.execute(
+                sa.select(t.c.round_id).where(t.c.stream == stream, t.c.range_id == _ROUND)
+            ).scalars()
+            return max((int(r[1:]) for r in ids if r[1:].isdigit()), default=0)

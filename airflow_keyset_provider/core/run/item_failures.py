@@ -1,0 +1,382 @@
+"""Item failures versus dependency failures: isolating a chunk that failed as a whole, and the
+item retry passes at the end of a range.
+
+The rule (docs/contract.md, "Item failures and dependency failures"):
+
+- A ``RetryableError`` from any processor call is a dependency failure (an outage): the cursor
+  stays, nothing is recorded, the chunk is read again after a backoff.
+- A chunk fails *as a whole* when the processor raises anything else, or names more than
+  ``outage_failure_ratio`` of its items (and at least two) as failed. Before that is blamed on the
+  dependency, the chunk is isolated:
+
+  1. Canary: one key this range already processed successfully (the last one this try saw
+     succeed; else the highest of the range's first ``chunk_size`` committed keys that neither
+     waits for retry nor is dead) is processed alone again (at-least-once allows it). If it
+     fails, the dependency is down: an outage.
+  2. If the canary succeeded and the processor named the failed items, they are item failures as
+     named. If it raised, or there was no canary, the chunk is bisected: each half is processed
+     on its own, a half that fails as a whole is halved again, down to single items. A part that
+     does not fail as a whole gives its verdict as usual; a single item that fails as a whole
+     fails alone, with the error as its reason.
+  3. If some probe succeeded (the canary or a part), the dependency is up: the items that failed
+     alone are item failures (retried, then dead-lettered) and the cursor moves on. If none did,
+     it is an outage.
+
+Bounds, per attempt of an ``n``-item chunk: the canary is one call; bisection makes at most
+``2n - 2`` calls over ``ceil(log2 n)`` levels, each item delivered at most once per level. Until
+a probe has succeeded, bisection gives up (outage) after ``2 ceil(log2 n) + 1`` parts that failed
+as a whole, so a real outage without a canary costs that many calls at most.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..chunk import Chunk, ChunkResult
+from ..errors import KeysetError, ProcessorContractError, RetryableError
+from ..keys import as_tuple, display_key, encode_key
+from ..sql.source import materialize, release
+from .state import Heartbeat
+
+if TYPE_CHECKING:
+    from .range_run import RangeRun
+
+log = logging.getLogger("airflow_keyset_provider")
+
+
+class IsolationStopped(Exception):
+    """A stop was requested while a chunk was being isolated; nothing of the chunk is recorded."""
+
+
+@dataclass
+class Probe:
+    """One processor call during isolation: its verdict, and whether it failed as a whole."""
+
+    failed: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    whole: bool = False  # failed as a whole: raised, or too many items failed
+    error: str = ""  # what it raised (no per-item verdict), "" when it returned
+
+
+@dataclass
+class Parts:
+    """Verdicts gathered while bisecting."""
+
+    proven: bool  # some probe succeeded: the dependency is up
+    failed: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    misses: int = 0  # parts that failed as a whole before ``proven``
+
+    def take(self, probe: Probe, size: int) -> None:
+        self.failed.update(probe.failed)
+        self.skipped.extend(probe.skipped)
+        self.proven = self.proven or len(probe.failed) < size
+
+
+class ItemFailures:
+    """Failure isolation and item retry passes of one ``RangeRun``."""
+
+    def __init__(self, run: RangeRun) -> None:
+        self.run = run
+        self.last_good: str | None = None  # the last key this try saw succeed
+        self._lo: str | None = None
+
+    # -- one chunk --------------------------------------------------------------------------------
+    def process(self, rows: Sequence[tuple], attempt: int) -> tuple[dict[str, str], list[str]]:
+        """The verdict on ``rows``: ``(failed key -> reason, skipped keys)``, encoded. Raises
+        ``RetryableError`` when the dependency failed (nothing of the chunk may be recorded)."""
+        first = self._probe(rows, attempt)
+        if not first.whole:
+            return first.failed, first.skipped
+        return self._isolate(materialize(rows), first, attempt)
+
+    def note_done(self, rows: Sequence[tuple], last: str, bad: set[str]) -> None:
+        """Remember the last key of ``rows`` that succeeded (not in ``bad``): the next canary."""
+        if not bad:
+            self.last_good = last
+            return
+        arity = self.run.arity
+        for row in reversed(rows):
+            enc = encode_key(tuple(row[:arity]))
+            if enc not in bad:
+                self.last_good = enc
+                return
+
+    def interpret(self, chunk: Chunk, result: Any) -> tuple[dict[str, str], list[str]]:
+        """-> (failed encoded key -> reason, skipped encoded keys), checked against the chunk."""
+        if result is None:
+            return {}, []
+        if not isinstance(result, ChunkResult):
+            raise ProcessorContractError(
+                f"processor returned {type(result).__name__}; it must return ChunkResult or None. "
+                f"Nothing of round {self.run.round_id} range {self.run.range_id} was committed."
+            )
+        if not result.failed and not result.skipped:
+            return {}, []
+        index = {_norm(k): encode_key(as_tuple(k, self.run.arity)) for k in chunk.keys}
+
+        def encoded(k: Any, field_name: str) -> str:
+            enc = index.get(_norm(k))
+            if enc is None:
+                raise ProcessorContractError(
+                    f"ChunkResult.{field_name} names key {k!r}, which is not in the chunk"
+                )
+            return enc
+
+        failed = {encoded(k, "failed"): str(reason) for k, reason in result.failed.items()}
+        skipped = {encoded(k, "skipped") for k in result.skipped}
+        return failed, sorted(skipped - failed.keys())
+
+    def _probe(self, rows: Sequence[tuple], attempt: int) -> Probe:
+        run = self.run
+        chunk = Chunk(
+            run.round_id, run.range_id, run.source.column_names, rows, run.key_of, attempt
+        )
+        try:
+            result = run.call_processor(chunk)
+        except KeysetError:
+            raise  # RetryableError (an outage) and the engine's own errors
+        except Exception as exc:
+            return Probe(whole=True, error=f"{type(exc).__name__}: {exc}")
+        failed, skipped = self.interpret(chunk, result)
+        n = len(rows)
+        whole = len(failed) >= 2 and len(failed) > run.o.outage_failure_ratio * n
+        return Probe(failed, skipped, whole)
+
+    def _isolate(
+        self, rows: list[tuple], first: Probe, attempt: int
+    ) -> tuple[dict[str, str], list[str]]:
+        why = first.error or next(iter(first.failed.values()))
+        what = f"{len(rows)} items failed as a whole (first: {why})"
+        canary = self._canary(attempt + 1)
+        if canary is False:
+            raise RetryableError(f"{what}, and the canary, a key that succeeded before, failed too")
+        if canary and not first.error:
+            self._log_isolated(rows, first.failed, "the canary succeeded")
+            return first.failed, first.skipped
+        parts = self._bisect(rows, first, attempt + 1, proven=bool(canary))
+        if not parts.proven:
+            raise RetryableError(
+                f"{what}; no part of the chunk succeeded alone and no key that succeeded before "
+                "was there to probe with"
+            )
+        self._log_isolated(rows, parts.failed, "bisected")
+        return parts.failed, parts.skipped
+
+    def _bisect(self, rows: list[tuple], first: Probe, attempt: int, proven: bool) -> Parts:
+        """Halve the parts that fail as a whole down to single items (depth first)."""
+        parts = Parts(proven)
+        if len(rows) == 1:
+            parts.failed.update(self._alone(rows, first))
+            return parts
+        budget = 2 * math.ceil(math.log2(len(rows))) + 1
+        stack = _halves(rows)[::-1]
+        while stack:
+            self.run._check_lease(self.run.heart, "lease lost while isolating a chunk")
+            if self.run.t._stop.is_set():
+                raise IsolationStopped
+            part = stack.pop()
+            probe = self._probe(part, attempt)
+            if not probe.whole or (parts.proven and not probe.error):
+                parts.take(probe, len(part))
+                continue
+            if not parts.proven:
+                parts.misses += 1
+                if parts.misses >= budget:
+                    return parts
+            if len(part) == 1:
+                parts.failed.update(self._alone(part, probe))
+            else:
+                stack.extend(_halves(part)[::-1])
+        return parts
+
+    def _alone(self, part: Sequence[tuple], probe: Probe) -> dict[str, str]:
+        """The item failure of a single item that failed as a whole."""
+        if not probe.error:
+            return probe.failed
+        return {encode_key(tuple(part[0][: self.run.arity])): probe.error}
+
+    def _canary(self, attempt: int) -> bool | None:
+        """Process a key known to succeed alone: True if it did, False if it failed, None when
+        there is no such key (or it is gone)."""
+        key = self._canary_key()
+        if key is None:
+            return None
+        rows = self.run.source.fetch_keys([key])
+        if not rows:
+            self.last_good = None
+            return None
+        probe = self._probe(rows, attempt)
+        ok = not probe.whole and not probe.failed
+        log.info(
+            "round %s range %d: canary %s %s",
+            self.run.round_id,
+            self.run.range_id,
+            display_key(key, self.run.arity),
+            "succeeded: the dependency is up" if ok else "failed: the dependency is down",
+        )
+        return ok
+
+    def _canary_key(self) -> str | None:
+        """The last key this try saw succeed; else (a resumed try) the highest key this range
+        committed among its first ``chunk_size`` that neither waits for retry nor is dead."""
+        if self.last_good is not None:
+            return self.last_good
+        run = self.run
+        if self._lo is None:
+            self._lo = run.store.range(run.round_id, run.range_id)["lo"]
+        cursor = run.state.cursor
+        if cursor == self._lo:
+            return None  # nothing committed yet: every key below is another range's
+        rows = run.source.fetch(self._lo, cursor, run.o.chunk_size)
+        keys = [encode_key(tuple(r[: run.arity])) for r in materialize(rows)]
+        release(rows)
+        if not keys:
+            return None
+        waiting = run.store.retry_states(run.round_id, run.range_id, keys)
+        dead = {
+            d["key"] for d in run.store.dead_letters(run.round_id, run.range_id, run.o.dead_cap)
+        }
+        good = [k for k, w in zip(keys, waiting, strict=True) if w is None and k not in dead]
+        return good[-1] if good else None
+
+    def _log_isolated(self, rows: Sequence[tuple], failed: dict[str, str], how: str) -> None:
+        log.warning(
+            "round %s range %d: a chunk of %d items failed as a whole; %s, so the dependency is "
+            "up: %d item(s) failed on their own and are recorded as item failures",
+            self.run.round_id,
+            self.run.range_id,
+            len(rows),
+            how,
+            len(failed),
+        )
+
+    # -- item retry passes ------------------------------------------------------------------------
+    def drain(self, heart: Heartbeat) -> bool:
+        """Items that failed on their own get further attempts once the cursor reached ``hi``;
+        after ``max_item_attempts`` they are dead-lettered. The range completes when none is
+        left. Returns True when a stop request ended the passes (every wait is interruptible)."""
+        run, stop = self.run, self.run.t._stop
+        attempt, passes = 0, 0
+        while run.state.retries > 0 and not run.state.complete:
+            run._check_lease(heart, "lease lost during retries")
+            if stop.is_set():
+                return True
+            entries = run.store.retry_entries(run.round_id, run.range_id, run.o.chunk_size)
+            if not entries:
+                break
+            passes += 1
+            first_attempts = min(e[1] for e in entries)
+            if stop.wait(
+                min(run.o.backoff_max, run.o.item_retry_delay * 2 ** (first_attempts - 1))
+            ):
+                return True
+            try:
+                rows, failed, skipped = self._retry_pass(entries, passes + 1)
+            except IsolationStopped:
+                return True
+            except RetryableError as exc:
+                attempt += 1
+                run._backoff(attempt, "the processor's dependency (item retry pass)", exc)
+                continue
+            except KeysetError:
+                raise
+            except Exception as exc:
+                attempt += 1
+                run._backoff(attempt, "an item retry pass", exc)
+                continue
+            attempt = 0
+            self._commit_pass(passes, entries, rows, failed, skipped)
+        return False
+
+    def _commit_pass(
+        self,
+        passes: int,
+        entries: Sequence[tuple[str, int, str]],
+        rows: Sequence[tuple],
+        failed: dict[str, str],
+        skipped: list[str],
+    ) -> None:
+        run = self.run
+        resolved = _resolutions(entries, rows, failed, skipped, run.arity)
+        run._commit(run.state.cursor, 0, 0, resolved=resolved, failed=sorted(failed.items()))
+        log.info(
+            "round %s range %d: item retry pass %d: %d resolved, %d still failing, %d dead so far",
+            run.round_id,
+            run.range_id,
+            passes,
+            len(resolved),
+            len(failed),
+            run.state.dead,
+        )
+
+    def _retry_pass(
+        self, entries: Sequence[tuple[str, int, str]], attempt: int
+    ) -> tuple[Sequence[tuple], dict[str, str], list[str]]:
+        """Read the failed items again and hand them to the processor as one chunk (isolated like
+        any chunk when it fails as a whole)."""
+        rows = self.run.source.fetch_keys([e[0] for e in entries])
+        if not rows:
+            return rows, {}, []
+        failed, skipped = self.process(rows, attempt)
+        self._check_pass_outage(entries, failed)
+        return rows, failed, skipped
+
+    def _check_pass_outage(
+        self, entries: Sequence[tuple[str, int, str]], failed: dict[str, str]
+    ) -> None:
+        """A retry pass where (nearly) every item failed, and failed for a reason other than the
+        one it failed with before, is a dependency failure: it must not use up the items'
+        attempts. Items that are bad on their own keep failing for their own reasons and are still
+        dead-lettered. Dead letters being replayed are left out: a replay is an explicit retry,
+        its verdicts count."""
+        before = {enc: err for enc, _, err in entries if not err.startswith("replay of: ")}
+        failed = {enc: why for enc, why in failed.items() if enc in before}
+        if len(failed) < 2 or len(failed) <= self.run.o.outage_failure_ratio * len(before):
+            return
+        changed = sum(1 for enc, why in failed.items() if _stored(why) != before[enc])
+        if changed * 2 > len(failed):
+            raise RetryableError(
+                f"{len(failed)} of {len(before)} items failed again in a retry pass, {changed} of "
+                f"them for a new reason (first: {next(iter(failed.values()))}); treating it as a "
+                "dependency failure"
+            )
+
+
+def _resolutions(
+    entries: Sequence[tuple[str, int, str]],
+    rows: Sequence[tuple],
+    failed: dict[str, str],
+    skipped: list[str],
+    arity: int,
+) -> list[tuple[str, str]]:
+    """Retried items that reached a terminal state: ``"d"`` done, ``"s"`` skipped. A row that
+    is gone (deleted, no longer matches ``where``) reached a terminal state too: skipped."""
+    present = {encode_key(tuple(r[:arity])) for r in rows}
+    skip = set(skipped)
+    return [
+        (enc, "s" if enc in skip or enc not in present else "d")
+        for enc, _, _ in entries
+        if enc not in failed
+    ]
+
+
+def _norm(k: Any) -> Any:
+    return tuple(k) if isinstance(k, list) else k
+
+
+def _halves(rows: list[tuple]) -> list[list[tuple]]:
+    mid = len(rows) // 2
+    return [rows[:mid], rows[mid:]]
+
+
+def _stored(reason: str) -> str:
+    """An error reason as the store keeps it."""
+    return reason.replace("\n", " ")[:500]
+
+
+__all__ = ["IsolationStopped", "ItemFailures"]

@@ -1,0 +1,116 @@
+"""Waiting until every key at or below a round's end has committed (PostgreSQL).
+
+Guarantee (``wait_for_transactions``): when it returns, every transaction of *this database*
+that was open when it was called has ended (committed or aborted), including prepared (two-phase)
+transactions, which hold no backend. So a key written by any of them is either visible or never
+will be. Sessions of other databases and VACUUM (manual or autovacuum, which never insert rows)
+are not waited for, as PostgreSQL's own ``CREATE INDEX CONCURRENTLY`` does not wait for them. The
+wait is bounded: on timeout, ``CommitOrderTimeoutError`` names every blocker (pid or prepared
+transaction gid, database, user, application, state, age).
+
+``settle`` adds an opt-in window: after the first wait, sleep ``settle_seconds`` and wait again
+for the transactions open then. A key committed up to ``settle_seconds`` after the bound was read
+(by a transaction that began after it) is then still visible when the round is saved. It is a
+window, not a guarantee: a key committed later than that is missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from ..errors import CommitOrderTimeoutError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """An open transaction that could still commit a key."""
+
+    ident: str  # virtualxid of a backend, or "prepared:<gid>"
+    describe: str
+
+
+_OPEN_BACKENDS = sa.text(
+    # Every running transaction holds an ExclusiveLock on its own virtual transaction id, whether
+    # or not it has an xid yet (nextval() alone may not assign one). pg_locks is cluster-wide:
+    # keep this database's sessions, not ours, not VACUUM (pg_stat_progress_vacuum, which lists
+    # manual and auto vacuums) nor autovacuum workers.
+    "SELECT l.virtualxid, a.pid, a.datname, a.usename, a.application_name, a.backend_type, a.state, "
+    "       extract(epoch FROM now() - coalesce(a.xact_start, a.backend_start)) "
+    "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'virtualxid' AND l.mode = 'ExclusiveLock' AND l.granted "
+    "AND a.pid <> pg_backend_pid() "
+    "AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND a.backend_type NOT IN ('autovacuum worker', 'autovacuum launcher') "
+    "AND a.pid NOT IN (SELECT v.pid FROM pg_stat_progress_vacuum v)"
+)
+
+_OPEN_PREPARED = sa.text(
+    # Prepared transactions hold no backend and no virtualxid lock: they live on until
+    # COMMIT PREPARED / ROLLBACK PREPARED, possibly holding keys below the bound.
+    "SELECT p.gid, p.owner, p.database, extract(epoch FROM now() - p.prepared) "
+    "FROM pg_prepared_xacts p WHERE p.database = current_database()"
+)
+
+
+def open_transactions(conn: sa.Connection) -> dict[str, Blocker]:
+    """Transactions of this database that could still commit a key, by identity."""
+    out: dict[str, Blocker] = {}
+    for vxid, pid, db, user, app, btype, state, age in conn.execute(_OPEN_BACKENDS):
+        out[vxid] = Blocker(
+            vxid,
+            f"pid {pid} database {db} user {user} app {app!r} ({btype}) transaction "
+            f"open for {float(age or 0):.1f} s ({state})",
+        )
+    for gid, owner, db, age in conn.execute(_OPEN_PREPARED):
+        out[f"prepared:{gid}"] = Blocker(
+            f"prepared:{gid}",
+            f"prepared transaction gid {gid!r} database {db} owner {owner} "
+            f"prepared {float(age or 0):.1f} s ago (end it with COMMIT PREPARED "
+            f"'{gid}' or ROLLBACK PREPARED '{gid}')",
+        )
+    return out
+
+
+def wait_for_transactions(conn: sa.Connection, timeout: float, what: str) -> None:
+    """Wait until the transactions open now have all ended (see module doc). ``what`` names the
+    table in the timeout error."""
+    waiting = open_transactions(conn)
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    if waiting:
+        log.info(
+            "%s: waiting up to %.0f s for %d open transaction(s) to end before saving the round",
+            what,
+            timeout,
+            len(waiting),
+        )
+    while waiting:
+        still = open_transactions(conn)
+        # the blockers' descriptions are refreshed so the timeout error shows their current state
+        waiting = {k: still[k] for k in waiting if k in still}
+        if not waiting:
+            return
+        if time.monotonic() >= deadline:
+            who = "; ".join(b.describe for b in waiting.values())
+            raise CommitOrderTimeoutError(
+                f"{len(waiting)} transaction(s) open when the upper bound of {what!r} was fixed did not "
+                f"end within {timeout:.0f} s: {who}. A key they hold could fall inside the round, so no "
+                "round was saved. Let them finish (or terminate them), or raise commit_wait_timeout."
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+def settle(conn: sa.Connection, timeout: float, settle_seconds: float, what: str) -> None:
+    """``wait_for_transactions``; then, with a settle window, sleep it and wait again."""
+    wait_for_transactions(conn, timeout, what)
+    if settle_seconds > 0:
+        log.info("%s: settle window of %.1f s before saving the round", what, settle_seconds)
+        time.sleep(settle_seconds)
+        wait_for_transactions(conn, timeout, what)

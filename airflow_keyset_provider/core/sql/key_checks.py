@@ -1,0 +1,181 @@
+"""Refusing a source whose key does not define a stable total order (``SqlSource.validate``).
+
+Guarantee: ``validate`` refuses a database other than PostgreSQL and SQLite, and a key that does
+not define a stable total order (missing, nullable, not covered by a unique index/constraint
+*without predicate or expression*, no index to page by, a type whose order cannot be encoded
+exactly, a text column whose collation - provider included - does not sort by code point) with an
+error that names the object and the fix. It reads the catalog only (``catalog``), never a row.
+
+Split from ``source.py``, whose ``SqlSource`` calls it and whose internals (``_rel``) it reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from ..errors import ConfigurationError, KeyValidationError, UnsupportedKeyTypeError
+from . import catalog
+
+if TYPE_CHECKING:
+    from .source import SqlSource
+
+SUPPORTED_DIALECTS = ("postgresql", "sqlite")
+# collation names that sort by code point (libc C/POSIX/C.UTF-8, PostgreSQL 17+ builtin); the check
+# itself goes by provider and locale (catalog.sorts_by_code_point), this list serves tests
+_BYTE_ORDER_COLLATIONS = {
+    "C",
+    "POSIX",
+    "C.UTF-8",
+    "C.utf8",
+    "ucs_basic",
+    "pg_c_utf8",
+    "pg_unicode_fast",
+}
+
+
+def key_kind(col: sa.Column) -> str:
+    """The key codec's kind for a key column; refuses a type whose order is not exact."""
+    t = col.type
+    if isinstance(t, (sa.Float, sa.Boolean)):
+        raise UnsupportedKeyTypeError(
+            f"key column {col.name!r} has type {t}, whose values are not exact or not unique "
+            "enough to order by. Use an integer, text, timestamp, date, UUID or numeric column."
+        )
+    if isinstance(t, sa.DateTime):
+        return "timestamptz" if t.timezone else "timestamp"
+    for cls, kind in (
+        (sa.Integer, "int"),
+        (sa.Numeric, "decimal"),
+        (sa.Date, "date"),
+        (sa.Uuid, "uuid"),
+        (sa.String, "text"),
+    ):
+        if isinstance(t, cls):
+            return kind
+    raise UnsupportedKeyTypeError(
+        f"key column {col.name!r} has type {t}, which has no exact order-preserving encoding. "
+        "Supported: integer, text/varchar, timestamp(tz), date, uuid, numeric."
+    )
+
+
+def validate(src: SqlSource) -> tuple[sa.Table, list[str]]:
+    """The reflected table and the key kinds, once every check passed (see module doc)."""
+    check_dialect(src)
+    table = reflect_table(src)
+    key_cols = [table.c[k] for k in src.key_names]
+    check_not_null(src, table, key_cols)
+    check_unique_and_indexed(src, table)
+    if src.dialect == "postgresql":
+        check_collation(src, key_cols)
+    return table, [key_kind(c) for c in key_cols]
+
+
+def check_dialect(src: SqlSource) -> None:
+    if src.dialect not in SUPPORTED_DIALECTS:
+        raise ConfigurationError(
+            f"unsupported dialect {src.dialect!r} for {src.qualified_name!r}; supported: "
+            f"{', '.join(SUPPORTED_DIALECTS)}. The key and commit-order checks (uniqueness, collation, "
+            "in-flight transactions) exist only for those, so no round is planned on another database."
+        )
+
+
+def reflect_table(src: SqlSource) -> sa.Table:
+    """The table as the catalog describes it; refuses a missing table or column."""
+    insp = sa.inspect(src.engine)
+    if not insp.has_table(src.table_name, schema=src.schema):
+        raise KeyValidationError(
+            f"table {src.qualified_name!r} does not exist (dialect {src.dialect}). Check the "
+            "name and schema ('schema.table'), and that the connection points at the right database."
+        )
+    table = sa.Table(src.table_name, sa.MetaData(), schema=src.schema, autoload_with=src.engine)
+    missing = [c for c in src.column_names if c not in table.c]
+    if missing:
+        raise KeyValidationError(
+            f"column {missing[0]!r} does not exist in {src.qualified_name!r}; its columns are "
+            f"{sorted(table.c.keys())}"
+        )
+    return table
+
+
+def check_not_null(src: SqlSource, table: sa.Table, key_cols: Sequence[sa.Column]) -> None:
+    """Every key column is NOT NULL and of a type whose order can be encoded exactly."""
+    pk_cols = list(table.primary_key.columns)
+    for col in key_cols:
+        # SQLite's INTEGER PRIMARY KEY aliases the rowid and can never be NULL, though it
+        # reflects as nullable; any other SQLite primary key column does accept NULL.
+        rowid_alias = (
+            src.dialect == "sqlite" and pk_cols == [col] and isinstance(col.type, sa.Integer)
+        )
+        if col.nullable and not rowid_alias:
+            raise KeyValidationError(
+                f"key column {col.name!r} of {src.qualified_name!r} is nullable: NULL keys have no "
+                f"place in the order and would be skipped. Fix: ALTER TABLE {src.qualified_name} "
+                f"ALTER COLUMN {col.name} SET NOT NULL (after filling NULLs)."
+            )
+        key_kind(col)
+
+
+def check_unique_and_indexed(src: SqlSource, table: sa.Table) -> None:
+    """A primary key, unique constraint or unique index (no predicate, no expression) covers the
+    key, and an index starts with the key columns in order."""
+    keyset = set(src.key_names)
+    pk = [c.name for c in table.primary_key.columns]
+    # Uniqueness is proven by an index of the catalog only: primary keys and unique
+    # constraints are backed by one (SQLite's INTEGER PRIMARY KEY is the rowid itself).
+    with src.engine.connect() as conn:
+        indexes = catalog.unique_indexes(conn, src.dialect, src._rel, src.table_name)
+    rowid_pk = (
+        src.dialect == "sqlite" and len(pk) == 1 and isinstance(table.c[pk[0]].type, sa.Integer)
+    )
+    unique_sets: list[set[str]] = [set(pk)] if rowid_pk else []
+    ordered_prefixes = [pk] if pk else []
+    for ix in indexes:
+        if ix.proves_unique:
+            unique_sets.append({c for c in ix.columns if c is not None})
+        plain = list(
+            itertools.takewhile(lambda c: c is not None, ix.columns)
+        )  # up to an expression
+        ordered_prefixes.append([c for c in plain if c is not None])
+    listed = ", ".join(src.key_names)
+    if not any(s and s <= keyset for s in unique_sets):
+        near = [
+            ix
+            for ix in indexes
+            if ix.unique
+            and not ix.proves_unique
+            and {c for c in ix.columns if c is not None} <= keyset
+        ]
+        why = "".join(f" Unique index {ix.name!r} does not count: it {ix.defect}." for ix in near)
+        raise KeyValidationError(
+            f"key ({listed}) of {src.qualified_name!r} is not unique: no primary key, unique "
+            "constraint or unique index covers it, so two rows could share a cursor position and "
+            f"one would be skipped. Fix: CREATE UNIQUE INDEX ON {src.qualified_name} ({listed}), or "
+            f"add the primary key as the last key column, e.g. key=['created_at', 'id'].{why}"
+        )
+    if not any(p[: src.arity] == src.key_names for p in ordered_prefixes):
+        raise KeyValidationError(
+            f"no index of {src.qualified_name!r} starts with the key columns ({listed}) in that "
+            f"order; every chunk would scan the table. Fix: CREATE INDEX ON {src.qualified_name} ({listed})."
+        )
+
+
+def check_collation(src: SqlSource, key_cols: Sequence[sa.Column]) -> None:
+    """PostgreSQL: every text key column sorts by code point, as the cursors in Redis compare."""
+    text_cols = [c.name for c in key_cols if isinstance(c.type, sa.String)]
+    if not text_cols:
+        return
+    with src.engine.connect() as conn:
+        found = catalog.collations(conn, src._rel, text_cols)
+    for c in found:
+        if not catalog.sorts_by_code_point(c):
+            provider = {"c": "libc", "i": "ICU", "b": "builtin"}.get(c.provider, c.provider)
+            raise KeyValidationError(
+                f"text key column {c.column!r} uses collation {c.collation!r}, which does not order by "
+                "code point, so cursors compared in Redis would disagree with the database. Fix: "
+                f'ALTER TABLE {src.qualified_name} ALTER COLUMN {c.column} TYPE text COLLATE "C" '
+                f"(or page by another key). It sorts by the {provider} locale {c.locale!r}."
+            )

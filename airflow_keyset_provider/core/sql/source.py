@@ -1,0 +1,382 @@
+"""A SQL table read in key order: validation, the round's upper bound, keyset chunks.
+
+Guarantees:
+
+- ``validate`` refuses a database other than PostgreSQL and SQLite, and a key that does not
+  define a stable total order, with an error that names the object and the fix; it reads the
+  catalog only (``key_checks``).
+- ``upper_bound`` on PostgreSQL returns a bound such that every key ``<= bound`` that will ever
+  commit has committed (or aborted) when it returns: it waits, bounded, for the transactions of
+  this database (prepared ones included) that were open when ``max(key)`` was read
+  (``commit_order``). ``wait_for_commit_order`` does the same wait for an explicit end. Both
+  refuse what defeats that wait (a sequence with ``CACHE > 1`` feeding the key, a standby) unless
+  the caller opted into a ``settle_seconds`` window. SQLite serialises writers, so it needs no
+  wait; ``settle_seconds`` there is a plain delay.
+- ``fetch`` returns the rows with ``lo < key <= hi`` in key order, at most ``n`` of them, with one
+  round trip, using row-value comparison (an index range scan on PostgreSQL).
+- ``estimate_rows`` and ``quantile_keys`` serve the planner (``sampling``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from ..errors import ConfigurationError
+from ..keys import MIN_KEY, decode_key, encode_key
+from . import catalog, commit_order, key_checks, sampling
+from .fetch import FetchedRows as FetchedRows  # re-exported: the fetcher moved to .fetch
+from .fetch import compile_fetcher, driver_call
+from .fetch import materialize as materialize
+from .fetch import release as release
+from .key_checks import _BYTE_ORDER_COLLATIONS as _BYTE_ORDER_COLLATIONS  # re-exported
+from .key_checks import SUPPORTED_DIALECTS as SUPPORTED_DIALECTS  # re-exported
+
+log = logging.getLogger(__name__)
+
+
+def make_engine(url: str | Engine) -> Engine:
+    """An autocommit engine: a traversal never holds a transaction (and so a snapshot) open
+    between chunks. A bare ``postgresql://`` URL gets SQLAlchemy's default driver (psycopg 3 with
+    SQLAlchemy 2.1); ``postgresql+psycopg2://`` selects psycopg2. Both work."""
+    if isinstance(url, Engine):
+        return url.execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        return sa.create_engine(url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
+        raise ConfigurationError(f"source URL is not usable: {exc}") from exc
+
+
+class SqlSource:
+    """One table (optionally ``schema.table``), keyed by one or more columns."""
+
+    def __init__(
+        self,
+        url: str | Engine,
+        table: str,
+        key: str | Sequence[str],
+        *,
+        where: str | None = None,
+        columns: Sequence[str] | None = None,
+        settle_seconds: float = 0.0,
+        where_params: dict[str, Any] | None = None,
+        commit_wait_timeout: float = 60.0,
+        retention_sql: str | None = None,
+    ) -> None:
+        if not isinstance(table, str) or not table.strip():
+            raise ConfigurationError(
+                "table must be a non-empty table name, e.g. 'events' or 'app.events'"
+            )
+        keys = (
+            [key] if isinstance(key, str) else list(key) if isinstance(key, (list, tuple)) else []
+        )
+        if not keys or not all(isinstance(k, str) and k for k in keys):
+            raise ConfigurationError(
+                f"key must be a column name or a list of column names, got {key!r}"
+            )
+        if len(set(keys)) != len(keys):
+            raise ConfigurationError(f"key lists a column twice: {keys}")
+        if columns is not None and (
+            isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
+        ):
+            raise ConfigurationError(f"columns must be a list of column names, got {columns!r}")
+        self._owns_engine = not isinstance(url, Engine)  # never dispose a caller's engine
+        self.engine = make_engine(url)
+        self.dialect = self.engine.dialect.name
+        schema, _, name = table.rpartition(".")
+        self.schema, self.table_name = schema or None, name
+        self.key_names = keys
+        self.arity = len(keys)
+        self.where = where
+        if where_params is not None and (not isinstance(where_params, dict) or not where):
+            raise ConfigurationError(
+                "where_params must be a dict of values bound into where "
+                f"(e.g. where='tenant = :tenant'), got {where_params!r} with where={where!r}"
+            )
+        self.where_params = dict(where_params or {})
+        if settle_seconds is None or settle_seconds < 0:
+            raise ConfigurationError(f"settle_seconds must be >= 0, got {settle_seconds!r}")
+        self.column_names = list(dict.fromkeys([*keys, *(columns or [])]))
+        self.settle_seconds = settle_seconds
+        self.commit_wait_timeout = commit_wait_timeout
+        self.retention_sql = retention_sql
+        self._table: sa.Table | None = None
+        self._fetchers: dict[bool, Callable[[str, str, int], Sequence[tuple]]] = {}
+        self._conns: list[
+            sa.Connection
+        ] = []  # the hot path's autocommit connections, closed by close()
+        self.last_sample_percent: float | None = None  # TABLESAMPLE SYSTEM percent of the last plan
+
+    # ---- validation --------------------------------------------------------------------------
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.table_name}" if self.schema else self.table_name
+
+    def fingerprint(self) -> str:
+        """What identifies the traversed set; stored with a round."""
+        doc: dict[str, Any] = {
+            "table": self.qualified_name,
+            "key": self.key_names,
+            "where": self.where,
+            "dialect": self.dialect,
+        }
+        if self.where_params:
+            doc["where_params"] = self.where_params
+        return json.dumps(doc, sort_keys=True, default=str)
+
+    def _where_clause(self) -> Any:
+        """The trusted ``where`` SQL with ``where_params`` bound as values (never spliced)."""
+        clause = sa.text(f"({self.where})")
+        return clause.bindparams(**self.where_params) if self.where_params else clause
+
+    @property
+    def _rel(self) -> str:
+        quote = self.engine.dialect.identifier_preparer.quote
+        return (quote(self.schema) + "." if self.schema else "") + quote(self.table_name)
+
+    @property
+    def table(self) -> sa.Table:
+        if self._table is None:
+            self.validate()
+        assert self._table is not None
+        return self._table
+
+    def ensure_validated(self) -> None:
+        """Validate once per source object (``validate`` reads the catalog every time)."""
+        if self._table is None:
+            self.validate()
+
+    def validate(self) -> None:
+        """Refuse a key that does not give a stable total order (``key_checks``). Reads the
+        catalog only."""
+        self._table, self.key_kinds = key_checks.validate(self)
+
+    # ---- encoding ----------------------------------------------------------------------------
+    def encode(self, key_values: Sequence[Any]) -> str:
+        return encode_key(key_values)
+
+    def _key_params(self, encoded: str, prefix: str) -> dict[str, Any]:
+        values = decode_key(encoded)
+        return {f"{prefix}{i}": v for i, v in enumerate(values)}
+
+    def _key_expr(self, on: Any = None) -> Any:
+        t = self.table if on is None else on
+        cols = [t.c[k] for k in self.key_names]
+        return cols[0] if self.arity == 1 else sa.tuple_(*cols)
+
+    def _param_expr(self, prefix: str) -> Any:
+        cols = [self.table.c[k] for k in self.key_names]
+        params = [sa.bindparam(f"{prefix}{i}", type_=c.type) for i, c in enumerate(cols)]
+        return params[0] if self.arity == 1 else sa.tuple_(*params)
+
+    def _range_filter(self, has_lo: bool, on: Any = None) -> list[Any]:
+        """``lo < key <= hi [AND where]`` as row-value comparisons, on the table or a sample of it."""
+        k = self._key_expr(on)
+        conds = [k <= self._param_expr("h")]
+        if has_lo:
+            conds.insert(0, k > self._param_expr("c"))
+        if self.where:
+            conds.append(self._where_clause())
+        return conds
+
+    def _chunk_statement(self, has_lo: bool) -> sa.Select:
+        cols = [self.table.c[c] for c in self.column_names]
+        return (
+            sa.select(*cols)
+            .where(*self._range_filter(has_lo))
+            .order_by(*[self.table.c[k] for k in self.key_names])
+            .limit(sa.bindparam("n", type_=sa.Integer()))
+        )
+
+    # ---- reading -----------------------------------------------------------------------------
+    def key_of(self) -> Callable[[tuple], Any]:
+        """Row tuple -> user-facing key (scalar or tuple)."""
+        arity = self.arity
+        return (lambda row: row[0]) if arity == 1 else (lambda row: tuple(row[:arity]))
+
+    def fetch(self, lo: str, hi: str, n: int) -> Sequence[tuple]:
+        """Rows with ``lo < key <= hi`` in key order, at most ``n``: one round trip. The result may
+        be a ``FetchedRows`` (lazy); ``materialize`` it to get a list, ``release`` it when done."""
+        has_lo = lo != MIN_KEY
+        fetcher = self._fetchers.get(has_lo)
+        if fetcher is None:
+            fetcher = self._fetchers[has_lo] = self._compile_fetcher(has_lo)
+        return fetcher(lo, hi, n)
+
+    def _driver_call(self, stmt: Any) -> tuple[str, Callable[[dict[str, Any]], Any]]:
+        """``fetch.driver_call`` for this source's dialect."""
+        return driver_call(self.engine.dialect, stmt)
+
+    def _compile_fetcher(self, has_lo: bool) -> Callable[[str, str, int], Sequence[tuple]]:
+        """The chunk query compiled onto a connection of its own (``fetch.compile_fetcher``)."""
+        stmt = self._chunk_statement(has_lo)
+        types = [self.table.c[c].type for c in self.column_names]
+
+        def key_values(lo: str, hi: str) -> dict[str, Any]:
+            values = self._key_params(hi, "h")
+            if has_lo:
+                values.update(self._key_params(lo, "c"))
+            return values
+
+        # An autocommit Connection of this source's engine (a caller's Engine gets autocommit
+        # through execution options, restored when the connection returns to the caller's pool):
+        # between chunks the backend is idle, holding no snapshot and no lock. Closed by close().
+        conn = self.engine.connect()
+        self._conns.append(conn)
+        return compile_fetcher(conn, stmt, types, key_values)
+
+    def fetch_keys(self, encoded_keys: Sequence[str]) -> list[tuple]:
+        """The rows (still matching ``where``) whose keys are given; missing keys are absent."""
+        if not encoded_keys:
+            return []
+        values = [decode_key(k) for k in encoded_keys]
+        k = self._key_expr()
+        cond = k.in_([v[0] for v in values]) if self.arity == 1 else k.in_(values)
+        stmt = sa.select(*[self.table.c[c] for c in self.column_names]).where(cond)
+        if self.where:
+            stmt = stmt.where(self._where_clause())
+        stmt = stmt.order_by(*[self.table.c[c] for c in self.key_names])
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(stmt)]
+
+    def reset(self) -> None:
+        """After a failed fetch: drop the hot-path connections (they may be broken) so the next
+        fetch opens a fresh one."""
+        conns, self._conns = self._conns, []
+        self._fetchers.clear()
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.invalidate()
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        """Close every connection this source opened (a caller's engine is not disposed)."""
+        conns, self._conns = self._conns, []
+        self._fetchers.clear()
+        for conn in conns:
+            conn.close()
+        if self._owns_engine:
+            self.engine.dispose()
+
+    # ---- bounds ------------------------------------------------------------------------------
+    def max_key(self, conn: sa.Connection) -> tuple | None:
+        cols = [self.table.c[k] for k in self.key_names]
+        stmt = sa.select(*cols).order_by(*[c.desc() for c in cols]).limit(1)
+        if self.where:
+            stmt = stmt.where(self._where_clause())
+        row = conn.execute(stmt).first()
+        return None if row is None else tuple(row)
+
+    def retention_boundary(self) -> str | None:
+        """The encoded highest key the source may already have deleted (``retention_sql``: one
+        row with the key columns, or no row / NULL for "nothing deleted"); None without it."""
+        if not self.retention_sql:
+            return None
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.text(self.retention_sql)).first()
+        if row is None or any(v is None for v in row):
+            return None
+        if len(row) != self.arity:
+            raise ConfigurationError(
+                f"retention_sql returned {len(row)} column(s); it must return the {self.arity} key column(s) "
+                f"{self.key_names} of the highest key the source may have deleted"
+            )
+        return encode_key(tuple(row))
+
+    def upper_bound(self) -> str | None:
+        """The encoded ``max(key)`` once every key at or below it is settled (see module doc).
+        Refuses (``ConfigurationError``) what would defeat the wait, before reading anything."""
+        self.ensure_validated()
+        with self.engine.connect() as conn:
+            self._check_commit_order(conn)
+            top = self.max_key(conn)
+            self._settle(conn)
+        return None if top is None else encode_key(top)
+
+    def wait_for_commit_order(self) -> None:
+        """For an explicit end (a data-interval backfill): return once every transaction that was
+        open on entry has ended (PostgreSQL), so a key at or below the end that was written before
+        the call is visible, plus the ``settle_seconds`` window. Same checks as ``upper_bound``."""
+        self.ensure_validated()
+        with self.engine.connect() as conn:
+            self._check_commit_order(conn)
+            self._settle(conn)
+
+    def _settle(self, conn: sa.Connection) -> None:
+        if self.dialect == "postgresql":
+            commit_order.settle(
+                conn, self.commit_wait_timeout, self.settle_seconds, self.qualified_name
+            )
+        elif self.settle_seconds > 0:
+            time.sleep(self.settle_seconds)
+
+    def _check_commit_order(self, conn: sa.Connection) -> None:
+        """Refuse, at plan time, a PostgreSQL source whose commit order no wait can prove: a
+        standby (its ``pg_locks`` lacks the primary's transactions) and a key fed by a sequence
+        with ``CACHE > 1`` (a session may use a cached, lower value at any later time). A
+        ``settle_seconds`` window is the explicit opt-in: then the round is only as safe as it."""
+        if self.dialect != "postgresql":
+            return
+        opted_in = self.settle_seconds > 0
+        if catalog.in_recovery(conn):
+            if not opted_in:
+                raise ConfigurationError(
+                    f"the source of {self.qualified_name!r} is a standby (pg_is_in_recovery() is true): the "
+                    "primary's open transactions are invisible here, so no key order can be proven at the "
+                    "round's end. Fix: plan against the primary, or opt in to a settle window with "
+                    "settle_seconds > 0 (keys committed later than that window are missed)."
+                )
+            log.warning(
+                "%s: planning on a standby; only the settle window of %.1f s protects late keys",
+                self.qualified_name,
+                self.settle_seconds,
+            )
+        int_keys = [
+            c
+            for c, kind in zip(self.key_names, self.key_kinds, strict=True)
+            if kind in ("int", "decimal")
+        ]
+        if not int_keys:
+            return
+        for seq in catalog.key_sequences(conn, self._rel, int_keys):
+            if seq.cache <= 1:
+                continue
+            if not opted_in:
+                raise ConfigurationError(
+                    f"key column {seq.column!r} of {self.qualified_name!r} is fed by sequence {seq.sequence!r} "
+                    f"with CACHE {seq.cache}: a session holding cached values can insert a key below one "
+                    "already committed, at any later time, after its round closed. Fix: ALTER SEQUENCE "
+                    f"{seq.sequence} CACHE 1 (identity: ALTER TABLE {self.qualified_name} ALTER COLUMN "
+                    f"{seq.column} SET CACHE 1), or opt in to a settle window with settle_seconds > 0."
+                )
+            log.warning(
+                "%s: key %s is fed by %s with CACHE %d; only the settle window of %.1f s protects "
+                "late keys",
+                self.qualified_name,
+                seq.column,
+                seq.sequence,
+                seq.cache,
+                self.settle_seconds,
+            )
+
+    # ---- planning support --------------------------------------------------------------------
+    def estimate_rows(self, lo: str, hi: str) -> int:
+        """Planner's row estimate for ``lo < key <= hi`` (PostgreSQL), exact count elsewhere
+        (``sampling.estimate_rows``)."""
+        return sampling.estimate_rows(self, lo, hi)
+
+    def quantile_keys(
+        self, lo: str, hi: str, parts: int, exact_limit: int, sample_rows: int
+    ) -> list[str]:
+        """Up to ``parts - 1`` real keys splitting ``(lo, hi]`` into parts of about equal row
+        count: exact (one ordered pass) when the range is small, else from a block sample
+        (``sampling.quantile_keys``)."""
+        return sampling.quantile_keys(self, lo, hi, parts, exact_limit, sample_rows)
