@@ -1,7 +1,7 @@
 """``TraverseOptions``: every setting of one ``KeysetTraversal.traverse`` call, checked once.
 
 Adding a setting means adding one documented field here (and reading it where it is used in
-``range_run.py``); ``traverse``, ``TraverseRangeOperator`` and ``run_processor`` accept it by name.
+``core/run/range_run.py``); ``traverse``, ``TraverseRangeOperator`` and ``run_processor`` accept it by name.
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ import redis
 from .chunk import Processor, load_processor
 from .errors import (
     ConfigurationError,
-    RoundStateLostError,
 )
 from .keys import MIN_KEY, KeyEncodingError, coerce_bound, decode_user_key, display_key, encode_key
 from .metrics import Metrics, NullMetrics
@@ -40,9 +39,10 @@ from .rounds.control import RangeSpec, Round, RoundTotals, StreamControl
 from .rounds.mirror import CheckpointMirror
 from .rounds.planner import check_max_ranges, split
 from .rounds.status import RangeStatus, RoundState
+from .run.context import RunContext
 from .run.pull import PullLoop, RoundPullResult
-from .run.range_run import run_range
 from .run.state import ProgressCallback, ProgressHook, RangeResult
+from .run.traverse import check_range, run_restoring
 from .sql.source import SqlSource
 from .store.cursor_store import CursorStore, connect_redis
 
@@ -109,7 +109,6 @@ class KeysetTraversal:
         self.stream = stream
         self.arity = self.source.arity
         self._stop = threading.Event()
-        self._progress = ProgressHook()  # set for the duration of one ``traverse`` call
 
     # ---- keys --------------------------------------------------------------------------------
     def _encode_user_key(self, name: str, key: Any) -> str:
@@ -247,6 +246,11 @@ class KeysetTraversal:
         The request applies to the call in progress (or the next one, if none is running)."""
         self._stop.set()
 
+    @property
+    def stop_requested(self) -> bool:
+        """``request_stop`` was called and the call it applies to has not returned yet."""
+        return self._stop.is_set()
+
     def traverse(
         self,
         round_id: str,
@@ -298,12 +302,11 @@ class KeysetTraversal:
                 f"got {progress_every_seconds!r}"
             )
         self.source.ensure_validated()
-        self._progress = ProgressHook(on_progress, progress_every_seconds)
+        ctx = self._context(ProgressHook(on_progress, progress_every_seconds))
         try:
-            return self._traverse_restoring(round_id, range_id, processor, settings)
+            return run_restoring(ctx, round_id, range_id, processor, settings)
         finally:
             self._stop.clear()  # a stop request ends this call, not the traversal object
-            self._progress = ProgressHook()
 
     def traverse_round(
         self,
@@ -332,59 +335,29 @@ class KeysetTraversal:
         _check_processor(processor)
         self.source.ensure_validated()
         o = options or TraverseOptions()
-        loop = PullLoop(self, round_id, processor, o, first_range, split, tasks)
+        loop = PullLoop(self._context(), round_id, processor, o, first_range, split, tasks)
         try:
             return loop.run()
         finally:
             self._stop.clear()  # a stop request ends this call, not the traversal object
 
-    def _traverse_restoring(
-        self,
-        round_id: str,
-        range_id: int,
-        processor: Processor,
-        options: TraverseOptions,
-        *,
-        checked: bool = False,
-        **run: Any,
-    ) -> RangeResult:
-        """``run_range`` after ``_check_range`` (skipped when the caller ``checked`` the round and
-        got the id from the store), restoring a round Redis lost from the mirror."""
-        for _ in range(3):
-            try:
-                if not checked:
-                    self._check_range(round_id, range_id)
-                return run_range(self, round_id, range_id, processor, options, **run)
-            except RoundStateLostError:
-                # Redis lost the round; with a mirror, put it back (cursors at their last
-                # checkpoint) and go on. Without one, or if the mirror never saw it, the loss is
-                # an error.
-                if not self.control.restore(round_id):
-                    raise
-                self.metrics.incr("state.restored", tags=self.tags)
-                checked = False
-        self._check_range(round_id, range_id)
-        return run_range(self, round_id, range_id, processor, options, **run)
+    def _context(self, progress: ProgressHook | None = None) -> RunContext:
+        """What one call's runs need (``core/run/context.py``): built per call, so the stop signal
+        and the progress hook are this call's."""
+        return RunContext(
+            source=self.source,
+            store=self.store,
+            control=self.control,
+            mirror=self.mirror,
+            metrics=self.metrics,
+            stop=self._stop,
+            progress=progress or ProgressHook(),
+            checkpoint_seconds=self.checkpoint_seconds,
+        )
 
     def _check_range(self, round_id: str, range_id: int) -> int:
-        """The range exists, and the round was planned over this source; the round's
-        ``n_ranges``."""
-        info = self.store.round_info(round_id)
-        n_ranges = int(info["n_ranges"])
-        if (
-            isinstance(range_id, bool)
-            or not isinstance(range_id, int)
-            or not 0 <= range_id < n_ranges
-        ):
-            raise ConfigurationError(
-                f"round {round_id} has ranges 0..{n_ranges - 1}; got range_id {range_id!r}"
-            )
-        if info.get("source") != self.source.fingerprint():
-            raise ConfigurationError(
-                f"round {round_id} was planned over {info.get('source')}, not "
-                f"{self.source.fingerprint()}; traverse it with the same table, key and where"
-            )
-        return n_ranges
+        """The range exists and the round was planned over this source; its ``n_ranges``."""
+        return check_range(self._context(), round_id, range_id)
 
     def replay_dead_letters(
         self,

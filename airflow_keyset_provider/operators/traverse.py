@@ -53,6 +53,7 @@ from airflow_keyset_provider.operators.traverse_state import (
     mirror_final_range_state,
     range_state_mirror,
 )
+from airflow_keyset_provider.operators.traverse_task import RangeTask
 from airflow_keyset_provider.operators.traverse_waits import log_yield, resume_trigger
 from airflow_keyset_provider.triggers.keyset import ResumeEvent
 
@@ -246,7 +247,7 @@ class TraverseRangeOperator(BaseOperator):
             else self.range_id
         )
         label = (
-            pull_label(self)
+            pull_label(self._task())
             if self.pull
             else f"range {range_id} ({key_label(self.lo)}, {key_label(self.hi)}]"
         )
@@ -267,7 +268,7 @@ class TraverseRangeOperator(BaseOperator):
         if res.yielded:
             self._defer(stream, range_id, res.yielded, res.retry_after)
         if isinstance(res, RoundPullResult):
-            return report_pull(self, res)
+            return report_pull(self._task(), res)
         return self._report(res)
 
     def _traverse_range(
@@ -290,7 +291,8 @@ class TraverseRangeOperator(BaseOperator):
                 key_prefix=self.key_prefix,
             )
             self._traversal = t
-            mirror = range_state_mirror(self, context, t, range_id, stream)
+            task = self._task()
+            mirror = range_state_mirror(task, context, t, range_id, stream)
             # An orphan of a dead supervisor stops within one chunk (core/run/supervision.py).
             watch = supervisor_watch(t.request_stop, f"round {self.round_id} range {range_id}")
             try:
@@ -299,7 +301,7 @@ class TraverseRangeOperator(BaseOperator):
                 try:
                     watch.start()
                     if self.pull:
-                        res = run_pull(self, t, watch.guard(processor), options, range_id)
+                        res = run_pull(task, t, watch.guard(processor), options, range_id)
                     else:
                         res = t.traverse(
                             self.round_id,
@@ -310,18 +312,36 @@ class TraverseRangeOperator(BaseOperator):
                             progress_every_seconds=self.state_store_seconds or 0.0,
                         )
                 except LeaseHeldError as exc:
-                    if t._stop.is_set() or watch.died:
+                    if t.stop_requested or watch.died:
                         raise
                     self.log.info("%s; deferring until the lease is free", exc)
                     self._defer(stream, range_id, "lease")
                 if res.yielded:
-                    log_yield(self, t, res.yielded, res.retry_after)
+                    log_yield(task, t, res.yielded, res.retry_after)
             finally:
                 watch.stop()
                 self._traversal = None
-                mirror_final_range_state(self, mirror, t, range_id)
+                mirror_final_range_state(task, mirror, t, range_id)
                 t.close()
         return res
+
+    def _task(self) -> RangeTask:
+        """This try as its helpers see it (``operators/traverse_task.py``), after templating."""
+        return RangeTask(
+            round_id=str(self.round_id),
+            log=self.log,
+            lo=self.lo,
+            hi=self.hi,
+            pull=self.pull,
+            worker=self.worker,
+            workers=self.workers,
+            split_stragglers=self.split_stragglers,
+            state_store_seconds=self.state_store_seconds,
+            redis_conn_id=self.redis_conn_id,
+            key_prefix=self.key_prefix,
+            resume_poll_seconds=self.resume_poll_seconds,
+            max_task_seconds=self.options.max_task_seconds,
+        )
 
     def _report(self, res: RangeResult) -> dict[str, Any]:
         """Log the try's outcome; the range's counters if it is complete, else fail the try (its
@@ -367,7 +387,7 @@ class TraverseRangeOperator(BaseOperator):
 
     def _defer(self, stream: str, range_id: int, why: str, retry_after: float = 0.0) -> NoReturn:
         self.defer(
-            trigger=resume_trigger(self, stream, range_id, why, retry_after),
+            trigger=resume_trigger(self._task(), stream, range_id, why, retry_after),
             method_name="execute_resume",
         )
 

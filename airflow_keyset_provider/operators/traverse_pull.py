@@ -13,16 +13,14 @@ for it; the round is complete when the barrier says so.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_keyset_provider.core import KeysetTraversal, RoundPullResult
 from airflow_keyset_provider.core.chunk import Processor
 from airflow_keyset_provider.core.options import TraverseOptions
-
-if TYPE_CHECKING:
-    from airflow_keyset_provider.operators.traverse import TraverseRangeOperator
+from airflow_keyset_provider.operators.traverse_task import RangeTask
 
 #: ``max_task_seconds`` of a pull task when none is given: well under Celery's default
 #: ``visibility_timeout`` (24 h) and any sane ``execution_timeout``.
@@ -37,38 +35,38 @@ def pull_budget(pull: bool, max_task_seconds: float | None) -> float | None:
     return max_task_seconds
 
 
-def pull_label(op: TraverseRangeOperator) -> str:
+def pull_label(task: RangeTask) -> str:
     """The task's map index label, e.g. ``worker 4/16 of round r7``."""
-    worker = op.worker if isinstance(op.worker, int) else 0
-    workers = op.workers if isinstance(op.workers, int) else "?"
-    return f"worker {worker + 1}/{workers} of round {op.round_id}"
+    worker = task.worker if isinstance(task.worker, int) else 0
+    workers = task.workers if isinstance(task.workers, int) else "?"
+    return f"worker {worker + 1}/{workers} of round {task.round_id}"
 
 
 def run_pull(
-    op: TraverseRangeOperator,
+    task: RangeTask,
     t: KeysetTraversal,
     processor: Processor,
     options: TraverseOptions,
     first_range: int,
 ) -> RoundPullResult:
     return t.traverse_round(
-        str(op.round_id),
+        str(task.round_id),
         processor,
         options=options,
         first_range=first_range,
-        split=op.split_stragglers,
-        tasks=op.workers if isinstance(op.workers, int) else None,
+        split=task.split_stragglers,
+        tasks=task.workers if isinstance(task.workers, int) else None,
     )
 
 
-def report_pull(op: TraverseRangeOperator, res: RoundPullResult) -> dict[str, Any]:
+def report_pull(task: RangeTask, res: RoundPullResult) -> dict[str, Any]:
     """Log what the task did; its summary if nothing is left for it, else fail the try (every
     range it held is committed and released, so the retry resumes them)."""
-    op.log.info(
+    task.log.info(
         "round %s: %s ran %d range(s) (%s), read %d rows in %d chunks, %.1f s; split requests "
         "%d, new ranges won %d",
         res.round_id,
-        pull_label(op),
+        pull_label(task),
         len(res.ranges),
         ", ".join(str(r.range_id) for r in res.ranges[:20])
         + (" ..." if len(res.ranges) > 20 else ""),
@@ -80,7 +78,7 @@ def report_pull(op: TraverseRangeOperator, res: RoundPullResult) -> dict[str, An
     )
     if not res.finished:
         raise AirflowException(
-            f"round {res.round_id}: {pull_label(op)} stopped on request; every range it held is "
+            f"round {res.round_id}: {pull_label(task)} stopped on request; every range it held is "
             "committed and released, and the next try resumes them"
         )
     return res.as_dict()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow.sdk import Context
 
@@ -19,9 +19,7 @@ from airflow_keyset_provider.core import KeysetTraversal
 from airflow_keyset_provider.core.keys import to_json
 from airflow_keyset_provider.core.rounds.status import RangeState
 from airflow_keyset_provider.core.run.state import CommittedRange
-
-if TYPE_CHECKING:
-    from airflow_keyset_provider.operators.traverse import TraverseRangeOperator
+from airflow_keyset_provider.operators.traverse_task import RangeTask
 
 #: The task state store key under which a traverse task instance mirrors its range.
 RANGE_STATE_KEY = "keyset_range"
@@ -43,21 +41,21 @@ def checked_state_store_seconds(state_store_seconds: Any) -> float | None:
 
 
 def range_state_mirror(
-    op: TraverseRangeOperator, context: Context, t: KeysetTraversal, range_id: int, stream: str
+    task: RangeTask, context: Context, t: KeysetTraversal, range_id: int, stream: str
 ) -> Callable[[CommittedRange], None] | None:
     """A callback writing the range's committed state to the task state store (key
     ``keyset_range``), or None without a task state store or with ``state_store_seconds``
     None. Redis stays the authority: nothing ever reads the cursor back from here."""
     store = context.get("task_state_store")  # Airflow >= 3.3
-    if store is None or op.state_store_seconds is None or op.pull:
+    if store is None or task.state_store_seconds is None or task.pull:
         return None  # a pull task has no one range to mirror
     ti = context["ti"]
     base = {
         "stream": stream,
-        "round_id": str(op.round_id),
+        "round_id": str(task.round_id),
         "range_id": range_id,
-        "lo": op.lo,
-        "hi": op.hi,
+        "lo": task.lo,
+        "hi": task.hi,
         "try_number": getattr(ti, "try_number", None),
         "authority": "redis",
     }
@@ -81,7 +79,7 @@ def range_state_mirror(
 
 
 def mirror_final_range_state(
-    op: TraverseRangeOperator,
+    task: RangeTask,
     mirror: Callable[[CommittedRange], None] | None,
     t: KeysetTraversal,
     range_id: int,
@@ -91,7 +89,7 @@ def mirror_final_range_state(
     if mirror is None:
         return
     try:
-        status = next(r for r in t.range_status(str(op.round_id)) if r.range_id == range_id)
+        status = next(r for r in t.range_status(str(task.round_id)) if r.range_id == range_id)
         mirror(
             CommittedRange(
                 status.cursor_encoded,
@@ -103,9 +101,9 @@ def mirror_final_range_state(
             )
         )
     except Exception as exc:
-        op.log.warning(
+        task.log.warning(
             "round %s range %s: could not mirror the range into the task state store: %s",
-            op.round_id,
+            task.round_id,
             range_id,
             exc,
         )

@@ -10,21 +10,18 @@ held by another live owner defers the same way (``wait_for="lease"``).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from airflow_keyset_provider.core import KeysetTraversal
 from airflow_keyset_provider.core.run.range_run import BUDGET
+from airflow_keyset_provider.operators.traverse_task import RangeTask
 from airflow_keyset_provider.triggers.keyset import KeysetResumeTrigger
 
-if TYPE_CHECKING:
-    from airflow_keyset_provider.operators.traverse import TraverseRangeOperator
 
-
-def log_yield(op: TraverseRangeOperator, t: KeysetTraversal, why: str, retry_after: float) -> None:
+def log_yield(task: RangeTask, t: KeysetTraversal, why: str, retry_after: float) -> None:
     """One task-log line saying why the try yields and what it waits for."""
     if why == "paused":
         c = t.control.control_state()
-        op.log.warning(
+        task.log.warning(
             "stream %s is paused%s (%s); chunk committed, lease released; deferring until "
             "`airflow-keyset resume` (the worker slot is freed)",
             t.stream,
@@ -32,21 +29,21 @@ def log_yield(op: TraverseRangeOperator, t: KeysetTraversal, why: str, retry_aft
             c.reason or "no reason given",
         )
     elif why == "unhealthy":
-        op.log.warning(
+        task.log.warning(
             "stream %s: the source is unhealthy; chunk committed, lease released; deferring "
             "%.1f s (the worker slot is freed)",
             t.stream,
             retry_after,
         )
     elif why == BUDGET:
-        op.log.info(
+        task.log.info(
             "stream %s: this task ran max_task_seconds=%g s; chunk committed, range "
             "released; deferring for a moment to continue in a fresh process",
             t.stream,
-            op.options.max_task_seconds,
+            task.max_task_seconds,
         )
     else:
-        op.log.info(
+        task.log.info(
             "stream %s is over its rows/s budget for %.1f s more; chunk committed, lease "
             "released; deferring (the worker slot is freed)",
             t.stream,
@@ -55,17 +52,17 @@ def log_yield(op: TraverseRangeOperator, t: KeysetTraversal, why: str, retry_aft
 
 
 def resume_trigger(
-    op: TraverseRangeOperator, stream: str, range_id: int, why: str, retry_after: float
+    task: RangeTask, stream: str, range_id: int, why: str, retry_after: float
 ) -> KeysetResumeTrigger:
     """The trigger that wakes the task when it may go on (``why``: what it waits for)."""
     return KeysetResumeTrigger(
         stream=stream,
-        round_id=op.round_id,
+        round_id=task.round_id,
         range_id=range_id,
         wait_for=why,
-        redis_conn_id=op.redis_conn_id,
-        key_prefix=op.key_prefix,
-        poll_interval=op.resume_poll_seconds,
+        redis_conn_id=task.redis_conn_id,
+        key_prefix=task.key_prefix,
+        poll_interval=task.resume_poll_seconds,
         until=(time.time() + retry_after if why in ("throttled", "unhealthy", BUDGET) else None),
     )
 

@@ -293,7 +293,7 @@ def test_troubleshooting_quotes_the_split_log_lines():
 
     repo = Path(__file__).resolve().parents[2]
     doc = (repo / "docs" / "troubleshooting.md").read_text()
-    code = (repo / "airflow_keyset_provider" / "core" / "range_split.py").read_text()
+    code = (repo / "airflow_keyset_provider" / "core" / "run" / "split.py").read_text()
     for phrase in (
         "declined to split for",
         ": keeps up to ",

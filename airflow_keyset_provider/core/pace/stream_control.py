@@ -19,7 +19,7 @@ Guarantees:
   moves only over processed rows, as always), releases its lease and returns; resuming continues
   from the committed cursors. A running range notices a pause within ``poll_seconds`` plus the
   chunk in hand.
-- The governor (``governor.py``) is charged only while a rate is set; without one the pacer adds
+- The governor (``core/pace/governor.py``) is charged only while a rate is set; without one the pacer adds
   no Redis round trip to a chunk.
 - Waiting for the budget (or for health) is interruptible: a pause or a stop request ends the wait
   within one poll.
@@ -39,9 +39,11 @@ from .governor import Governor, burst_for
 from .health import HealthGate
 
 if TYPE_CHECKING:
+    import sqlalchemy as sa
+
     from ..options import TraverseOptions
     from ..store.cursor_store import CursorStore
-    from ..traversal import KeysetTraversal
+
 
 log = logging.getLogger("airflow_keyset_provider")
 
@@ -334,17 +336,19 @@ class Pacer:
             self.throttled_seconds += time.monotonic() - started
 
 
-def make_pacer(t: KeysetTraversal, o: TraverseOptions) -> Pacer:
+def make_pacer(
+    store: CursorStore, engine: sa.Engine, stop: threading.Event, o: TraverseOptions
+) -> Pacer:
     """A range's (or a pull call's) pacer: the stream's pause, rows/s budget and (with
     ``health_checks``) health gate, polled every ``control_poll_seconds``."""
     return Pacer(
-        t.store,
+        store,
         poll_seconds=o.control_poll_seconds,
         yield_after=o.yield_after_seconds,
         chunk_rows=o.chunk_size,
-        stop=t._stop,
+        stop=stop,
         health=(
-            HealthGate(t.store, o.health_checks, t.source.engine, o.health_poll_seconds)
+            HealthGate(store, o.health_checks, engine, o.health_poll_seconds)
             if o.health_checks
             else None
         ),

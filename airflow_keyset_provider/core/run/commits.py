@@ -1,9 +1,10 @@
-"""The commit side of a range run: the fenced advance of what was processed, with its counters
-and metrics; the answer to a split request that the advance carries back (``range_split.py``); the
+"""The commit side of a range run: the processor call under the progress-based lease, the fenced
+advance of what was processed, with its counters and metrics; the answer to a split request that the advance carries back (``core/run/split.py``); the
 durable checkpoint mirror; the backoff after a dependency failure.
 
-``RangeRun`` (``range_run.py``) inherits ``RangeCommits``; the attributes declared below are set
-by ``RangeRun.__init__``.
+``RangeRun`` (``core/run/range_run.py``) inherits ``RangeCommits``; the attributes declared below are set
+by ``RangeRun.__init__``. Failure isolation (``item_failures.py``) and the owner's split
+(``split.py``) work on a run through this class, so neither imports the loop (``range_run.py``).
 """
 
 from __future__ import annotations
@@ -11,34 +12,50 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..chunk import Chunk, Processor
 from ..errors import (
     CursorConflictError,
     DependencyFailedError,
     LeaseLostError,
     RoundStateLostError,
 )
-from ..keys import display_key
+from ..keys import display_key, encode_key
 from ..options import TraverseOptions
 from ..store.cursor_store import Advanced, CursorStore
 from .claim import mirror_coalesced
 from .state import CommittedRange
 
 if TYPE_CHECKING:
-    from ..traversal import KeysetTraversal
-    from .split import Splitter
-    from .state import Heartbeat
+    from ..sql.source import SqlSource
+    from .context import RunContext
+    from .state import Heartbeat, ProgressLog
 
 log = logging.getLogger("airflow_keyset_provider")
+
+
+class SplitAnswerer(Protocol):
+    """Answers the split request a commit carried back (``split.Splitter``)."""
+
+    def answer(self, requester: str) -> None: ...
 
 
 class RangeCommits:
     """Commits, checkpoints and backoff of one claimed range (mixed into ``RangeRun``)."""
 
-    t: KeysetTraversal
+    ctx: RunContext
     store: CursorStore
+    source: SqlSource
+    hi: str  # the range's end (lowered by a split)
+    read: str  # how far this worker has processed (ahead of the committed cursor by a group)
+    size: int  # rows of the next read
+    pending: Future[Sequence[tuple]] | None  # the prefetched next chunk
+    key_of: Callable[[tuple], Any]
+    processor: Processor
+    progress: ProgressLog
     round_id: str
     range_id: int
     token: str
@@ -47,12 +64,50 @@ class RangeCommits:
     state: CommittedRange
     chunks: int
     last_checkpoint: float
-    splitter: Splitter
+    splitter: SplitAnswerer
     heart: Heartbeat
     released: bool = False  # the completing advance released the lease (nothing left to do)
 
+    def _check_lease(self, heart: Heartbeat, what: str) -> None:
+        if heart.lost.is_set():
+            raise LeaseLostError(f"round {self.round_id} range {self.range_id}: {what}")
+
+    def call_processor(self, chunk: Chunk) -> Any:
+        """Call the processor under the progress-based lease: while it runs longer than
+        ``chunk_timeout`` the heartbeat stops, and a call that returns after that fails the try
+        with ``LeaseLostError`` (another try may own the range by then; this one is fenced)."""
+        started = time.monotonic()
+        self.heart.busy()
+        try:
+            result = self.processor(chunk)
+        except BaseException:
+            self._after_call(chunk, started)
+            raise
+        self._after_call(chunk, started)
+        return result
+
+    def _after_call(self, chunk: Chunk, started: float) -> None:
+        self.heart.idle()
+        elapsed = time.monotonic() - started
+        self.ctx.metrics.timing("chunk.process", elapsed * 1000, tags=self.ctx.tags)
+        if not self.heart.overrun.is_set():
+            return
+        first, last = (
+            display_key(encode_key(tuple(v[: self.arity])), self.arity)
+            for v in (chunk.values[0], chunk.values[-1])
+        )
+        raise LeaseLostError(
+            f"round {self.round_id} range {self.range_id}: the processor ran {elapsed:.1f} s on "
+            f"the chunk of keys {first} .. {last} ({len(chunk)} keys), past "
+            f"chunk_timeout={self.o.chunk_timeout_seconds:g} s. Heartbeats stopped at "
+            "chunk_timeout so the lease could lapse and another try take the range over; this "
+            "try is fenced and nothing of the chunk was committed. If chunks legitimately take "
+            "this long, raise chunk_timeout (or lower chunk_size); otherwise find where the "
+            "processor hangs (a lock wait, a call without a timeout)."
+        )
+
     def _backoff(self, attempt: int, what: str, exc: BaseException) -> None:
-        self.t.metrics.incr("dependency.failure", tags=self.t.tags)
+        self.ctx.metrics.incr("dependency.failure", tags=self.ctx.tags)
         cursor = display_key(self.state.cursor, self.arity)
         if attempt >= self.o.max_chunk_attempts:
             raise DependencyFailedError(
@@ -75,7 +130,7 @@ class RangeCommits:
             cursor,
             delay,
         )
-        self.t._stop.wait(delay)  # a stop request ends the wait; the caller then stops
+        self.ctx.stop.wait(delay)  # a stop request ends the wait; the caller then stops
 
     def _commit(
         self,
@@ -86,7 +141,7 @@ class RangeCommits:
         failed: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Advance the cursor from the committed one to ``new`` with the counters (fenced)."""
-        metrics, tags = self.t.metrics, self.t.tags
+        metrics, tags = self.ctx.metrics, self.ctx.tags
         started = time.perf_counter()
         try:
             with self.heart.lock:  # no beat in flight while this step may release the range
@@ -147,19 +202,21 @@ class RangeCommits:
 
     def checkpoint(self, force: bool = False) -> None:
         """Mirror the committed state durably, at most every ``checkpoint_seconds``."""
-        self.t._progress(self.state, force)  # the caller's on_progress, throttled by itself
-        mirror = self.t.mirror
+        self.ctx.progress(self.state, force)  # the caller's on_progress, throttled by itself
+        mirror = self.ctx.mirror
         if mirror is None:
             return
-        if not force and time.monotonic() - self.last_checkpoint < self.t.checkpoint_seconds:
+        if not force and time.monotonic() - self.last_checkpoint < self.ctx.checkpoint_seconds:
             return
         self.last_checkpoint = time.monotonic()
         try:
             snapshot = self.store.snapshot_range(self.round_id, self.range_id)
             if snapshot.get("unmirrored"):  # the mirror missed this range's coalescing
-                mirror_coalesced(self.t, self.round_id, self.range_id, int(snapshot["unmirrored"]))
+                mirror_coalesced(
+                    self.ctx, self.round_id, self.range_id, int(snapshot["unmirrored"])
+                )
                 return
-            mirror.save_range(self.t.stream, self.round_id, self.range_id, snapshot)
+            mirror.save_range(self.ctx.stream, self.round_id, self.range_id, snapshot)
         except RoundStateLostError:
             raise
         except Exception as exc:  # the mirror is a safety net; its outage must not stop the range

@@ -43,7 +43,7 @@ from ..sql.source import materialize, release
 from .state import Heartbeat
 
 if TYPE_CHECKING:
-    from .range_run import RangeRun
+    from .commits import RangeCommits
 
 log = logging.getLogger("airflow_keyset_provider")
 
@@ -80,7 +80,7 @@ class Parts:
 class ItemFailures:
     """Failure isolation and item retry passes of one ``RangeRun``."""
 
-    def __init__(self, run: RangeRun) -> None:
+    def __init__(self, run: RangeCommits) -> None:
         self.run = run
         self.last_good: str | None = None  # the last key this try saw succeed
         self._lo: str | None = None
@@ -177,7 +177,7 @@ class ItemFailures:
         stack = _halves(rows)[::-1]
         while stack:
             self.run._check_lease(self.run.heart, "lease lost while isolating a chunk")
-            if self.run.t._stop.is_set():
+            if self.run.ctx.stop.is_set():
                 raise IsolationStopped
             part = stack.pop()
             probe = self._probe(part, attempt)
@@ -260,7 +260,7 @@ class ItemFailures:
         """Items that failed on their own get further attempts once the cursor reached ``hi``;
         after ``max_item_attempts`` they are dead-lettered. The range completes when none is
         left. Returns True when a stop request ended the passes (every wait is interruptible)."""
-        run, stop = self.run, self.run.t._stop
+        run, stop = self.run, self.run.ctx.stop
         attempt, passes = 0, 0
         while run.state.retries > 0 and not run.state.complete:
             run._check_lease(heart, "lease lost during retries")

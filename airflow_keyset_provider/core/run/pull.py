@@ -62,10 +62,11 @@ from ..rounds.status import RangeState
 from .range_run import BUDGET
 from .split import SPLIT_MIN_CHUNKS
 from .state import HeartbeatThread, RangeResult
+from .traverse import check_range, run_restoring
 
 if TYPE_CHECKING:
     from ..store.pull import RangeBrief
-    from ..traversal import KeysetTraversal
+    from .context import RunContext
 
 log = logging.getLogger("airflow_keyset_provider")
 
@@ -143,7 +144,7 @@ class PullLoop:
 
     def __init__(
         self,
-        t: KeysetTraversal,
+        ctx: RunContext,
         round_id: str,
         processor: Processor,
         options: TraverseOptions,
@@ -151,7 +152,7 @@ class PullLoop:
         split: bool,
         tasks: int | None = None,
     ) -> None:
-        self.t, self.store, self.round_id, self.processor = t, t.store, round_id, processor
+        self.ctx, self.store, self.round_id, self.processor = ctx, ctx.store, round_id, processor
         self.tasks = tasks  # how many tasks share the round (None: do not coalesce)
         self.n_ranges = 0  # read by ``_check_round``
         self.o = dataclasses.replace(options, claim_timeout=0)  # skip held ranges, never wait
@@ -169,7 +170,7 @@ class PullLoop:
         self.busy_since: dict[int, float] = {}
         # one pacer for the call's ranges (stream control read once at the start, then polled
         # every control_poll_seconds, as within a range), not one started and stopped per range
-        self.pacer = make_pacer(t, self.o)
+        self.pacer = make_pacer(ctx.store, ctx.source.engine, ctx.stop, self.o)
         self.beats = HeartbeatThread(self.o.lease_ms, f"pull-{round_id}")  # likewise the beats
 
     def run(self) -> RoundPullResult:
@@ -184,7 +185,7 @@ class PullLoop:
                 except RoundStateLostError:
                     # lost between ranges (a range lost mid-way is restored by its run): put the
                     # round back from the mirror, if there is one, and go on
-                    if not self.t.control.restore(self.round_id):
+                    if not self.ctx.control.restore(self.round_id):
                         raise
         finally:
             self.pacer.stop()
@@ -235,11 +236,11 @@ class PullLoop:
         """Once per call: the round exists (restored from the mirror if Redis lost it) and was
         planned over this source; every range id the loop runs then comes from the store."""
         try:
-            self.n_ranges = self.t._check_range(self.round_id, self.first_range or 0)
+            self.n_ranges = check_range(self.ctx, self.round_id, self.first_range or 0)
         except RoundStateLostError:
-            if not self.t.control.restore(self.round_id):
+            if not self.ctx.control.restore(self.round_id):
                 raise
-            self.n_ranges = self.t._check_range(self.round_id, self.first_range or 0)
+            self.n_ranges = check_range(self.ctx, self.round_id, self.first_range or 0)
 
     def _first_share(self, first: int) -> int:
         """``_share`` of the first claim, stopping before the next task's first range (planned
@@ -264,7 +265,7 @@ class PullLoop:
 
     def _over(self) -> bool:
         """A stop was requested, or the time budget is spent (recorded in the result)."""
-        if self.t._stop.is_set():
+        if self.ctx.stop.is_set():
             self.result.stopped = True
         elif self.deadline is not None and time.monotonic() >= self.deadline:
             self.result.yielded = BUDGET
@@ -286,7 +287,8 @@ class PullLoop:
         level = logging.DEBUG if why == _NEXT else logging.INFO
         log.log(level, "round %s range %d: %s", self.round_id, range_id, why)
         try:
-            res = self.t._traverse_restoring(
+            res = run_restoring(
+                self.ctx,
                 self.round_id,
                 range_id,
                 self.processor,
@@ -300,7 +302,7 @@ class PullLoop:
                 pull=True,
             )
         except LeaseHeldError:
-            if self.t._stop.is_set():
+            if self.ctx.stop.is_set():
                 self.result.stopped = True
                 return False
             log.info("round %s range %d: held by a live owner; skipped", self.round_id, range_id)
@@ -374,7 +376,7 @@ class PullLoop:
             )
         if not busy:
             return None
-        self.t._stop.wait(SPLIT_POLL_SECONDS)  # let the pending answers land, then look again
+        self.ctx.stop.wait(SPLIT_POLL_SECONDS)  # let the pending answers land, then look again
         return _AGAIN
 
     def _await_answer(self, range_id: int) -> int | None:
@@ -405,7 +407,7 @@ class PullLoop:
                     range_id,
                 )
                 return None
-            self.t._stop.wait(poll)
+            self.ctx.stop.wait(poll)
             poll = min(poll * 2, SPLIT_POLL_SECONDS)
 
     def _owner_alive(self, range_id: int) -> bool:

@@ -1,10 +1,10 @@
 """One claimed range, traversed from its committed cursor to ``hi``, then its item-retry passes.
 
-``KeysetTraversal.traverse`` calls ``run_range``: claim the range (waiting while a live owner
-holds it), start a ``Heartbeat``, hand over to ``RangeRun.run``, release the lease. ``run`` reads
+``run_range`` (``traverse.py``) claims the range (waiting while a live owner holds it), starts a
+``Heartbeat``, hands over to ``RangeRun.run`` and releases the lease. ``run`` reads
 as the loop it is: next rows, process them, add their outcome to the group, commit the group when
 it is due (the commit, the checkpoint mirror and the backoff are ``RangeCommits``, in
-``range_commit.py``; answering a split request, ``range_split.py``). Everything here keeps the
+``core/run/commits.py``; answering a split request, ``core/run/split.py``). Everything here keeps the
 engine's contract:
 
 - The cursor moves only by ``CursorStore.advance`` (fenced by the owner token, together with the
@@ -27,24 +27,21 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..chunk import Chunk, Processor
+from ..chunk import Processor
 from ..errors import (
     KeysetError,
-    LeaseLostError,
     RetryableError,
 )
 from ..keys import display_key, encode_key
 from ..options import TraverseOptions
 from ..pace.adaptive import ChunkSizer
-from ..pace.stream_control import Pace, Pacer, make_pacer
+from ..pace.stream_control import Pace, Pacer
 from ..sql.source import release
 from ..store.cursor_store import Claim
-from .claim import check_retention, claim_range, log_claim
 from .commits import RangeCommits
 from .item_failures import IsolationStopped, ItemFailures
 from .split import Splitter
@@ -52,128 +49,17 @@ from .state import (
     CommittedRange,
     Group,
     Heartbeat,
-    HeartbeatThread,
     ProgressLog,
-    RangeResult,
     Verdict,
 )
 
 if TYPE_CHECKING:
-    from ..traversal import KeysetTraversal
+    from .context import RunContext
 
 log = logging.getLogger("airflow_keyset_provider")
 
 #: ``RangeResult.yielded`` when the call's ``max_task_seconds`` budget was spent.
 BUDGET = "budget"
-
-
-def run_range(
-    t: KeysetTraversal,
-    round_id: str,
-    range_id: int,
-    processor: Processor,
-    o: TraverseOptions,
-    *,
-    deadline: float | None = None,
-    split: bool = False,
-    pacer: Pacer | None = None,
-    beats: HeartbeatThread | None = None,
-    coalesce: int = 0,
-    pull: bool = False,
-) -> RangeResult:
-    """Claim the range (waiting while a live owner holds it), refuse it if the source's retention
-    passed its cursor, run it with a heartbeat, release the lease. Returns its counters.
-
-    ``deadline`` (``time.monotonic()``; default: now + ``o.max_task_seconds``) ends the run at a
-    chunk boundary with ``yielded == "budget"``; ``split`` lets the run split its range when an
-    idle task asks (``core/run/split.py``; only pull loops pass it). ``pacer``: a started
-    pacer the caller keeps across its ranges (a pull loop; it polls the same stream control
-    either way); without one the range starts and stops its own. ``beats``: likewise, a running
-    heartbeat thread the range attaches to (else it starts a thread of its own). ``coalesce``:
-    the claim absorbs up to that many fresh ranges that follow it; ``pull``: a pull loop's claim
-    (the round records it as its lineage's, ``CursorStore.held_by``)."""
-    token = f"{o.owner_lineage or 'worker'}#{uuid.uuid4().hex[:12]}"
-    started = time.monotonic()
-    if deadline is None and o.max_task_seconds is not None:
-        deadline = started + o.max_task_seconds
-    claim = claim_range(t, round_id, range_id, token, o, coalesce, pull)
-    if claim.complete:
-        return _already_complete(round_id, range_id, claim)
-    check_retention(t, round_id, range_id, token, claim.cursor)
-    rng = {"lo": claim.lo, "hi": claim.hi}  # read by the claim (only this owner may split)
-    log_claim(t, round_id, range_id, claim, rng)
-    own_pacer = pacer is None
-    pacer = pacer or make_pacer(t, o)
-    run = RangeRun(t, round_id, range_id, processor, claim, rng["hi"], o, pacer)
-    run.deadline, run.splitter = deadline, Splitter(run, split)
-    state = _run_leased(run, pacer, own_pacer, beats)
-    return RangeResult(
-        round_id,
-        range_id,
-        state.done,
-        state.skipped,
-        state.dead,
-        state.complete,
-        state.cursor,
-        run.rows_read,
-        run.chunks,
-        state.stopped,
-        claim.takeover,
-        time.monotonic() - started,
-        run.yielded == Pace.PAUSED,
-        run.yielded,
-        pacer.retry_after if run.yielded in (Pace.THROTTLED, Pace.UNHEALTHY) else 0.0,
-        claim.absorbed,
-    )
-
-
-def _already_complete(round_id: str, range_id: int, claim: Claim) -> RangeResult:
-    log.info(
-        "round %s range %d is already complete (done %d, skipped %d, dead %d)",
-        round_id,
-        range_id,
-        claim.done,
-        claim.skipped,
-        claim.dead,
-    )
-    return RangeResult(
-        round_id, range_id, claim.done, claim.skipped, claim.dead, True, claim.cursor
-    )
-
-
-def _run_leased(
-    run: RangeRun, pacer: Pacer, own_pacer: bool = True, beats: HeartbeatThread | None = None
-) -> CommittedRange:
-    """``run.run`` with the heartbeat (on ``beats`` if given, else a thread of its own) and the
-    pacer running (``own_pacer``: started and stopped here); the lease released whatever happens
-    (a failed release expires by itself)."""
-    t, o = run.t, run.o
-    heart = Heartbeat(
-        t.store, run.round_id, run.range_id, run.token, o.lease_ms, o.chunk_timeout_seconds
-    )
-    if beats is not None:
-        beats.attach(heart)
-    else:
-        heart.start()
-    if own_pacer:
-        pacer.start()
-    try:
-        return run.run(heart)
-    finally:
-        if own_pacer:
-            pacer.stop()
-        heart.stop()
-        if beats is not None:
-            beats.attach(None)
-        try:
-            if not run.released:  # else the completing advance released it
-                t.store.release(run.round_id, run.range_id, run.token)
-        except KeysetError:
-            log.warning(
-                "round %s range %d: could not release the lease; it expires by itself",
-                run.round_id,
-                run.range_id,
-            )
 
 
 class RangeRun(RangeCommits):
@@ -184,7 +70,7 @@ class RangeRun(RangeCommits):
 
     def __init__(
         self,
-        t: KeysetTraversal,
+        ctx: RunContext,
         round_id: str,
         range_id: int,
         processor: Processor,
@@ -193,7 +79,7 @@ class RangeRun(RangeCommits):
         options: TraverseOptions,
         pacer: Pacer | None = None,
     ) -> None:
-        self.t, self.store, self.source = t, t.store, t.source
+        self.ctx, self.store, self.source = ctx, ctx.store, ctx.source
         self.pacer = pacer
         self.yielded = ""  # set when the pacer ended the run early ("paused", "throttled")
         self.charged = 0  # rows_read already charged to the stream's budget
@@ -228,7 +114,7 @@ class RangeRun(RangeCommits):
         self.pool: ThreadPoolExecutor | None = None
         self.pending: Future[Sequence[tuple]] | None = None  # the prefetched next chunk
         self.items = ItemFailures(self)  # failure isolation and item retry passes
-        self.splitter = Splitter(self, False)  # answers split requests (``range_split``)
+        self.splitter = Splitter(self, False)  # answers split requests (``split.py``)
         hi_label = display_key(hi, self.arity)
         self.progress = ProgressLog(
             round_id,
@@ -258,7 +144,7 @@ class RangeRun(RangeCommits):
         try:
             while self.read != self.hi:
                 self._check_lease(heart, "lease lost; stopping")
-                if self.t._stop.is_set() or not self._pace():
+                if self.ctx.stop.is_set() or not self._pace():
                     return self._stop_here()
                 rows = self._next_rows()
                 if rows is None:
@@ -286,10 +172,6 @@ class RangeRun(RangeCommits):
         return self.state
 
     # -- the steps -------------------------------------------------------------------------------
-    def _check_lease(self, heart: Heartbeat, what: str) -> None:
-        if heart.lost.is_set():
-            raise LeaseLostError(f"round {self.round_id} range {self.range_id}: {what}")
-
     def _pace(self) -> bool:
         """Before each chunk read: size the next chunk (adaptive, opt-in) from the last one's
         duration, then the stream's pause, health and throughput budget (``Pacer``: a local flag,
@@ -372,40 +254,6 @@ class RangeRun(RangeCommits):
         self.attempt = 0
         return Verdict(last, failed, skipped)
 
-    def call_processor(self, chunk: Chunk) -> Any:
-        """Call the processor under the progress-based lease: while it runs longer than
-        ``chunk_timeout`` the heartbeat stops, and a call that returns after that fails the try
-        with ``LeaseLostError`` (another try may own the range by then; this one is fenced)."""
-        started = time.monotonic()
-        self.heart.busy()
-        try:
-            result = self.processor(chunk)
-        except BaseException:
-            self._after_call(chunk, started)
-            raise
-        self._after_call(chunk, started)
-        return result
-
-    def _after_call(self, chunk: Chunk, started: float) -> None:
-        self.heart.idle()
-        elapsed = time.monotonic() - started
-        self.t.metrics.timing("chunk.process", elapsed * 1000, tags=self.t.tags)
-        if not self.heart.overrun.is_set():
-            return
-        first, last = (
-            display_key(encode_key(tuple(v[: self.arity])), self.arity)
-            for v in (chunk.values[0], chunk.values[-1])
-        )
-        raise LeaseLostError(
-            f"round {self.round_id} range {self.range_id}: the processor ran {elapsed:.1f} s on "
-            f"the chunk of keys {first} .. {last} ({len(chunk)} keys), past "
-            f"chunk_timeout={self.o.chunk_timeout_seconds:g} s. Heartbeats stopped at "
-            "chunk_timeout so the lease could lapse and another try take the range over; this "
-            "try is fenced and nothing of the chunk was committed. If chunks legitimately take "
-            "this long, raise chunk_timeout (or lower chunk_size); otherwise find where the "
-            "processor hangs (a lock wait, a call without a timeout)."
-        )
-
     def _add_to_group(self, rows: Sequence[tuple], verdict: Verdict) -> None:
         for enc, reason in verdict.failed.items():
             log.warning(
@@ -455,4 +303,4 @@ class RangeRun(RangeCommits):
                 log.debug("prefetch discarded", exc_info=True)
 
 
-__all__ = ["CommittedRange", "Heartbeat", "RangeResult", "RangeRun", "run_range"]
+__all__ = ["BUDGET", "RangeRun"]

@@ -31,7 +31,7 @@ from ..errors import KeysetError, RoundStateLostError
 from ..keys import display_key, encode_key
 
 if TYPE_CHECKING:
-    from .range_run import RangeRun
+    from .commits import RangeCommits
 
 log = logging.getLogger("airflow_keyset_provider")
 
@@ -46,7 +46,7 @@ SPLIT_SAMPLE_ROWS = 20_000
 class Splitter:
     """Answers split requests for one ``RangeRun`` (``enabled``: the run belongs to a pull loop)."""
 
-    def __init__(self, run: RangeRun, enabled: bool) -> None:
+    def __init__(self, run: RangeCommits, enabled: bool) -> None:
         self.run, self.enabled = run, enabled
         self.splits = 0  # splits this run made
 
@@ -95,7 +95,7 @@ class Splitter:
         run.progress.hi_label = display_key(at, run.arity)
         run.progress.estimate = run.progress.rows + left // 2
         self.splits += 1
-        run.t.metrics.incr("range.split", tags=run.t.tags)
+        run.ctx.metrics.incr("range.split", tags=run.ctx.tags)
         self._mirror(new_id)
         log.info(
             "round %s range %d: split for %s at %s: keeps up to %s, new range %d takes (%s, %s] "
@@ -116,7 +116,7 @@ class Splitter:
         new ``hi``) and the new range, in one transaction of the mirror, so a round restored
         from it is still a partition (a mirror write that fails is logged, as checkpoints are)."""
         run = self.run
-        mirror = run.t.mirror
+        mirror = run.ctx.mirror
         if mirror is None:
             return
         try:
@@ -127,7 +127,7 @@ class Splitter:
             if missed:
                 first = run.range_id + 1
                 docs += run.store.snapshot_ranges(run.round_id, range(first, first + missed))
-            mirror.save_round(run.t.stream, run.round_id, info, docs)
+            mirror.save_round(run.ctx.stream, run.round_id, info, docs)
             if missed:
                 run.store.mirrored_coalescing(run.round_id, run.range_id)
         except RoundStateLostError:

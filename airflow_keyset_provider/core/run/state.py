@@ -1,7 +1,7 @@
 """The pieces a range run is made of: its result, its heartbeat, its committed state, the group
 of processed chunks not yet committed, and its progress log lines.
 
-``RangeRun`` (``range_run.py``) owns the loop; these hold no policy of their own.
+``RangeRun`` (``core/run/range_run.py``) owns the loop; these hold no policy of their own.
 """
 
 from __future__ import annotations
