@@ -30,8 +30,18 @@ DEFAULT_MAP_INDEX_TEMPLATE = "{{ " + RANGE_LABEL_CONTEXT_KEY + " }}"
 #: ranges) and, under ``ROUND_XCOM_KEY``, where to find the round (stream, key prefix, bounds).
 ROUND_ID_XCOM_KEY = "round_id"
 ROUND_XCOM_KEY = "keyset_round"
-#: Key prefix of the engine's Redis keys when a task does not name one.
+#: Key prefix of the engine's Redis keys when neither a task nor ``[keyset] key_prefix`` names one.
 DEFAULT_KEY_PREFIX = "ks"
+#: The provider's configuration section (``[keyset]``; environment ``AIRFLOW__KEYSET__*``).
+CONFIG_SECTION = "keyset"
+
+
+def configured_key_prefix() -> str:
+    """``[keyset] key_prefix`` (``AIRFLOW__KEYSET__KEY_PREFIX``), else ``ks``: the prefix a plan
+    uses when its DAG names none, and the one the UI page reads, so the two agree by default."""
+    from airflow.sdk.configuration import conf
+
+    return conf.get(CONFIG_SECTION, "key_prefix", fallback=DEFAULT_KEY_PREFIX) or DEFAULT_KEY_PREFIX
 
 #: Engine errors no retry can fix: the task fails at once, without retries.
 FATAL_ERRORS: tuple[type[Exception], ...] = (

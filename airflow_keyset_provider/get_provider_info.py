@@ -58,6 +58,12 @@ _PROVIDER_INFO: dict[str, Any] = {
             "python-modules": ["airflow_keyset_provider.hooks.keyset"],
         }
     ],
+    "task-decorators": [
+        {
+            "name": "keyset_traverse",
+            "class-name": "airflow_keyset_provider.decorators.keyset.keyset_traverse_task",
+        }
+    ],
     "extra-links": ["airflow_keyset_provider.links.KeysetRoundLink"],
     "plugins": [
         {

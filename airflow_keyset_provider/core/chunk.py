@@ -38,6 +38,12 @@ class Chunk:
     processor that uses neither pays nothing for them. ``attempt`` is 1 on the first delivery of
     these rows in this process and grows on re-delivery after a dependency failure; a chunk may also
     be delivered again after a crash (at-least-once), so processors must be idempotent.
+
+    ``connection``: with a target database (``KeysetTraversal(target_url=...)``, the operator's
+    ``target_conn_id``), a SQLAlchemy ``Connection`` inside a transaction the engine began for
+    this call: the engine commits it when the processor returns (a ``ChunkResult`` included: the
+    writes for the keys it did not fail stand) and rolls it back when the processor raises. The
+    processor never commits it. None without a target.
     """
 
     __slots__ = (
@@ -46,6 +52,7 @@ class Chunk:
         "_values",
         "attempt",
         "columns",
+        "connection",
         "key_of",
         "range_id",
         "round_id",
@@ -68,6 +75,7 @@ class Chunk:
         self.attempt = attempt
         self._rows: list[dict[str, Any]] | None = None
         self._keys: list[Key] | None = None
+        self.connection: Any = None  # set by the engine for one call (see the class docstring)
 
     def __len__(self) -> int:
         return len(self._values)

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+import sqlalchemy as sa
 
 from .chunk import Processor, load_processor
 from .errors import (
@@ -44,6 +45,7 @@ from .run.pull import PullLoop, RoundPullResult
 from .run.state import ProgressCallback, ProgressHook, RangeResult
 from .run.traverse import check_range, run_restoring
 from .sql.source import SqlSource
+from .sql.target import make_target_engine
 from .store.cursor_store import CursorStore, connect_redis
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -55,6 +57,9 @@ class KeysetTraversal:
     ``source_url`` is a SQLAlchemy URL (or Engine) of PostgreSQL or SQLite; ``key`` a column name
     or a list of them; ``stream`` names the sequence of rounds that chain by watermark (all its
     Redis keys share the hash tag ``{stream}``). Nothing is read or written until a method runs.
+    ``target_url`` (a URL or Engine of the database the processor writes to) gives every processor
+    call a transaction of its own as ``chunk.connection``, committed when the processor returns
+    and rolled back when it raises.
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class KeysetTraversal:
         commit_wait_timeout: float = 60.0,
         checkpoint_url: Any = None,
         checkpoint_seconds: float = 10.0,
+        target_url: Any = None,
         metrics: Metrics | None = None,
         retention_sql: str | None = None,
         where_params: dict[str, Any] | None = None,
@@ -103,6 +109,8 @@ class KeysetTraversal:
         )
         self.mirror = CheckpointMirror(checkpoint_url) if checkpoint_url is not None else None
         self.checkpoint_seconds = checkpoint_seconds
+        self._target_url = target_url
+        self.target = make_target_engine(target_url) if target_url is not None else None
         self.metrics: Metrics = metrics or NullMetrics()
         self.tags = {"stream": stream}
         self.control = StreamControl(self.store, self.mirror)
@@ -353,6 +361,7 @@ class KeysetTraversal:
             stop=self._stop,
             progress=progress or ProgressHook(),
             checkpoint_seconds=self.checkpoint_seconds,
+            target=self.target,
         )
 
     def _check_range(self, round_id: str, range_id: int) -> int:
@@ -395,6 +404,8 @@ class KeysetTraversal:
 
     def close(self) -> None:
         self.source.close()
+        if self.target is not None and not isinstance(self._target_url, sa.Engine):
+            self.target.dispose()  # ours: made from a URL (a caller's Engine stays the caller's)
 
 
 def _check_processor(processor: Any) -> None:

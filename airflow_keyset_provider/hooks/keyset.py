@@ -25,6 +25,7 @@ from airflow.sdk import BaseHook
 from airflow_keyset_provider.core import ConfigurationError, KeysetTraversal, StreamControl
 from airflow_keyset_provider.core.rounds.mirror import CheckpointMirror
 from airflow_keyset_provider.core.sql.source import make_engine
+from airflow_keyset_provider.core.sql.target import make_target_engine
 from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
 SOURCE_CONN_TYPES = ("postgres", "sqlite")
@@ -84,6 +85,10 @@ class KeysetHook(BaseHook):
     :param checkpoint_conn_id: optional ``postgres``/``sqlite`` connection of the durable
         checkpoint mirror (see ``core.mirror``): with it, a round that Redis loses is restored with
         bounded replay.
+    :param target_conn_id: optional ``postgres``/``sqlite`` connection of the database the
+        processor writes to: every processor call then gets ``chunk.connection``, a connection in
+        a transaction the engine commits when the processor returns and rolls back when it
+        raises (``target_engine``).
     """
 
     hook_name = "Keyset traversal"
@@ -93,11 +98,13 @@ class KeysetHook(BaseHook):
         source_conn_id: str | None = None,
         redis_conn_id: str = "redis_default",
         checkpoint_conn_id: str | None = None,
+        target_conn_id: str | None = None,
     ) -> None:
         super().__init__()
         self.source_conn_id = source_conn_id
         self.redis_conn_id = redis_conn_id
         self.checkpoint_conn_id = checkpoint_conn_id
+        self.target_conn_id = target_conn_id
 
     # ---- connections ---------------------------------------------------------------------
     def source_url(self) -> sa.URL | str:
@@ -114,8 +121,20 @@ class KeysetHook(BaseHook):
         return _sql_url(self.checkpoint_conn_id, "checkpoint") if self.checkpoint_conn_id else None
 
     def get_conn(self) -> sa.Engine:
-        """An autocommit SQLAlchemy engine on the source (the same kind the engine reads with)."""
+        """An autocommit SQLAlchemy engine on the source (the same kind the engine reads with).
+        For writes, use ``target_engine``: autocommit does not fit a processor's transaction."""
         return make_engine(self.source_url())  # type: ignore[arg-type]
+
+    def target_engine(self) -> sa.Engine | None:
+        """A transactional SQLAlchemy engine on ``target_conn_id`` (None without one), bound
+        parameters hidden from logs (``AIRFLOW_KEYSET_LOG_ROW_DATA=1`` shows them). The operator
+        hands the engine to the traversal, which begins one transaction per processor call."""
+        url = self.target_url()
+        return make_target_engine(url) if url is not None else None
+
+    def target_url(self) -> sa.URL | str | None:
+        """SQLAlchemy URL of ``target_conn_id`` (the database the processor writes to), or None."""
+        return _sql_url(self.target_conn_id, "target") if self.target_conn_id else None
 
     def redis_client(self) -> redis.Redis:
         """The Redis client of ``redis_conn_id`` (via ``RedisHook``), with socket timeouts.
@@ -175,7 +194,12 @@ class KeysetHook(BaseHook):
             columns=list(columns) if columns is not None else None,
             redis_client=self.redis_client(),
             key_prefix=key_prefix,
-            **{"metrics": self.metrics(), "checkpoint_url": self.checkpoint_url(), **kwargs},
+            **{
+                "metrics": self.metrics(),
+                "checkpoint_url": self.checkpoint_url(),
+                "target_url": self.target_url(),
+                **kwargs,
+            },
         )
 
     def control(self, stream: str, key_prefix: str = "ks") -> StreamControl:

@@ -17,6 +17,7 @@ from airflow_keyset_provider.common import (
     ROUND_ID_XCOM_KEY,
     ROUND_XCOM_KEY,
     airflow_errors,
+    configured_key_prefix,
     key_label,
     run_key,
 )
@@ -141,7 +142,8 @@ class PlanRangesOperator(BaseOperator):
         each for one traverse task that works through the round's ranges until none is left,
         splitting stragglers (``TraverseRangeOperator`` with ``pull=True``). None (the default):
         one dict, and one mapped task, per range.
-    :param key_prefix: prefix of every Redis key of the traversal.
+    :param key_prefix: prefix of every Redis key of the traversal; default ``[keyset]
+        key_prefix`` of the Airflow configuration (``ks`` unless set), the prefix the UI page reads.
     :param commit_wait_timeout: PostgreSQL: seconds to wait for transactions open when ``max(key)``
         was read (``CommitOrderTimeoutError`` after).
     :param settle_seconds: other sources: seconds to wait after reading ``max(key)``.
@@ -176,7 +178,7 @@ class PlanRangesOperator(BaseOperator):
         end_key: Any = None,
         max_ranges: int = 16,
         max_tasks: int | None = None,
-        key_prefix: str = "ks",
+        key_prefix: str | None = None,
         commit_wait_timeout: float = 60.0,
         settle_seconds: float = 0.0,
         checkpoint_conn_id: str | None = None,
@@ -197,7 +199,7 @@ class PlanRangesOperator(BaseOperator):
         self.end_key = end_key
         self.max_ranges = max_ranges
         self.max_tasks = max_tasks
-        self.key_prefix = key_prefix
+        self.key_prefix = key_prefix if key_prefix is not None else configured_key_prefix()
         self.commit_wait_timeout = commit_wait_timeout
         self.settle_seconds = settle_seconds
 

@@ -154,6 +154,11 @@ class TraverseRangeOperator(BaseOperator):
     :param group_commit_chunks: see ``TraverseOptions.group_commit_chunks``.
     :param group_commit_seconds: see ``TraverseOptions.group_commit_seconds``.
     :param checkpoint_conn_id: from the plan's output: the durable checkpoint mirror.
+    :param target_conn_id: a ``postgres`` or ``sqlite`` connection of the database the processor
+        writes to. Each processor call then gets ``chunk.connection``: a SQLAlchemy connection in
+        a transaction the engine begins for that call, commits when the processor returns (its
+        ``ChunkResult`` included) and rolls back when it raises. Bound parameters stay out of
+        the logs. The processor never commits; the write-back helpers take the connection as is.
     :param state_store_seconds: mirror the committed cursor and counters into the task state
         store at most this often (and once when the try ends); None: never.
     :param control_poll_seconds: see ``TraverseOptions.control_poll_seconds``.
@@ -207,6 +212,7 @@ class TraverseRangeOperator(BaseOperator):
         group_commit_chunks: int = 1,
         group_commit_seconds: float | None = None,
         checkpoint_conn_id: str | None = None,
+        target_conn_id: str | None = None,
         state_store_seconds: float | None = 5.0,
         control_poll_seconds: float = 1.0,
         defer_after_seconds: float = 5.0,
@@ -233,6 +239,7 @@ class TraverseRangeOperator(BaseOperator):
         self.redis_conn_id, self.key_prefix = redis_conn_id, key_prefix
         self.options = _traverse_options(locals())  # the tuning arguments, checked now
         self.checkpoint_conn_id = checkpoint_conn_id
+        self.target_conn_id = target_conn_id
         self.state_store_seconds = checked_state_store_seconds(state_store_seconds)
         self.defer_after_seconds = defer_after_seconds
         self.resume_poll_seconds = resume_poll_seconds
@@ -280,7 +287,12 @@ class TraverseRangeOperator(BaseOperator):
         key = list(self.key) if not isinstance(self.key, str) else self.key
         with airflow_errors():
             processor = load_processor(self.processor)
-            hook = KeysetHook(self.source_conn_id, self.redis_conn_id, self.checkpoint_conn_id)
+            hook = KeysetHook(
+                self.source_conn_id,
+                self.redis_conn_id,
+                self.checkpoint_conn_id,
+                self.target_conn_id,
+            )
             t = hook.traversal(
                 table=self.table,
                 key=key,

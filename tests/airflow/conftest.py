@@ -56,6 +56,8 @@ AIRFLOW_ENV = {
     "KEYSET_EXAMPLE_SOURCE_CONN": "keyset_examples_db",
     "KEYSET_EXAMPLE_REDIS_CONN": "redis_default",
     "KEYSET_EXAMPLE_KEY_PREFIX": SESSION_PREFIX,
+    # the prefix of DAGs that name none (``[keyset] key_prefix``: the decorator example)
+    "AIRFLOW__KEYSET__KEY_PREFIX": SESSION_PREFIX,
     "KEYSET_EXAMPLE_MAX_RANGES": "4",
     "KEYSET_EXAMPLE_CHUNK_SIZE": "50",
     "KEYSET_EXAMPLE_RETRIES": "1",

@@ -79,12 +79,25 @@ class RangeCommits:
         started = time.monotonic()
         self.heart.busy()
         try:
-            result = self.processor(chunk)
+            result = self._call_in_target(chunk)
         except BaseException:
             self._after_call(chunk, started)
             raise
         self._after_call(chunk, started)
         return result
+
+    def _call_in_target(self, chunk: Chunk) -> Any:
+        """The processor call; with a target database, inside a transaction of its own that
+        commits when the processor returns and rolls back when it raises (``chunk.connection``)."""
+        target = self.ctx.target
+        if target is None:
+            return self.processor(chunk)
+        with target.begin() as conn:
+            chunk.connection = conn
+            try:
+                return self.processor(chunk)
+            finally:
+                chunk.connection = None
 
     def _after_call(self, chunk: Chunk, started: float) -> None:
         self.heart.idle()

@@ -4,13 +4,15 @@ The facade (``core.traversal.KeysetTraversal``) builds one per ``traverse`` / ``
 call and hands it down; nothing in ``core.run`` reaches back into the facade. Its parts are the
 engine's rooms: the source (``core.sql``), the cursor store (``core.store``), the checkpoint
 mirror and the round operations that restore a round from it (``core.rounds``), the metrics sink,
-the call's stop signal and its progress hook.
+the call's stop signal and its progress hook, and the target database a processor writes to.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+
+import sqlalchemy as sa
 
 from ..metrics import Metrics, NullMetrics
 from ..rounds.control import StreamControl
@@ -38,6 +40,7 @@ class RunContext:
     stop: threading.Event = field(default_factory=threading.Event)
     progress: ProgressHook = field(default_factory=ProgressHook)
     checkpoint_seconds: float = 10.0
+    target: sa.Engine | None = None  # the processor's database (``chunk.connection``)
 
     @property
     def stream(self) -> str:
