@@ -43,6 +43,7 @@ def configured_key_prefix() -> str:
 
     return conf.get(CONFIG_SECTION, "key_prefix", fallback=DEFAULT_KEY_PREFIX) or DEFAULT_KEY_PREFIX
 
+
 #: Engine errors no retry can fix: the task fails at once, without retries.
 FATAL_ERRORS: tuple[type[Exception], ...] = (
     ConfigurationError,
