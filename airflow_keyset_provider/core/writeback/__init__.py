@@ -19,8 +19,10 @@ write of a call happens inside it, so the caller's rollback undoes all of them a
 commit makes them durable; the helpers never commit. Given an ``Engine`` instead, a call runs in a
 transaction of its own that commits when the call returns. A ``failed`` key leaves no trace, and
 an applied key's row got all of its new values: a row is never half written. An error that is not
-about a row's data (lost connection, deadlock, lock timeout) is raised, not reported per key;
-with ``isolate_failures=True`` (the default) the caller's transaction is still usable after it,
+about a row's data is raised, not reported per key: a dependency failure (lost connection,
+deadlock, lock or statement timeout) as ``RetryableError``, a configuration error (undefined
+table, missing privilege) as it is; ``failures.py`` holds the rules, by SQLSTATE on PostgreSQL.
+With ``isolate_failures=True`` (the default) the caller's transaction is still usable after it,
 the helper's own partial writes of that call undone only if the caller rolls back.
 
 Tables are ``sqlalchemy.Table`` objects or names (``"name"`` or ``"schema.name"``), reflected once
@@ -36,7 +38,8 @@ package keeps one module per helper and one per shared piece:
 - ``target.py``: the table, its key and the call's connection; ``reflection.py``: tables passed
   by name, reflected once per engine (:func:`clear_table_cache`);
 - ``isolation.py``: runs the batches and retries a batch that failed on a row's data row by
-  row; ``batching.py``: input checks and batch splitting;
+  row; ``failures.py``: whose fault a database error is (row, dependency, configuration);
+  ``batching.py``: input checks and batch splitting;
 - ``backends/``: what differs per database (``base.py`` is the interface, ``postgresql.py`` and
   ``sqlite.py`` implement it; ``case_when.py`` and ``on_conflict.py`` are statement shapes they
   share). Adding a database family is adding a module there.

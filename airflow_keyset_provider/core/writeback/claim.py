@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection, Engine, Row
 from airflow_keyset_provider.core.errors import ConfigurationError
 
 from .reflection import TableRef
-from .target import Guard, Target
+from .target import Guard, Target, connection
 
 
 def claim_skip_locked(
@@ -34,6 +34,8 @@ def claim_skip_locked(
 
     ``where`` is ``{column: value}`` (equality, ``None`` = IS NULL), a boolean SQLAlchemy
     expression on the table, or ``None``. ``columns`` are the columns to return (default: all).
+    A dependency failure (lost connection, lock or statement timeout) raises ``RetryableError``;
+    any other database error is raised as it is.
     """
     if isinstance(conn, Engine):
         raise ConfigurationError(
@@ -43,14 +45,15 @@ def claim_skip_locked(
         )
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ConfigurationError(f"limit must be a positive int, got {limit!r}.")
-    target = Target.resolve(conn, table, key)
-    if columns is None:
-        stmt = sa.select(target.table)
-    else:
-        target.check_columns(columns, "columns")
-        stmt = sa.select(*(target.table.c[name] for name in columns))
-    guard = target.guard(where)
-    if guard is not None:
-        stmt = stmt.where(guard)
-    stmt = stmt.order_by(*target.key_cols).limit(limit)
-    return list(conn.execute(target.backend.lock_for_claim(stmt)).all())
+    with connection(conn) as c:
+        target = Target.resolve(c, table, key)
+        if columns is None:
+            stmt = sa.select(target.table)
+        else:
+            target.check_columns(columns, "columns")
+            stmt = sa.select(*(target.table.c[name] for name in columns))
+        guard = target.guard(where)
+        if guard is not None:
+            stmt = stmt.where(guard)
+        stmt = stmt.order_by(*target.key_cols).limit(limit)
+        return list(c.execute(target.backend.lock_for_claim(stmt)).all())

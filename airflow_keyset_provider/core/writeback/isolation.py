@@ -3,8 +3,9 @@
 A batch that fails on a row's data is retried row by row, so only the guilty rows end up in
 ``failed`` and the others are written. Every attempt runs in a SAVEPOINT where the backend asks
 for one (PostgreSQL: an error aborts the whole transaction otherwise), rolled back on error, so
-a failed key leaves no trace and the caller's transaction stays usable. An error that is not a
-row's fault is raised.
+a failed key leaves no trace and the caller's transaction stays usable. Whether an error is a
+row's fault is decided by ``failures.py``; any other error is raised (and leaves the helper as
+``RetryableError`` if it is the dependency's fault, see ``target.connection``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from .backends import BatchWrite
+from .failures import Fault, describe
 from .outcome import WriteOutcome
 from .target import Key, KeyIndex, Target
-
-# Errors about the data of a row: retried row by row, reported per key. Anything else (connection
-# lost, deadlock, lock timeout, a bad column name) is not a row's fault and is raised.
-_ROW_ERRORS = (sa.exc.IntegrityError, sa.exc.DataError, sa.exc.InternalError)
 
 
 class BatchWriter:
@@ -40,17 +38,24 @@ class BatchWriter:
         try:
             self.written.extend(self._execute(write, batch))
             return
-        except _ROW_ERRORS as exc:
-            if not self.isolate:
+        except sa.exc.DBAPIError as exc:
+            if not self._row_fault(exc) or not self.isolate:
                 raise
             if len(batch) == 1:
-                self.failed[key_of(batch[0])] = _first_line(exc)
+                self.failed[key_of(batch[0])] = describe(exc)
                 return
         for item in batch:
             try:
                 self.written.extend(self._execute(write, [item]))
-            except _ROW_ERRORS as exc:
-                self.failed[key_of(item)] = _first_line(exc)
+            except sa.exc.DBAPIError as exc:
+                if not self._row_fault(exc):
+                    raise
+                self.failed[key_of(item)] = describe(exc)
+
+    def _row_fault(self, exc: sa.exc.DBAPIError) -> bool:
+        """Is ``exc`` the row's fault? (Others are raised; ``connection()`` turns a dependency's
+        into ``RetryableError``.)"""
+        return self.target.backend.fault(exc) is Fault.ROW
 
     def _execute(self, write: BatchWrite, batch: list) -> list[Key]:
         if self.savepoints:
@@ -68,8 +73,3 @@ class BatchWriter:
         applied.extend(k for k in written if k not in known)  # not matched back (defensive)
         failed = {k: self.failed[k] for k in keys if k in self.failed}
         return WriteOutcome(applied=applied, not_applied=not_applied, failed=failed)
-
-
-def _first_line(exc: sa.exc.DBAPIError) -> str:
-    text = str(exc.orig if exc.orig is not None else exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -12,7 +12,8 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from airflow_keyset_provider.core.errors import ConfigurationError, KeyValidationError
 
-from .backends import Backend, backend_for
+from .backends import Backend, backend_for, fault_in
+from .failures import Fault, dependency_error
 from .reflection import TableRef, reflect
 
 Key = Any  # a scalar for a one-column key, a tuple for a composite key
@@ -23,16 +24,22 @@ Guard = Mapping[str, Any] | ColumnElement[bool] | None
 @contextmanager
 def connection(bind: Bind) -> Iterator[Connection]:
     """The caller's ``Connection`` as is, or a transaction of its own on an ``Engine`` (committed
-    when the block ends without error)."""
-    if isinstance(bind, Engine):
-        with bind.begin() as conn:
-            yield conn
-    elif isinstance(bind, Connection):
-        yield bind
-    else:
+    when the block ends without error). A database error in the block that is the dependency's
+    fault (see ``failures.py``) leaves it as ``RetryableError``; any other as it is."""
+    if not isinstance(bind, Engine | Connection):
         raise ConfigurationError(
             f"expected a SQLAlchemy Connection or Engine, got {type(bind).__name__}."
         )
+    try:
+        if isinstance(bind, Engine):
+            with bind.begin() as conn:
+                yield conn
+        else:
+            yield bind
+    except sa.exc.DBAPIError as exc:
+        if fault_in(bind.dialect.name, exc) is Fault.DEPENDENCY:
+            raise dependency_error(exc) from exc
+        raise
 
 
 def column_names(spec: str | Sequence[str], what: str) -> tuple[str, ...]:

@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import importlib
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from airflow_keyset_provider.core.errors import ConfigurationError
 
+from ..failures import Fault, fault_of
 from .base import Backend, BatchWrite, Builder, KeyIn, Plan, returning
 
-__all__ = ["Backend", "BatchWrite", "Builder", "KeyIn", "Plan", "backend_for", "returning"]
+__all__ = [
+    "Backend",
+    "BatchWrite",
+    "Builder",
+    "KeyIn",
+    "Plan",
+    "backend_for",
+    "fault_in",
+    "returning",
+]
 
 # dialect name -> module of this package that defines ``BACKEND``
 _MODULES = {"postgresql": "postgresql", "sqlite": "sqlite"}
@@ -20,14 +31,26 @@ _LOADED: dict[str, Backend] = {}
 
 def backend_for(conn: Connection) -> Backend:
     """The backend of ``conn``'s database, after its checks (e.g. SQLite's version) passed."""
-    name = conn.dialect.name
+    backend = _load(conn.dialect.name)
+    if backend is None:
+        raise ConfigurationError(
+            f"write-back helpers support PostgreSQL and SQLite, not {conn.dialect.name!r}."
+        )
+    backend.check(conn)
+    return backend
+
+
+def fault_in(dialect_name: str, exc: sa.exc.DBAPIError) -> Fault:
+    """Whose fault ``exc`` is on that database (see ``failures.py``)."""
+    backend = _load(dialect_name)
+    return backend.fault(exc) if backend is not None else fault_of(exc)
+
+
+def _load(name: str) -> Backend | None:
     backend = _LOADED.get(name)
     if backend is None:
         module = _MODULES.get(name)
         if module is None:
-            raise ConfigurationError(
-                f"write-back helpers support PostgreSQL and SQLite, not {name!r}."
-            )
+            return None
         backend = _LOADED[name] = importlib.import_module(f"{__name__}.{module}").BACKEND
-    backend.check(conn)
     return backend

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..batching import guard_params, split
+from ..failures import Fault, fault_of
 
 if TYPE_CHECKING:
     from ..target import Guard, Key, Target
@@ -81,6 +82,9 @@ class Backend:
     #: Run every statement in a SAVEPOINT, so a failing one leaves the caller's transaction
     #: usable (PostgreSQL aborts the whole transaction on an error otherwise).
     savepoint_per_statement: ClassVar[bool] = True
+    #: Driver error numbers (``exc.orig.args[0]``) and their fault, for databases without
+    #: SQLSTATEs in their driver's errors (MySQL/MariaDB); see ``failures.py``.
+    error_numbers: ClassVar[Mapping[int, Fault]] = {}
 
     def check(self, conn: Connection) -> None:
         """Refuse (``ConfigurationError``) a server too old for the helpers."""
@@ -132,6 +136,10 @@ class Backend:
         """Insert rows of ``columns``; on a ``conflict_cols`` conflict keep the row or set
         ``update_cols`` where they differ; write back the keys of rows inserted or changed."""
         raise NotImplementedError
+
+    def fault(self, exc: sa.exc.DBAPIError) -> Fault:
+        """Whose fault ``exc`` is (row, dependency, configuration), see ``failures.py``."""
+        return fault_of(exc, self.error_numbers)
 
     def lock_for_claim(self, stmt: sa.Select) -> sa.Select:
         """Make ``claim_skip_locked``'s SELECT skip and lock rows, where the database can."""
