@@ -12,7 +12,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from airflow_keyset_provider.core.errors import ConfigurationError, KeyValidationError
 
-from .backends import Backend, backend_for, fault_in
+from .backends import Backend, backend_for, fault_in, load
 from .failures import Fault, dependency_error
 from .reflection import TableRef, reflect
 
@@ -24,22 +24,41 @@ Guard = Mapping[str, Any] | ColumnElement[bool] | None
 @contextmanager
 def connection(bind: Bind) -> Iterator[Connection]:
     """The caller's ``Connection`` as is, or a transaction of its own on an ``Engine`` (committed
-    when the block ends without error). A database error in the block that is the dependency's
-    fault (see ``failures.py``) leaves it as ``RetryableError``; any other as it is."""
+    when the block ends without error), also on an AUTOCOMMIT engine (``KeysetHook.get_engine``,
+    ``make_engine``): the call's connection is switched to the database's default isolation
+    level, and back when it returns to the pool. A ``Connection`` in AUTOCOMMIT is refused: it
+    has no transaction for the savepoints, nor for the caller to roll back. A database error in
+    the block that is the dependency's fault (see ``failures.py``) leaves it as
+    ``RetryableError``; any other as it is."""
     if not isinstance(bind, Engine | Connection):
         raise ConfigurationError(
             f"expected a SQLAlchemy Connection or Engine, got {type(bind).__name__}."
         )
     try:
         if isinstance(bind, Engine):
-            with bind.begin() as conn:
-                yield conn
+            with bind.connect() as conn:
+                if _autocommit(conn):
+                    conn.execution_options(isolation_level=conn.default_isolation_level)
+                with conn.begin():
+                    yield conn
         else:
+            if _autocommit(bind):
+                raise ConfigurationError(
+                    "the write-back helpers need a Connection with a transaction, not one in "
+                    "AUTOCOMMIT (every statement would commit at once, savepoints fail). Pass "
+                    "the engine itself, or use `conn.execution_options(isolation_level="
+                    "'READ COMMITTED')` before `conn.begin()`."
+                )
             yield bind
     except sa.exc.DBAPIError as exc:
         if fault_in(bind.dialect.name, exc) is Fault.DEPENDENCY:
             raise dependency_error(exc) from exc
         raise
+
+
+def _autocommit(conn: Connection) -> bool:
+    backend = load(conn.dialect.name)  # an unsupported database is refused later, by name
+    return backend is not None and backend.autocommit(conn)
 
 
 def column_names(spec: str | Sequence[str], what: str) -> tuple[str, ...]:

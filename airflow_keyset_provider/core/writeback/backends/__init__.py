@@ -21,6 +21,7 @@ __all__ = [
     "Plan",
     "backend_for",
     "fault_in",
+    "load",
     "returning",
 ]
 
@@ -31,7 +32,7 @@ _LOADED: dict[str, Backend] = {}
 
 def backend_for(conn: Connection) -> Backend:
     """The backend of ``conn``'s database, after its checks (e.g. SQLite's version) passed."""
-    backend = _load(conn.dialect.name)
+    backend = load(conn.dialect.name)
     if backend is None:
         raise ConfigurationError(
             f"write-back helpers support PostgreSQL and SQLite, not {conn.dialect.name!r}."
@@ -42,11 +43,12 @@ def backend_for(conn: Connection) -> Backend:
 
 def fault_in(dialect_name: str, exc: sa.exc.DBAPIError) -> Fault:
     """Whose fault ``exc`` is on that database (see ``failures.py``)."""
-    backend = _load(dialect_name)
+    backend = load(dialect_name)
     return backend.fault(exc) if backend is not None else fault_of(exc)
 
 
-def _load(name: str) -> Backend | None:
+def load(name: str) -> Backend | None:
+    """The backend of the dialect ``name`` (unchecked), None if it is not supported."""
     backend = _LOADED.get(name)
     if backend is None:
         module = _MODULES.get(name)

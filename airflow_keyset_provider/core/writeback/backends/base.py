@@ -89,6 +89,10 @@ class Backend:
     def check(self, conn: Connection) -> None:
         """Refuse (``ConfigurationError``) a server too old for the helpers."""
 
+    def autocommit(self, conn: Connection) -> bool:
+        """Does ``conn``'s driver connection commit each statement by itself (AUTOCOMMIT)?"""
+        return getattr(conn.connection.dbapi_connection, "autocommit", False) is True
+
     def max_params(self, conn: Connection) -> int:
         """Most bound parameters one statement may carry on this connection."""
         raise NotImplementedError

@@ -48,6 +48,11 @@ class SqliteBackend(Backend):
                 "helpers need to report per-key outcomes; use SQLite >= 3.35."
             )
 
+    def autocommit(self, conn: Connection) -> bool:
+        # pysqlite before Python 3.12 has no `autocommit`: isolation_level None is autocommit
+        dbapi_conn = conn.connection.dbapi_connection
+        return super().autocommit(conn) or getattr(dbapi_conn, "isolation_level", "") is None
+
     def max_params(self, conn: Connection) -> int:
         try:  # Python >= 3.11 reads the limit this connection really has
             dbapi_conn = conn.connection.dbapi_connection
