@@ -39,6 +39,7 @@ package keeps one module per helper and one per shared piece:
   by name, reflected once per engine (:func:`clear_table_cache`);
 - ``isolation.py``: runs the batches and retries a batch that failed on a row's data row by
   row; ``failures.py``: whose fault a database error is (row, dependency, configuration);
+  ``row_data.py``: no bound parameters in logs or error texts (``AIRFLOW_KEYSET_LOG_ROW_DATA``);
   ``batching.py``: input checks and batch splitting;
 - ``backends/``: what differs per database (``base.py`` is the interface, ``postgresql.py`` and
   ``sqlite.py`` implement it; ``case_when.py`` and ``on_conflict.py`` are statement shapes they

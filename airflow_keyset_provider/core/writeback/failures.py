@@ -118,9 +118,13 @@ def fault_of(exc: sa.exc.DBAPIError, error_numbers: Mapping[int, Fault] | None =
 
 
 def describe(exc: sa.exc.DBAPIError) -> str:
-    """The database's own message, first line only: never the statement or its parameters."""
-    text = str(exc.orig if exc.orig is not None else exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    """The database's own primary message, one line: never the statement, its parameters or
+    the DETAIL line (PostgreSQL's ``Failing row contains (...)`` quotes the row)."""
+    orig = exc.orig
+    primary = getattr(getattr(orig, "diag", None), "message_primary", None)  # both psycopgs
+    text = primary if isinstance(primary, str) and primary.strip() else str(orig or "")
+    lines = text.strip().splitlines()
+    return lines[0] if lines else type(orig or exc).__name__
 
 
 def dependency_error(exc: sa.exc.DBAPIError) -> RetryableError:

@@ -15,6 +15,7 @@ from airflow_keyset_provider.core.errors import ConfigurationError, KeyValidatio
 from .backends import Backend, backend_for, fault_in, load
 from .failures import Fault, dependency_error
 from .reflection import TableRef, reflect
+from .row_data import redact
 
 Key = Any  # a scalar for a one-column key, a tuple for a composite key
 Bind = Connection | Engine
@@ -29,7 +30,7 @@ def connection(bind: Bind) -> Iterator[Connection]:
     level, and back when it returns to the pool. A ``Connection`` in AUTOCOMMIT is refused: it
     has no transaction for the savepoints, nor for the caller to roll back. A database error in
     the block that is the dependency's fault (see ``failures.py``) leaves it as
-    ``RetryableError``; any other as it is."""
+    ``RetryableError``; any other as it is, its bound parameters hidden (``row_data.py``)."""
     if not isinstance(bind, Engine | Connection):
         raise ConfigurationError(
             f"expected a SQLAlchemy Connection or Engine, got {type(bind).__name__}."
@@ -50,8 +51,12 @@ def connection(bind: Bind) -> Iterator[Connection]:
                     "'READ COMMITTED')` before `conn.begin()`."
                 )
             yield bind
-    except sa.exc.DBAPIError as exc:
-        if fault_in(bind.dialect.name, exc) is Fault.DEPENDENCY:
+    except sa.exc.StatementError as exc:
+        redact(exc)  # no row data in its text (see row_data.py)
+        if (
+            isinstance(exc, sa.exc.DBAPIError)
+            and fault_in(bind.dialect.name, exc) is Fault.DEPENDENCY
+        ):
             raise dependency_error(exc) from exc
         raise
 
