@@ -1,6 +1,6 @@
 """The write-back helpers on the project's own engines, which are AUTOCOMMIT.
 
-``KeysetHook.get_engine`` and ``make_engine`` give autocommit engines (a traversal never holds a
+``KeysetHook.get_conn`` and ``make_engine`` give autocommit engines (a traversal never holds a
 snapshot open). A helper given such an engine still runs its call in one transaction with a
 savepoint per statement; a ``Connection`` in AUTOCOMMIT is refused, as it has no transaction.
 """

@@ -89,7 +89,7 @@ def _texts(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_a_failing_write_back_logs_and_reports_no_row_data(url, plain_engine, caplog):
     caplog.set_level(logging.DEBUG)
     caplog.set_level(logging.DEBUG, logger="sqlalchemy.engine")  # log every statement
-    engine = make_engine(url)  # the engine the project makes (KeysetHook.get_engine)
+    engine = make_engine(url)  # the engine the project makes (KeysetHook.get_conn)
     try:
         rows = _bad_batch()
         reasons = []

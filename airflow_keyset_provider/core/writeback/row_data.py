@@ -6,7 +6,7 @@ at INFO or lower, logs them with every statement, unless the engine has
 ``hide_parameters=True``. So:
 
 - the engines the project creates (``core.sql.source.make_engine``, hence
-  ``KeysetHook.get_engine``) are made with ``hide_parameters=True``;
+  ``KeysetHook.get_conn``) are made with ``hide_parameters=True``;
 - every SQLAlchemy error that leaves a write-back helper has its parameters hidden, whatever
   the engine (``[SQL parameters hidden due to hide_parameters=True]``);
 - the reason stored per failed key is the database's primary message only (PostgreSQL's

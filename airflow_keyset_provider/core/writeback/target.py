@@ -25,7 +25,7 @@ Guard = Mapping[str, Any] | ColumnElement[bool] | None
 @contextmanager
 def connection(bind: Bind) -> Iterator[Connection]:
     """The caller's ``Connection`` as is, or a transaction of its own on an ``Engine`` (committed
-    when the block ends without error), also on an AUTOCOMMIT engine (``KeysetHook.get_engine``,
+    when the block ends without error), also on an AUTOCOMMIT engine (``KeysetHook.get_conn``,
     ``make_engine``): the call's connection is switched to the database's default isolation
     level, and back when it returns to the pool. A ``Connection`` in AUTOCOMMIT is refused: it
     has no transaction for the savepoints, nor for the caller to roll back. A database error in
