@@ -1,0 +1,207 @@
+"""PostgreSQL (psycopg2 and psycopg 3): each column of a batch travels as one bound array.
+
+``unnest`` of the arrays is a derived table with one row per batch row, so a statement has the
+same text whatever the batch size and SQLAlchemy compiles it once. Columns that cannot travel
+as an array (array-typed, or of a type SQLAlchemy does not know) fall back to a multi-row
+``VALUES`` (updates) or "insertmanyvalues" (upserts). Every statement runs in a SAVEPOINT, as
+an error aborts the whole transaction on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
+
+from ..batching import guard_params
+from .base import Backend, Builder, KeyIn, Plan, returning
+from .on_conflict import insert_many, on_conflict
+
+if TYPE_CHECKING:
+    from ..target import Guard, Key, Target
+
+# PostgreSQL's wire protocol counts bind parameters in an int16 (psycopg 3 binds server-side;
+# psycopg2 interpolates client-side and has no limit, the same cap keeps statements sane).
+_POSTGRES_MAX_PARAMS = 65_535
+
+
+class PostgresBackend(Backend):
+    name = "postgresql"
+
+    def max_params(self, conn: Connection) -> int:
+        return _POSTGRES_MAX_PARAMS
+
+    def key_in(self, target: Target) -> KeyIn:
+        return KeyIn(target) if target.composite else _ArrayKeyIn(target)
+
+    def update_rows(
+        self,
+        target: Target,
+        value_cols: list[str],
+        guard: ColumnElement[bool] | None,
+        expected: Guard,
+    ) -> Plan:
+        fixed = guard_params(expected)
+        if _arrays_fit(target.table, [*target.key_names, *value_cols]):
+            return Plan(returning(target, _update_from_arrays(target, value_cols, guard)), 0, fixed)
+        build = _update_from_values(target, value_cols, guard)
+        return Plan(returning(target, build), len(target.key_cols) + len(value_cols), fixed)
+
+    def upsert(
+        self,
+        target: Target,
+        columns: list[str],
+        conflict_cols: Sequence[str],
+        update_cols: list[str],
+        batch_size: int,
+    ) -> Plan:
+        table = target.table
+        if _arrays_fit(table, columns) and not _python_defaults_needed(table, columns):
+            build = _insert_from_arrays(target, columns, conflict_cols, update_cols)
+            return Plan(returning(target, build), 0)
+        build = insert_many(
+            postgresql.insert, target, conflict_cols, update_cols, batch_size, json_text=True
+        )
+        return Plan(returning(target, build), len(columns))
+
+    def lock_for_claim(self, stmt: sa.Select) -> sa.Select:
+        return stmt.with_for_update(skip_locked=True)
+
+
+class _ArrayKeyIn(KeyIn):
+    """``key = ANY(:array)`` for a one-column key: one parameter, one plan for every batch
+    size."""
+
+    def __init__(self, target: Target) -> None:
+        super().__init__(target)
+        self.params_per_key = 0
+        self._array_type = postgresql.ARRAY(_unbounded(target.key_cols[0].type))
+
+    def __call__(self, batch: list[Key]) -> ColumnElement[bool]:
+        param = sa.bindparam("keys", list(batch), type_=self._array_type, unique=True)
+        return self.target.key_cols[0] == sa.any_(_cast(param, self._array_type))
+
+
+def _unbounded(type_: sa.types.TypeEngine) -> sa.types.TypeEngine:
+    """The type without length/precision, for CASTs: ``CAST(x AS VARCHAR(3))`` would silently
+    truncate a value that the column must reject, and a truncated key could match another row."""
+    if isinstance(type_, sa.Enum):
+        return type_
+    if isinstance(type_, sa.String):
+        return sa.Text()
+    if isinstance(type_, sa.Numeric) and not isinstance(type_, sa.Float):
+        return sa.Numeric(asdecimal=True) if type_.asdecimal else sa.Numeric(asdecimal=False)
+    if isinstance(type_, sa.DateTime):
+        return sa.DateTime(timezone=type_.timezone)
+    if isinstance(type_, sa.Time):
+        return sa.Time(timezone=type_.timezone)
+    return type_
+
+
+def _cast(expr: Any, type_: sa.types.TypeEngine) -> Any:
+    if isinstance(type_, sa.types.NullType):  # unknown to SQLAlchemy: let the database decide
+        return expr
+    return sa.cast(expr, type_)
+
+
+def _arrays_fit(table: sa.Table, names: Iterable[str]) -> bool:
+    """Can these columns travel as one PostgreSQL array each? Not if a column is itself an array
+    (``unnest`` would flatten it) or of a type SQLAlchemy does not know (no array type to cast)."""
+    return not any(isinstance(table.c[n].type, sa.ARRAY | sa.types.NullType) for n in names)
+
+
+def _python_defaults_needed(table: sa.Table, columns: Iterable[str]) -> bool:
+    """Does a column the rows leave out get a per-row Python default (``default=uuid4``)? An
+    ``INSERT ... SELECT`` would call it once for the whole batch."""
+    given = set(columns)
+    return any(
+        col.default is not None and getattr(col.default, "is_callable", False)
+        for name, col in table.c.items()
+        if name not in given
+    )
+
+
+def _rows_as_arrays(
+    table: sa.Table, names: list[str]
+) -> tuple[Any, Callable[[list[Mapping[str, Any]]], dict[str, list]]]:
+    """``unnest(CAST(:a AS T1[]), CAST(:b AS T2[])) AS keyset_rows(a, b)``, a derived table with
+    one row per batch row and one bound array per column: SQLAlchemy compiles the statement once
+    whatever the batch size (measured, 10k rows: update_rows 75-90k rows/s on psycopg2,
+    100-130k on psycopg 3; a multi-row VALUES was 15k, nearly all compile time)."""
+    alias = "keyset_rows" if table.name != "keyset_rows" else "keyset_rows_v"
+    args, cols, params = [], [], []
+    for i, name in enumerate(names):
+        element = _unbounded(table.c[name].type)
+        array = postgresql.ARRAY(element)
+        param = f"keyset_col_{i}"
+        params.append((param, name))
+        args.append(sa.cast(sa.bindparam(param, type_=array), array))
+        cols.append(sa.column(name, element))
+    derived = sa.func.unnest(*args).table_valued(*cols).render_derived(name=alias)
+
+    def bind(batch: list[Mapping[str, Any]]) -> dict[str, list]:
+        return {param: [row[name] for row in batch] for param, name in params}
+
+    return derived, bind
+
+
+def _update_from_arrays(
+    target: Target, value_cols: list[str], guard: ColumnElement[bool] | None
+) -> Builder:
+    """``UPDATE t SET c = v.c FROM unnest(...) AS v(k, c) WHERE t.k = v.k``."""
+    table = target.table
+    v, bind = _rows_as_arrays(table, [*target.key_names, *value_cols])
+    stmt = (
+        sa.update(table)
+        .values({table.c[n]: v.c[n] for n in value_cols})
+        .where(*(table.c[n] == v.c[n] for n in target.key_names))
+        .returning(*target.key_cols)
+    )
+    if guard is not None:
+        stmt = stmt.where(guard)
+    return lambda batch: (stmt, bind(batch))
+
+
+def _update_from_values(
+    target: Target, value_cols: list[str], guard: ColumnElement[bool] | None
+) -> Builder:
+    """For array-typed columns: ``UPDATE t SET c = v.c FROM (VALUES ...) AS v(k, c)``. Correct
+    for every type, but compiled anew for each batch (slow)."""
+    table = target.table
+    names = [*target.key_names, *value_cols]
+    types = {n: _unbounded(table.c[n].type) for n in names}
+    alias = "keyset_rows" if table.name != "keyset_rows" else "keyset_rows_v"
+
+    def build(batch: list[Mapping[str, Any]]) -> tuple[sa.Update, None]:
+        v = sa.values(*(sa.column(n, types[n]) for n in names), name=alias).data(
+            [tuple(row[n] for n in names) for row in batch]
+        )
+        # psycopg2 sends untyped literals: the VALUES columns may come out as text, so cast
+        # them to the target's type (without length, see _unbounded) before comparing/assigning.
+        stmt = (
+            sa.update(table)
+            .values({table.c[n]: _cast(v.c[n], types[n]) for n in value_cols})
+            .where(*(table.c[n] == _cast(v.c[n], types[n]) for n in target.key_names))
+            .returning(*target.key_cols)
+        )
+        return (stmt.where(guard) if guard is not None else stmt), None
+
+    return build
+
+
+def _insert_from_arrays(
+    target: Target, columns: list[str], conflict_cols: Sequence[str], update_cols: list[str]
+) -> Builder:
+    """``INSERT INTO t (cols) SELECT * FROM unnest(...) ON CONFLICT ...``."""
+    table = target.table
+    v, bind = _rows_as_arrays(table, columns)
+    stmt = postgresql.insert(table).from_select(columns, sa.select(*(v.c[n] for n in columns)))
+    stmt = on_conflict(stmt, table, True, conflict_cols, update_cols).returning(*target.key_cols)
+    return lambda batch: (stmt, bind(batch))
+
+
+BACKEND = PostgresBackend()
