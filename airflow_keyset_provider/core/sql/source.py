@@ -31,7 +31,7 @@ from sqlalchemy.engine import Engine
 
 from ..errors import ConfigurationError
 from ..keys import MIN_KEY, decode_key, encode_key
-from ..writeback.row_data import hide_parameters
+from ..row_data import hide_parameters
 from . import catalog, commit_order, key_checks, sampling
 from .fetch import FetchedRows as FetchedRows  # re-exported: the fetcher moved to .fetch
 from .fetch import compile_fetcher, driver_call
@@ -50,7 +50,7 @@ def make_engine(url: str | Engine) -> Engine:
     if isinstance(url, Engine):
         return url.execution_options(isolation_level="AUTOCOMMIT")
     try:
-        return sa.create_engine(  # hide_parameters: no row data in logs (writeback.row_data)
+        return sa.create_engine(  # hide_parameters: no row data in logs (row_data)
             url, isolation_level="AUTOCOMMIT", pool_pre_ping=True, hide_parameters=hide_parameters()
         )
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:

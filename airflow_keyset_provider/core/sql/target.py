@@ -11,20 +11,12 @@ data) unless ``AIRFLOW_KEYSET_LOG_ROW_DATA=1``.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import sqlalchemy as sa
 
 from ..errors import ConfigurationError
-
-#: Set to 1 (true, yes, on) to let SQLAlchemy print bound parameters, for debugging only.
-LOG_ROW_DATA_ENV = "AIRFLOW_KEYSET_LOG_ROW_DATA"
-
-
-def log_row_data() -> bool:
-    """Has the operator asked for row data in logs (``AIRFLOW_KEYSET_LOG_ROW_DATA=1``)?"""
-    return os.environ.get(LOG_ROW_DATA_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+from ..row_data import hide_parameters
 
 
 def make_target_engine(url: Any) -> sa.Engine:
@@ -34,9 +26,9 @@ def make_target_engine(url: Any) -> sa.Engine:
     if isinstance(url, sa.Engine):
         return url
     try:
-        return sa.create_engine(url, pool_pre_ping=True, hide_parameters=not log_row_data())
+        return sa.create_engine(url, pool_pre_ping=True, hide_parameters=hide_parameters())
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise ConfigurationError(f"target URL is not usable: {exc}") from exc
 
 
-__all__ = ["LOG_ROW_DATA_ENV", "log_row_data", "make_target_engine"]
+__all__ = ["make_target_engine"]

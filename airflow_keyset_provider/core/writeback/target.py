@@ -12,10 +12,10 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from airflow_keyset_provider.core.errors import ConfigurationError, KeyValidationError
 
+from ..row_data import redact
 from .backends import Backend, backend_for, fault_in, load
 from .failures import Fault, dependency_error
 from .reflection import TableRef, reflect
-from .row_data import redact
 
 Key = Any  # a scalar for a one-column key, a tuple for a composite key
 Bind = Connection | Engine
