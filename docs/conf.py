@@ -19,6 +19,9 @@ from typing import Any
 DOCS = Path(__file__).resolve().parent
 REPO = DOCS.parent
 sys.path.insert(0, str(REPO))
+# autodoc imports the operators, hence Airflow, which writes a config into its home on import:
+# keep that out of the user's ~/airflow unless a home is set.
+os.environ.setdefault("AIRFLOW_HOME", str(DOCS / "_build" / "airflow-home"))
 
 from airflow_keyset_provider import __version__  # noqa: E402
 
