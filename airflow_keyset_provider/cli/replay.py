@@ -21,6 +21,7 @@ import sqlalchemy as sa
 
 from ..core.rounds.control import StreamControl
 from ..core.store.cursor_store import CursorStore
+from ..extras import PROVIDER_HOOKS, provider_hook
 from . import render
 from .commands import connect_redis
 from .exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, CliError
@@ -181,8 +182,13 @@ def _source_engine(args: argparse.Namespace) -> Any:
         except ImportError as exc:  # pragma: no cover - Airflow is a dependency
             raise CliError(f"--source-conn-id needs Apache Airflow: {exc}") from exc
         try:
-            hook = BaseHook.get_connection(args.source_conn_id).get_hook()
-            return hook.get_sqlalchemy_engine()
+            conn = BaseHook.get_connection(args.source_conn_id)
+        except Exception as exc:
+            raise CliError(f"Airflow connection {args.source_conn_id!r}: {exc}") from exc
+        if conn.conn_type in PROVIDER_HOOKS:
+            provider_hook(conn.conn_type)  # MissingExtraError names the extra to install
+        try:
+            return conn.get_hook().get_sqlalchemy_engine()
         except Exception as exc:
             raise CliError(
                 f"Airflow connection {args.source_conn_id!r} is not usable as a SQL source: {exc}"
