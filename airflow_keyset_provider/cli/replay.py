@@ -68,10 +68,12 @@ def _split(raw: str) -> list[str]:
 
 
 def _stored_source(args: argparse.Namespace, client: Any) -> Any:
-    """The round's stored ``source`` (parsed JSON), read through the status model."""
+    """The round's stored ``source`` (parsed JSON; None when the round has none). Raises the
+    engine's ``RoundNotFoundError`` / ``RoundStateLostError`` for an unknown or lost round."""
     ctl = StreamControl(CursorStore(client, args.stream, prefix=args.key_prefix))
     ctl.require_stream()
-    return ctl.round_status(args.round).source
+    raw = ctl.store.round_info(args.round).get("source")
+    return _parsed(raw) if raw else None
 
 
 def _all_columns(engine: sa.Engine, table: str) -> list[str]:

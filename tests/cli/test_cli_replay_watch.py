@@ -24,7 +24,7 @@ from typing import IO
 import pytest
 from cli_support import POISON, LiveRound, make_events, poison_processor
 
-from airflow_keyset_provider.cli import EXIT_OK, EXIT_USAGE
+from airflow_keyset_provider.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
 from airflow_keyset_provider.core import KeysetTraversal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,7 +97,12 @@ def test_replay_reads_table_key_and_where_from_the_round(
     assert sum(r["done"] + r["skipped"] for r in ranges) == TOP
 
 
-def test_replay_with_an_unrecorded_source_asks_for_the_flags(pg_round: LiveRound) -> None:
+def test_replay_of_an_unknown_round_or_unrecorded_source(pg_round: LiveRound) -> None:
+    code, _, err = pg_round.cli(
+        "replay-dead-letters", "events-nightly", "r9", "--source-url", pg_round.source_url,
+        "--processor", "json:dumps",
+    )  # fmt: skip
+    assert code == EXIT_NOT_FOUND and "no round 'r9'" in err, err
     store = pg_round.traversal.store
     store.client.hset(store.round_key("r1"), "source", "")
     code, _, err = pg_round.cli(
