@@ -23,7 +23,6 @@ import tomllib
 from functools import cache
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -189,7 +188,6 @@ PROBE = textwrap.dedent(
 )
 
 
-@pytest.mark.airflow
 def test_a_missing_provider_names_the_extra(tmp_path: Path) -> None:
     env = {
         **os.environ,
