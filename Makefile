@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-10m clean
+.PHONY: demo test lint docs dist bench bench-10m clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,6 +27,22 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The HTML docs and the API reference (Sphinx + myst-parser; docs/conf.py); any warning fails.
+docs: $(STAMP)
+	rm -rf docs/_build
+	$(BIN)/python -m sphinx -b html -W --keep-going -q docs docs/_build/html
+
+# The sdist and the wheel, checked as PyPI would (twine), with the files a release must carry.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	rm -rf airflow_keyset_provider.egg-info
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python -m zipfile -l dist/*.whl > dist/wheel-contents.txt
+	for f in airflow_keyset_provider/py.typed airflow_keyset_provider/plugins/static/keyset.html licenses/LICENSE; do \
+	  grep -q "$$f" dist/wheel-contents.txt || { echo "the wheel lacks $$f"; exit 1; }; done
+	rm dist/wheel-contents.txt
+
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
@@ -34,4 +50,4 @@ bench-10m: $(STAMP)
 	$(BIN)/python -m benchmarks --rows 10000000 $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist docs/_build

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+# The one version source: pyproject.toml reads it (`[tool.setuptools.dynamic]`), and so do
+# get_provider_info and the CLI's --version.
 __version__ = "0.1.0"
 
 _EXPORTS = {

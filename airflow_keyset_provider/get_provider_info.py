@@ -4,9 +4,9 @@ Besides the modules, it declares the ``[keyset]`` configuration section (every o
 reads with ``conf``; Airflow then knows their defaults: ``airflow config get-value keyset ...``,
 ``airflow config list``) and the UI plugin. It is data, a module constant of which
 ``get_provider_info`` returns a copy. Kept free of imports beyond the standard library: Airflow
-calls it while discovering providers. ``tests/airflow/test_provider_info.py`` checks it against
-Airflow's schema, against the defaults the code falls back to, and through the real ``airflow``
-CLI.
+calls it while discovering providers (the package's ``__init__``, which holds the version, imports
+nothing else either). ``tests/airflow/test_provider_info.py`` checks it against Airflow's schema,
+against the defaults the code falls back to, and through the real ``airflow`` CLI.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-VERSION = "0.1.0"
+from . import __version__ as VERSION  # the one version source (the package's ``__init__``)
+
+# The release that introduced the ``[keyset]`` options: a fact of history, not the current version.
+CONFIG_ADDED_IN = "0.1.0"
 
 _PROVIDER_INFO: dict[str, Any] = {
     "package-name": "airflow-keyset-provider",
@@ -83,7 +86,7 @@ _PROVIDER_INFO: dict[str, Any] = {
                         "Airflow connection id of the Redis that holds the keyset cursors "
                         "(the operators' redis_conn_id)."
                     ),
-                    "version_added": VERSION,
+                    "version_added": CONFIG_ADDED_IN,
                     "type": "string",
                     "example": "keyset_redis",
                     "default": "redis_default",
@@ -93,7 +96,7 @@ _PROVIDER_INFO: dict[str, Any] = {
                         "Redis key prefix of the cursor store (the operators' key_prefix); "
                         "the page shows every stream under it."
                     ),
-                    "version_added": VERSION,
+                    "version_added": CONFIG_ADDED_IN,
                     "type": "string",
                     "example": "nightly",
                     "default": "ks",

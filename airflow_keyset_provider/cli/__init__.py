@@ -1,7 +1,8 @@
 """``airflow-keyset``: watch and operate keyset traversals from a terminal or a script.
 
 Reads the control state in Redis only (no database, no Airflow) for ``status``, ``ranges``,
-``dead-letters`` and ``reset-round``; ``replay-dead-letters`` also needs the source table.
+``dead-letters`` and ``reset-round``; ``replay-dead-letters`` also reads the source table (which
+table, key and filter: from the round's record in Redis).
 Airflow is imported only when a ``--*-conn-id`` option asks for an Airflow connection.
 
 Guarantees:
@@ -20,8 +21,9 @@ count, so the round's fraction is the mean of its ranges'. Rates and ETAs come f
 ``--sample`` seconds apart (or from successive ``--watch`` refreshes); without them only the
 round's average rate since it was planned is shown (the maths live in ``core/rounds/status.py``).
 
-The package: ``commands.py`` (what each command reads and does), ``render.py`` (rich tables of
-the status records), ``exits.py`` (exit codes); this module holds the parser and ``main``.
+The package: ``commands.py`` (what each command reads and does), ``replay.py``
+(``replay-dead-letters``), ``render.py`` (rich tables of the status records), ``exits.py`` (exit
+codes); this module holds the parser and ``main``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ from .commands import (
     cmd_dead_letters,
     cmd_pause,
     cmd_ranges,
-    cmd_replay,
     cmd_reset_round,
     cmd_resume,
     cmd_status,
@@ -66,6 +67,7 @@ from .exits import (
     EXIT_USAGE,
     CliError,
 )
+from .replay import cmd_replay
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_KEY_PREFIX = "ks"
@@ -255,13 +257,21 @@ def _replay_command(add: Adder) -> None:
     p.add_argument(
         "--source-conn-id", default=None, help="Airflow connection of the source (imports Airflow)"
     )
-    p.add_argument(
-        "--table", required=True, help="table the round was planned over ('schema.table' allowed)"
+    g = p.add_argument_group(
+        "source overrides",
+        "the round keeps the table, key and where it was planned over; these flags override them",
     )
-    p.add_argument("--key", required=True, help="key column(s), comma-separated, as planned")
-    p.add_argument("--where", default=None, help="the same where filter the round was planned with")
-    p.add_argument(
-        "--columns", default=None, help="extra columns the processor needs, comma-separated"
+    g.add_argument(
+        "--table", default=None, help="table ('schema.table' allowed; default: the round's)"
+    )
+    g.add_argument(
+        "--key", default=None, help="key column(s), comma-separated (default: the round's)"
+    )
+    g.add_argument("--where", default=None, help="where filter (default: the round's)")
+    g.add_argument(
+        "--columns",
+        default=None,
+        help="columns the processor needs, comma-separated (default: every column of the table)",
     )
     p.add_argument("--processor", required=True, metavar="pkg.mod:fn", help="the processor to run")
     p.add_argument(

@@ -2,7 +2,7 @@
 
 Each ``cmd_*`` takes the parsed arguments and the output stream and returns an exit code
 (``exits.py``). They read through ``StreamControl`` (records of ``core/rounds/status.py``) and write only
-through ``StreamControl.reset_round`` and ``KeysetTraversal.replay_dead_letters``.
+through ``StreamControl.reset_round`` (``replay-dead-letters`` lives in ``replay.py``).
 """
 
 from __future__ import annotations
@@ -135,27 +135,40 @@ def _readings(ctl: StreamControl, args: argparse.Namespace) -> Iterator[StreamSt
 
 
 def _watch(ctl: StreamControl, args: argparse.Namespace, out: TextIO) -> int:
-    """``--watch``: a live view in a terminal, one JSON document per line with ``--json``."""
-    if args.json:
-        try:
+    """``--watch``: a live view in a terminal; elsewhere (a pipe, a file, a log) plain text, one
+    block per reading, flushed as it is written; one JSON document per line with ``--json``."""
+    try:
+        if args.json:
             for snap in _readings(ctl, args):
                 out.write(json.dumps(snap.as_dict(), default=str) + "\n")
                 out.flush()
-        except KeyboardInterrupt:
-            pass
-        return EXIT_OK
+        elif not out.isatty():
+            _watch_plain(ctl, args, out)
+        else:
+            _watch_live(ctl, args, out)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def _watch_plain(ctl: StreamControl, args: argparse.Namespace, out: TextIO) -> None:
+    """No cursor movement, no colour: each reading is a block that starts with its time and ends
+    with a blank line, so ``tail -f``, ``grep`` and log collectors read it as it comes."""
+    con = render.console(out)  # not a terminal: no ANSI sequences
+    for snap in _readings(ctl, args):
+        con.print(f"--- {iso_ms(int(time.time() * 1000))}")
+        con.print(render.watch_view(snap, args.watch))
+        con.line()
+        out.flush()
+
+
+def _watch_live(ctl: StreamControl, args: argparse.Namespace, out: TextIO) -> None:
     from rich.live import Live
 
     con = render.console(out)
-    try:
-        with Live(console=con, auto_refresh=False, transient=False) as live:
-            for snap in _readings(ctl, args):
-                live.update(render.watch_view(snap, args.watch), refresh=True)
-    except KeyboardInterrupt:
-        pass
-    if not con.is_terminal:
-        con.line()
-    return EXIT_OK
+    with Live(console=con, auto_refresh=False, transient=False) as live:
+        for snap in _readings(ctl, args):
+            live.update(render.watch_view(snap, args.watch), refresh=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -273,85 +286,6 @@ def cmd_reset_round(args: argparse.Namespace, out: TextIO) -> int:
                 "(a chained plan starts at the watermark)."
             )
     return EXIT_OK
-
-
-# --------------------------------------------------------------------------------------------
-# replay-dead-letters
-# --------------------------------------------------------------------------------------------
-
-
-def cmd_replay(args: argparse.Namespace, out: TextIO) -> int:
-    from ..core.traversal import KeysetTraversal, load_processor
-
-    processor = load_processor(args.processor)
-    client = connect_redis(args)
-    source = _source_engine(args)
-    keys = [k.strip() for k in args.key.split(",") if k.strip()]
-    t = KeysetTraversal(
-        source,
-        args.table,
-        keys if len(keys) > 1 else keys[0],
-        stream=args.stream,
-        where=args.where,
-        columns=args.columns.split(",") if args.columns else None,
-        redis_client=client,
-        key_prefix=args.key_prefix,
-    )
-    t.control.require_stream()
-    try:
-        results = t.replay_dead_letters(
-            args.round,
-            processor=processor,
-            range_id=args.range,
-            chunk_size=args.chunk_size,
-            max_item_attempts=args.max_item_attempts,
-            item_retry_delay=args.item_retry_delay,
-            owner_lineage=f"airflow-keyset/replay/{args.stream}/{args.round}",
-        )
-    finally:
-        t.close()
-    rows = [r.as_dict() for r in results]
-    still_dead = sum(r["dead"] for r in rows)
-    if args.json:
-        render.emit_json(
-            out,
-            {
-                "stream": args.stream,
-                "round_id": args.round,
-                "range_id": args.range,
-                "ranges": rows,
-                "still_dead": still_dead,
-            },
-        )
-    else:
-        con = render.console(out)
-        scope = f"range {args.range}" if args.range is not None else "every range"
-        if not rows:
-            con.print(f"round {args.round} ({scope}): no dead letters to replay")
-        for r in rows:
-            con.print(
-                f"round {args.round} range {r['range_id']}: replayed; now done {r['done']:,}, "
-                f"skipped {r['skipped']:,}, dead {r['dead']:,}; complete {r['complete']}"
-            )
-    return EXIT_INCOMPLETE if still_dead else EXIT_OK
-
-
-def _source_engine(args: argparse.Namespace) -> Any:
-    if args.source_conn_id:
-        try:
-            from airflow.sdk import BaseHook
-        except ImportError as exc:  # pragma: no cover - Airflow is a dependency
-            raise CliError(f"--source-conn-id needs Apache Airflow: {exc}") from exc
-        try:
-            hook = BaseHook.get_connection(args.source_conn_id).get_hook()
-            return hook.get_sqlalchemy_engine()
-        except Exception as exc:
-            raise CliError(
-                f"Airflow connection {args.source_conn_id!r} is not usable as a SQL source: {exc}"
-            ) from exc
-    if not args.source_url:
-        raise CliError("give --source-url (a SQLAlchemy URL) or --source-conn-id", EXIT_USAGE)
-    return args.source_url
 
 
 # --------------------------------------------------------------------------------------------

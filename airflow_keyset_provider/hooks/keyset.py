@@ -27,6 +27,7 @@ from airflow_keyset_provider.core.rounds.mirror import CheckpointMirror
 from airflow_keyset_provider.core.sql.source import make_engine
 from airflow_keyset_provider.core.sql.target import make_target_engine
 from airflow_keyset_provider.core.store.cursor_store import CursorStore
+from airflow_keyset_provider.extras import provider_hook
 
 SOURCE_CONN_TYPES = ("postgres", "sqlite")
 STORE_CONN_TYPES = ("redis",)
@@ -67,12 +68,8 @@ def _sql_url(conn_id: str, role: str) -> sa.URL | str:
     """SQLAlchemy URL of a postgres or sqlite connection, through the official provider hooks."""
     kind = _conn_type(conn_id, role, SOURCE_CONN_TYPES)
     if kind == "postgres":
-        from airflow.providers.postgres.hooks.postgres import PostgresHook
-
-        return PostgresHook(postgres_conn_id=conn_id).sqlalchemy_url
-    from airflow.providers.sqlite.hooks.sqlite import SqliteHook
-
-    return SqliteHook(sqlite_conn_id=conn_id).get_uri()
+        return provider_hook("postgres")(postgres_conn_id=conn_id).sqlalchemy_url
+    return provider_hook("sqlite")(sqlite_conn_id=conn_id).get_uri()
 
 
 class KeysetHook(BaseHook):
