@@ -65,3 +65,45 @@ def test_the_decorator_example_cancels_stale_orders_with_a_reason(
             assert got[i] == ("PAID", None)
         else:
             assert got[i][0] == "CANCELLED" and got[i][1].startswith("unpaid since 2026-03-01 ")
+
+
+REFUSE_TRIGGER = """
+CREATE FUNCTION refuse_frozen() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.id IN (101, 1202, 1203, 2499) THEN
+        RAISE EXCEPTION USING MESSAGE = 'order ' || NEW.id || ' is frozen by compliance';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER orders_refuse_frozen BEFORE UPDATE ON orders
+    FOR EACH ROW EXECUTE FUNCTION refuse_frozen();
+"""
+
+
+def test_the_flagship_scenario_dead_letters_the_rows_a_trigger_refuses(
+    airflow_env, pg_url, pg_engine, monkeypatch
+):
+    """The documented production scenario end to end: a guarded write-back under
+    ``where="status = 'PENDING'"``, a trigger that RAISEs for four rows, the driver Airflow's
+    PostgreSQL hook hands out (psycopg 3). The four keys are retried, then dead-lettered with
+    the trigger's message; every other PENDING order is cancelled; the round closes."""
+    monkeypatch.setenv("AIRFLOW_CONN_ORDERS_DB", postgres_conn(pg_url, airflow_env["schema"]))
+    status = make_orders(pg_engine, 2500)
+    with pg_engine.begin() as c:
+        c.exec_driver_sql(REFUSE_TRIGGER)
+    from airflow.providers.postgres.hooks.postgres import PostgresHook
+
+    assert PostgresHook(postgres_conn_id="orders_db").sqlalchemy_url.drivername == (
+        "postgresql+psycopg"
+    )
+    import cancel_stale_orders as module
+
+    dr = module.dag.test()
+    assert dr.state == "success", states(dr)
+    frozen = {101, 1202, 1203, 2499}
+    pending = [i for i, s in status.items() if s == "PENDING"]
+    totals = xcom(dr, "cancel_stale.barrier")
+    assert (totals["done"], totals["skipped"], totals["dead"]) == (len(pending) - 4, 0, 4)
+    with pg_engine.connect() as c:
+        still = {i for (i,) in c.execute(sa.text("SELECT id FROM orders WHERE status = 'PENDING'"))}
+    assert still == frozen
