@@ -12,7 +12,6 @@ import time
 import uuid
 from collections import Counter
 
-import _services
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
@@ -420,36 +419,20 @@ def test_icu_database_with_c_datcollate_is_refused(pg_url, redis_url, key_prefix
 # ---------------------------------------------------------------- other dialects
 
 
-def test_mysql_dialect_is_refused_at_plan(redis_url, key_prefix, redis_client):
-    """Scenario: a MariaDB table with a primary key planned as a source. None of the checks
-    (uniqueness without predicate, collation, in-flight transactions) exist for it, so a plan
-    would promise what nothing proves. Before the fix it planned; now it is refused naming the
-    supported dialects, and nothing is written."""
-    pytest.importorskip("pymysql", reason="pymysql is in the test extra")
-    url = "mysql+pymysql://root@127.0.0.1:3306/test"
-    table = f"kt_{uuid.uuid4().hex[:8]}"
-    eng = sa.create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 3})
-    try:
-        eng.connect().close()
-    except sa.exc.OperationalError as exc:
-        _services.skip_or_fail(f"MariaDB/MySQL is not reachable at 127.0.0.1:3306 ({exc.orig})")
+def test_mariadb_table_with_primary_key_plans_and_traverses(mariadb_db_url, redis_url, key_prefix):
+    """Scenario: a MariaDB table with a primary key planned as a source. Before issue #19 it was
+    refused ("unsupported dialect 'mysql'"); now the MySQL dialect proves the key (see
+    tests/core/test_mysql_source.py for its refusals) and the round delivers every row once."""
+    eng = sa.create_engine(mariadb_db_url, poolclass=NullPool)
     with eng.begin() as c:
-        c.exec_driver_sql(f"CREATE TABLE {table} (seq bigint PRIMARY KEY)")
-        c.exec_driver_sql(f"INSERT INTO {table} VALUES (1), (2)")
-    try:
-        t = traversal(url, redis_url, key_prefix, table=table)
-        with pytest.raises(
-            ConfigurationError, match=r"unsupported dialect 'mysql'.*supported: postgresql, sqlite"
-        ):
-            t.plan()
-        t.close()
-        assert [
-            k for k in redis_client.scan_iter(f"{key_prefix}:*") if not k.endswith(b":seq")
-        ] == []
-    finally:
-        with eng.begin() as c:
-            c.exec_driver_sql(f"DROP TABLE {table}")
-        eng.dispose()
+        c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, p int NOT NULL)")
+        c.exec_driver_sql("INSERT INTO events VALUES (1, 1), (2, 2), (3, 3)")
+    eng.dispose()
+    t = traversal(mariadb_db_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=2)
+    assert run_all(t, rnd) == {1: 1, 2: 1, 3: 1}
+    assert t.close_round(rnd.round_id).done == 3
+    t.close()
 
 
 # ---------------------------------------------------------------- 11. caller engines

@@ -34,10 +34,18 @@ class IndexInfo:
     unique: bool
     partial: bool
     valid: bool = True
+    prefix: bool = False  # MySQL: a key part indexes a prefix of the column (SUB_PART)
+    ordered: bool = True  # False for a HASH index: unique, but no order to page by
 
     @property
     def proves_unique(self) -> bool:
-        return self.unique and self.valid and not self.partial and None not in self.columns
+        return (
+            self.unique
+            and self.valid
+            and not self.partial
+            and not self.prefix
+            and None not in self.columns
+        )
 
     @property
     def defect(self) -> str:
@@ -50,6 +58,8 @@ class IndexInfo:
             return (
                 "is partial (has a WHERE predicate), so it says nothing about the rows outside it"
             )
+        if self.prefix:
+            return "indexes a prefix of a column (SUB_PART), not the whole value"
         return "indexes an expression, not the column itself"
 
 
