@@ -8,6 +8,7 @@ import datetime as dt
 from collections import Counter
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
@@ -89,12 +90,19 @@ def _traversal(url: str, redis_url: str, key_prefix: str, key: Any) -> KeysetTra
     )
 
 
+@pytest.mark.parametrize("driver", ["pymysql", "mysqldb"])
 def test_plan_traverse_close_round_with_single_and_composite_keys(
-    mariadb_db_url, redis_url, key_prefix
+    mariadb_db_url, redis_url, key_prefix, driver
 ):
+    """With either driver: PyMySQL (pure Python) and mysqlclient (``mysql+mysqldb://``, the
+    faster one, the ``mysql-native`` extra)."""
+    if driver == "mysqldb":
+        pytest.importorskip("MySQLdb", reason="mysqlclient is the mysql-native extra")
+    url = sa.engine.make_url(mariadb_db_url).set(drivername=f"mysql+{driver}")
+    url_s = url.render_as_string(hide_password=False)
     _events(mariadb_db_url, 3_000)
     for key, prefix in [("id", f"{key_prefix}:a"), (["created_at", "id"], f"{key_prefix}:b")]:
-        t = _traversal(mariadb_db_url, redis_url, prefix, key)
+        t = _traversal(url_s, redis_url, prefix, key)
         rnd = t.plan(max_ranges=4)
         assert len(rnd.ranges) == 4
         seen: Counter = Counter()
