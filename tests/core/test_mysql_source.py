@@ -120,6 +120,7 @@ def test_utf8mb4_bin_is_pad_space_on_this_server(mariadb_db_url):
         ("k double NOT NULL PRIMARY KEY", r"not exact or not unique enough"),
         ("k time NOT NULL PRIMARY KEY", r"no exact order-preserving encoding"),
         ("k year NOT NULL PRIMARY KEY", r"no exact order-preserving encoding"),
+        ("k bit(8) NOT NULL PRIMARY KEY", r"no exact order-preserving encoding"),
         (
             "k timestamp(6) NOT NULL PRIMARY KEY",
             r"TIMESTAMP, read in the session time zone 'SYSTEM'.*time_zone",
