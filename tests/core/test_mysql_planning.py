@@ -178,3 +178,58 @@ def test_a_skewed_table_is_planned_in_balanced_ranges_without_reading_it(
     assert sum(sizes) == 200_000 and len(sizes) == 8
     assert max(sizes) <= 1.5 * min(sizes), sizes
     t.close()
+
+
+def test_a_statement_behind_a_table_lock_fails_after_the_lock_timeout(mariadb_db_url, monkeypatch):
+    """A session holding ``LOCK TABLES ev WRITE`` (as an ``ALTER TABLE`` holds its metadata
+    lock): the source's read fails with 1205 after ``LOCK_TIMEOUT_S`` instead of waiting the
+    server's default of a day, and the error is classified as transient."""
+    _events(mariadb_db_url, 10)
+    monkeypatch.setattr(source_mod, "LOCK_TIMEOUT_S", 1.0)
+    src = SqlSource(mariadb_db_url, "ev", "id")
+    src.validate()
+    holder = sa.create_engine(mariadb_db_url, poolclass=NullPool).connect()
+    holder.exec_driver_sql("LOCK TABLES ev WRITE")
+    try:
+        # the hot path runs on the raw DBAPI cursor: the driver's own error
+        with pytest.raises(src.engine.dialect.loaded_dbapi.OperationalError) as info:
+            src.fetch("", encode_key((10,)), 5)
+        assert info.value.args[0] == 1205
+        assert src.db is not None and src.db.classify_row_error(info.value) == "retry"
+    finally:
+        holder.exec_driver_sql("UNLOCK TABLES")
+        holder.close()
+        src.close()
+
+
+def test_a_statement_longer_than_the_statement_timeout_is_interrupted(mariadb_db_url, monkeypatch):
+    monkeypatch.setattr(source_mod, "STATEMENT_TIMEOUT_S", 0.2)
+    src = SqlSource(mariadb_db_url, "ev", "id")
+    with src.engine.connect() as c, pytest.raises(sa.exc.DBAPIError) as info:
+        c.exec_driver_sql("SELECT SLEEP(30)").all()
+    assert info.value.orig.args[0] == 1969  # ER_STATEMENT_TIMEOUT
+    assert src.db is not None and src.db.classify_row_error(info.value) == "retry"
+    src.close()
+
+
+def test_row_errors_are_classified_by_error_number(mariadb_db_url):
+    """The write-back's question, per database: is a failed statement the row's fault?"""
+    _exec(
+        mariadb_db_url,
+        "CREATE TABLE s (id int PRIMARY KEY, v int NOT NULL, CONSTRAINT pos CHECK (v > 0))",
+        "INSERT INTO s VALUES (1, 1)",
+    )
+    src = SqlSource(mariadb_db_url, "s", "id")
+    assert src.db is not None
+    kinds = []
+    for stmt in [
+        "INSERT INTO s VALUES (1, 2)",  # 1062 duplicate key
+        "INSERT INTO s VALUES (2, -1)",  # 4025 CHECK constraint
+        "INSERT INTO s VALUES (3, NULL)",  # 1048 NULL into NOT NULL
+        "INSERT INTO s VALUES (4, 99999999999)",  # 1264 out of range (strict mode)
+    ]:
+        with src.engine.connect() as c, pytest.raises(sa.exc.DBAPIError) as info:
+            c.exec_driver_sql(stmt)
+        kinds.append((info.value.orig.args[0], src.db.classify_row_error(info.value)))
+    assert kinds == [(1062, "row"), (4025, "row"), (1048, "row"), (1264, "row")]
+    src.close()

@@ -618,3 +618,46 @@ def test_where_params_through_traversal(pg_engine, pg_schema_url, redis_url, key
         assert sorted(run_all(t, rnd)) == list(range(3, 31, 3))
     finally:
         t.close()
+
+
+def test_engines_the_source_creates_set_statement_and_lock_timeouts(pg_engine, pg_schema_url):
+    """Every connection of an engine created from a URL (the hot path's included) carries the
+    statement and lock timeouts; an Engine the caller passes in keeps its own settings."""
+    with pg_engine.begin() as c:
+        c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY)")
+        c.exec_driver_sql("INSERT INTO events VALUES (1), (2)")
+    src = SqlSource(pg_schema_url, "events", "seq")
+    src.validate()
+    src.fetch(MIN_KEY, encode_key((2,)), 10)
+    for conn in [src._conns[0], src.engine.connect()]:
+        got = [
+            conn.exec_driver_sql(f"SHOW {s}").scalar()
+            for s in ("statement_timeout", "lock_timeout")
+        ]
+        assert got == ["10min", "10s"]
+    src.close()
+    caller = SqlSource(pg_engine, "events", "seq")
+    with caller.engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "0"
+    caller.close()
+
+
+def test_postgresql_row_errors_are_classified_by_sqlstate(pg_engine, pg_schema_url):
+    """23xxx/22xxx: the row's fault; 55P03 (lock_timeout) and 57014 (statement_timeout): transient."""
+    with pg_engine.begin() as c:
+        c.exec_driver_sql("CREATE TABLE s (id int PRIMARY KEY, v int NOT NULL CHECK (v > 0))")
+        c.exec_driver_sql("INSERT INTO s VALUES (1, 1)")
+    src = SqlSource(pg_schema_url, "s", "id")
+    assert src.db is not None
+    kinds = []
+    for stmt in [
+        "INSERT INTO s VALUES (1, 2)",
+        "INSERT INTO s VALUES (2, -1)",
+        "INSERT INTO s VALUES (3, 99999999999)",
+        "SET statement_timeout = 50; SELECT pg_sleep(5)",
+    ]:
+        with src.engine.connect() as c, pytest.raises(sa.exc.DBAPIError) as info:
+            c.exec_driver_sql(stmt)
+        kinds.append((info.value.orig.pgcode, src.db.classify_row_error(info.value)))
+    assert kinds == [("23505", "row"), ("23514", "row"), ("22003", "row"), ("57014", "retry")]
+    src.close()

@@ -22,7 +22,8 @@
   column is an integer, date or datetime by bisecting that column's values on those estimates,
   with one index lookup per cut (``mysql_quantiles``); others by one exact ordered pass;
 - timeouts: ``max_statement_time`` (MariaDB) / ``max_execution_time`` (MySQL, SELECT only),
-  ``innodb_lock_wait_timeout``, and READ COMMITTED (reads run in autocommit: no long snapshot,
+  ``innodb_lock_wait_timeout`` (row locks), ``lock_wait_timeout`` (metadata locks: a plan never
+  waits a day behind an ``ALTER TABLE``), and READ COMMITTED (reads run in autocommit: no long snapshot,
   no gap locks);
 - row errors: by MySQL error number.
 """
@@ -252,6 +253,8 @@ class MysqlDialect(Dialect):
         out = [
             "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
             f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(lock_s))}",
+            # metadata locks (ALTER TABLE, LOCK TABLES ... WRITE): the server's default is a day
+            f"SET SESSION lock_wait_timeout = {max(1, math.ceil(lock_s))}",
         ]
         if self.is_mariadb:
             out.append(f"SET SESSION max_statement_time = {float(statement_s)}")
