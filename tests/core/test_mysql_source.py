@@ -180,3 +180,23 @@ def test_text_keys_in_code_point_order_are_delivered_once_in_order(
     assert seen == sorted(values)  # Python's str order is code point order
     assert t.close_round(rnd.round_id).done == len(values)
     t.close()
+
+
+def test_a_table_of_another_database_is_checked_there(mariadb_url, mariadb_db_url):
+    """``table="otherdb.t"`` on a connection to another database: the catalog reads (STATISTICS,
+    COLUMNS, TABLES) and the chunks go to ``otherdb``."""
+    db = sa.engine.make_url(mariadb_db_url).database
+    _exec(
+        mariadb_db_url,
+        "CREATE TABLE t (k varchar(20) COLLATE utf8mb4_nopad_bin NOT NULL PRIMARY KEY)",
+        "INSERT INTO t VALUES ('b'), ('a')",
+    )
+    src = SqlSource(mariadb_url, f"{db}.t", "k")
+    src.validate()
+    assert list(src.fetch("", src.encode(("z",)), 10)) == [("a",), ("b",)]
+    src.close()
+    _exec(mariadb_db_url, "ALTER TABLE t MODIFY k varchar(20) COLLATE utf8mb4_general_ci NOT NULL")
+    refused = SqlSource(mariadb_url, f"{db}.t", "k")
+    with pytest.raises(KeyValidationError, match=rf"'k' of '{db}.t' uses collation"):
+        refused.validate()
+    refused.close()

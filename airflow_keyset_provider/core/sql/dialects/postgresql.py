@@ -41,7 +41,7 @@ class PostgresqlDialect(Dialect):
     name = "postgresql"
 
     def unique_indexes(self, conn: sa.Connection, src: SqlSource) -> list[IndexInfo]:
-        return catalog.unique_indexes(conn, "postgresql", src._rel, src.table_name)
+        return catalog.unique_indexes(conn, src._rel)
 
     def check_collation(self, src: SqlSource, key_cols: Sequence[sa.Column]) -> None:
         """Every text key column sorts by code point, as the cursors in Redis compare."""

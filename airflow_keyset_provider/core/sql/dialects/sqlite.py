@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from .. import catalog
+from ..catalog import IndexInfo
 from .base import Dialect
 
 if TYPE_CHECKING:
-    from ..catalog import IndexInfo
     from ..source import SqlSource
 
 
@@ -32,7 +31,18 @@ class SqliteDialect(Dialect):
     name = "sqlite"
 
     def unique_indexes(self, conn: sa.Connection, src: SqlSource) -> list[IndexInfo]:
-        return catalog.unique_indexes(conn, "sqlite", src._rel, src.table_name)
+        """``PRAGMA index_list`` / ``index_xinfo``: partial indexes and expression key parts are
+        marked (an INTEGER PRIMARY KEY, the rowid, is in no index: ``implicit_unique``)."""
+        out = []
+        quoted = '"' + src.table_name.replace('"', '""') + '"'
+        for row in conn.exec_driver_sql(f"PRAGMA index_list({quoted})").all():
+            name, unique, partial = row[1], bool(row[2]), bool(row[4])
+            qname = '"' + str(name).replace('"', '""') + '"'
+            info = conn.exec_driver_sql(f"PRAGMA index_xinfo({qname})").all()
+            # index_xinfo: (seqno, cid, name, desc, coll, key); cid -2 is an expression, -1 the rowid
+            cols = tuple(None if r[1] == -2 else r[2] for r in info if r[5])
+            out.append(IndexInfo(str(name), cols, unique, partial))
+        return out
 
     def never_null(self, table: sa.Table, col: sa.Column) -> bool:
         # SQLite's INTEGER PRIMARY KEY aliases the rowid and can never be NULL, though it
