@@ -8,6 +8,7 @@ transaction open when it read the bound (``information_schema.INNODB_TRX``, PROC
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from typing import Any
@@ -156,3 +157,40 @@ def test_a_table_not_in_innodb_is_refused_unless_settle_opts_in(
     assert ok.plan().end_key == 1
     ok.close()
     eng.dispose()
+
+
+def test_a_long_autocommit_select_is_not_waited_for(mariadb_db_url, redis_url, key_prefix):
+    """A reporting query running in autocommit (``trx_autocommit_non_locking``) can write no key:
+    ``plan`` does not wait for it, whatever ``commit_wait_timeout``."""
+    eng = _table(mariadb_db_url)
+    with eng.begin() as c:
+        c.exec_driver_sql("INSERT INTO ev (p) VALUES (1)")
+    reader = eng.connect().execution_options(isolation_level="AUTOCOMMIT")
+    reader_id = reader.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one()
+
+    def read() -> None:
+        with contextlib.suppress(sa.exc.DBAPIError):  # ended by KILL QUERY below
+            reader.exec_driver_sql("SELECT SLEEP(60) FROM ev").all()
+
+    th = threading.Thread(target=read, daemon=True)
+    th.start()
+    probe = eng.connect()
+    try:
+        for _ in range(500):  # until the SELECT is an open InnoDB transaction (bounded)
+            if probe.exec_driver_sql(
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                f"WHERE trx_mysql_thread_id = {reader_id} AND trx_autocommit_non_locking = 1"
+            ).scalar_one():
+                break
+            threading.Event().wait(0.01)
+        else:
+            pytest.fail("the reader's SELECT never showed in INNODB_TRX")
+        t = _traversal(mariadb_db_url, redis_url, key_prefix, commit_wait_timeout=0.5)
+        assert t.plan().end_key == 1  # a wait for the reader would time out after 0.5 s
+        t.close()
+    finally:
+        probe.exec_driver_sql(f"KILL QUERY {reader_id}")
+        probe.close()
+        th.join(30)
+        reader.close()
+        eng.dispose()

@@ -66,14 +66,17 @@ def _errno(exc: BaseException) -> int | None:
 
 
 _OPEN_TRX = sa.text(
-    # Every InnoDB transaction of the server (a session may write to any database), not ours.
+    # Every InnoDB transaction of the server that may write (a session may write to any
+    # database), not ours.
     # Identity: thread and start time (a read-only transaction's trx_id changes when it writes).
     # trx_query is not selected: it may hold a row's data.
     "SELECT t.trx_id, t.trx_mysql_thread_id, t.trx_started, t.trx_state, "
     "       TIMESTAMPDIFF(SECOND, t.trx_started, NOW()), p.USER, p.HOST, p.DB "
     "FROM information_schema.INNODB_TRX t "
     "LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
-    "WHERE t.trx_mysql_thread_id <> CONNECTION_ID()"
+    "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() "
+    # a lone autocommit SELECT (no FOR UPDATE) or a READ ONLY transaction writes no key
+    "AND t.trx_autocommit_non_locking = 0 AND t.trx_is_read_only = 0"
 )
 
 
