@@ -140,15 +140,22 @@ def bisected_cuts(
     if total / parts < MIN_ROWS_PER_PART:
         return None
 
+    memo: dict[int, int] = {}
+
     def below(v: int) -> int:
-        j = next(i for i, a in enumerate(anchors) if v <= a)
-        return sums[j] + between(None if j == 0 else anchors[j - 1], v)
+        if v not in memo:
+            j = next(i for i, a in enumerate(anchors) if v <= a)
+            memo[v] = sums[j] + between(None if j == 0 else anchors[j - 1], v)
+        return memo[v]
 
     values: list[int] = []
     left = lo_v
     for i in range(1, parts):
         target = total * i / parts
-        a = _cut_value(left, hi_v, below, target, total / parts / 100)
+        # start from the tightest bracket the estimates read so far give
+        b = min([hi_v, *(v for v, n in memo.items() if n >= target and v >= left)])
+        a = max([left, *(v + 1 for v, n in memo.items() if n < target and left <= v < b)])
+        a = _cut_value(a, b, below, target, total / parts / 100)
         if a < hi_v and (not values or a > values[-1]):
             values.append(a)
         left = a
@@ -205,17 +212,17 @@ def _cut_value(a: int, b: int, below: Callable[[int], int], target: float, tol: 
     """The smallest ``v`` in ``[a, b]`` with ``below(v) >= target``, to within ``tol`` rows: the
     bisection stops once the values left hold at most ``tol`` estimated rows (1% of a part), so a
     fine-grained column (microsecond datetimes) costs no more EXPLAINs than an integer one."""
-    lo_rows = below(a)
+    lo_rows = below(a)  # at most the rows at or below a
+    if lo_rows >= target:
+        return a
     while a < b:
-        if lo_rows >= target:
-            return a
         if below(b) - lo_rows <= tol:
             return b
         mid = (a + b) // 2
         if below(mid) >= target:
             b = mid
         else:
-            a, lo_rows = mid + 1, below(mid + 1)
+            a, lo_rows = mid + 1, below(mid)
     return a
 
 
