@@ -117,21 +117,7 @@ def bisected_cuts(
     if ends[0] is None:
         return []
     lo_v, hi_v = to_int(ends[0]), to_int(ends[1])
-    probe = sa.bindparam("qv", type_=first.type)
-    index = key_index(src, conn)
-    counts: dict[tuple[int | None, int], int] = {}
-
-    def between(x: int | None, v: int) -> int:
-        """Estimated rows of the range with x < first <= v (no lower limit for None)."""
-        if (x, v) not in counts:
-            conds = [*filt, first <= probe]
-            args = {**params, "qv": from_int(v)}
-            if x is not None:
-                conds.append(first > sa.bindparam("qx", type_=first.type))
-                args["qx"] = from_int(x)
-            counts[x, v] = explain_rows(src, conn, sa.select(*keys).where(*conds), args, index)
-        return counts[x, v]
-
+    between = _Estimates(src, conn, filt, params, from_int)
     anchors = _anchors(lo_v, hi_v, between, _table_rows(src, conn) / 4)
     sums = [0]
     for x, y in zip([None, *anchors[:-1]], anchors, strict=True):
@@ -139,7 +125,6 @@ def bisected_cuts(
     total = sums[-1]  # not est: EXPLAIN caps a range's estimate at half the table
     if total / parts < MIN_ROWS_PER_PART:
         return None
-
     memo: dict[int, int] = {}
 
     def below(v: int) -> int:
@@ -159,22 +144,68 @@ def bisected_cuts(
         if a < hi_v and (not values or a > values[-1]):
             values.append(a)
         left = a
-    last_at = (
-        sa.select(*keys).where(*filt, first <= probe).order_by(*[k.desc() for k in keys]).limit(1)
-    )
-    cuts = []
-    for v in values:
-        row = conn.execute(last_at, {**params, "qv": from_int(v)}).first()
-        if row is not None:
-            cuts.append(encode_key(tuple(row)))
+    cuts = _last_keys_at(src, conn, filt, params, [from_int(v) for v in values])
     log.info(
         "%s: %d cut(s) from %d EXPLAIN estimate(s) for ~%d estimated rows",
         src.qualified_name,
         len(cuts),
-        len(counts),
+        len(between.counts),
         est,
     )
-    return sorted(set(cuts))
+    return cuts
+
+
+class _Estimates:
+    """``(x, v) -> `` estimated rows of the range with ``x < first <= v`` (no lower limit for
+    None), through the key's index, each pair asked once."""
+
+    def __init__(
+        self,
+        src: SqlSource,
+        conn: sa.Connection,
+        filt: list[Any],
+        params: dict[str, Any],
+        from_int: Callable[[int], Any],
+    ) -> None:
+        self.src, self.conn, self.filt, self.params, self.from_int = (
+            src,
+            conn,
+            filt,
+            params,
+            from_int,
+        )
+        self.first = src.table.c[src.key_names[0]]
+        self.keys = [src.table.c[k] for k in src.key_names]
+        self.index = key_index(src, conn)
+        self.counts: dict[tuple[int | None, int], int] = {}
+
+    def __call__(self, x: int | None, v: int) -> int:
+        if (x, v) not in self.counts:
+            conds = [*self.filt, self.first <= sa.bindparam("qv", type_=self.first.type)]
+            args = {**self.params, "qv": self.from_int(v)}
+            if x is not None:
+                conds.append(self.first > sa.bindparam("qx", type_=self.first.type))
+                args["qx"] = self.from_int(x)
+            stmt = sa.select(*self.keys).where(*conds)
+            self.counts[x, v] = explain_rows(self.src, self.conn, stmt, args, self.index)
+        return self.counts[x, v]
+
+
+def _last_keys_at(
+    src: SqlSource, conn: sa.Connection, filt: list[Any], params: dict[str, Any], values: list[Any]
+) -> list[str]:
+    """The encoded last real key of the range with ``first <= v``, for each ``v`` (one index
+    lookup each), sorted and distinct."""
+    first = src.table.c[src.key_names[0]]
+    keys = [src.table.c[k] for k in src.key_names]
+    probe = sa.bindparam("qv", type_=first.type)
+    last_at = sa.select(*keys).where(*filt, first <= probe).order_by(*[k.desc() for k in keys])
+    cuts = set()
+    for v in values:
+        row = conn.execute(last_at.limit(1), {**params, "qv": v}).first()
+        if row is not None:
+            cuts.add(encode_key(tuple(row)))
+    return sorted(cuts)
 
 
 def _table_rows(src: SqlSource, conn: sa.Connection) -> float:
