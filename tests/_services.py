@@ -467,3 +467,43 @@ def skip_or_fail(reason: str) -> None:
     if _flag(os.environ, ENV_REQUIRE):
         pytest.fail(f"{reason} ({ENV_REQUIRE}=1: this test must run)")
     pytest.skip(reason)
+
+
+# --------------------------------------------------------------------------- MariaDB / MySQL
+
+ENV_MARIADB_URL = "KEYSET_TEST_MARIADB_URL"
+LOCAL_MARIADB_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
+MARIADB_START_CMD = "service mariadb start  # Debian's mariadb-server package"
+
+
+def probe_mariadb(url: str) -> str | None:
+    """Return None if ``SELECT 1`` works at ``url`` (MariaDB or MySQL), else the error text."""
+    if importlib.util.find_spec("pymysql") is None:
+        return "the pymysql driver is not installed (pip install pymysql, the 'mysql' extra)"
+    engine = sa.create_engine(
+        url, poolclass=NullPool, connect_args={"connect_timeout": PROBE_TIMEOUT_S}
+    )
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        return None
+    except Exception as exc:
+        return _one_line(exc)
+    finally:
+        engine.dispose()
+
+
+def mariadb_url_or_skip(env: Mapping[str, str] | None = None) -> str:
+    """The MariaDB/MySQL server's URL (``KEYSET_TEST_MARIADB_URL`` or the local one): there is no
+    embedded fallback, so an unreachable server skips the test with the reason printed, or fails
+    it under ``KEYSET_REQUIRE_SERVICES=1``."""
+    env = os.environ if env is None else env
+    url = env.get(ENV_MARIADB_URL, "").strip() or LOCAL_MARIADB_URL
+    error = probe_mariadb(url)
+    if error is not None:
+        shown = make_url(url).render_as_string(hide_password=True)
+        skip_or_fail(
+            f"MariaDB/MySQL is not reachable at {shown} ({error}); start it with: "
+            f"{MARIADB_START_CMD}, or set {ENV_MARIADB_URL}"
+        )
+    return url

@@ -5,7 +5,8 @@ Session, on first use: ``airflow_metadata_template`` (an Airflow metadata databa
 copied by each deployment of ``tests/scheduler`` and ``tests/celery``, see
 ``deployment_support.MetadataTemplate``).
 Per test: ``pg_schema``, ``pg_schema_url``, ``pg_engine``, ``sqlite_url``, ``redis_client``,
-``key_prefix``.
+``key_prefix``, ``mariadb_db_url`` (a fresh MariaDB/MySQL database ``ks_<12 hex>``, skipped with
+the reason printed when the server is unreachable, failed under ``KEYSET_REQUIRE_SERVICES=1``).
 """
 
 from __future__ import annotations
@@ -100,6 +101,34 @@ def pg_engine(pg_schema_url: str) -> Iterator[sa.Engine]:
 def sqlite_url(tmp_path: Path) -> str:
     """SQLAlchemy URL of a fresh SQLite file in the test's tmp_path."""
     return f"sqlite:///{tmp_path / 'source.db'}"
+
+
+# --------------------------------------------------------------------------- MariaDB / MySQL
+
+
+@pytest.fixture(scope="session")
+def mariadb_url() -> str:
+    """SQLAlchemy URL (``mysql+pymysql://``) of the MariaDB/MySQL server's ``test`` database."""
+    return _services.mariadb_url_or_skip()
+
+
+@pytest.fixture
+def mariadb_db_url(mariadb_url: str) -> Iterator[str]:
+    """A fresh database ``ks_<12 hex>`` (utf8mb4), its URL; dropped afterwards."""
+    name = f"ks_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(mariadb_url, poolclass=NullPool)
+    try:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        yield (
+            sa.engine.make_url(mariadb_url).set(database=name).render_as_string(hide_password=False)
+        )
+        with admin.begin() as conn:
+            # a connection the test leaked inside a transaction would block DROP: fail loudly
+            conn.exec_driver_sql("SET SESSION lock_wait_timeout = 30")
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        admin.dispose()
 
 
 # --------------------------------------------------------------------------- Redis

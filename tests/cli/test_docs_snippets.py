@@ -933,7 +933,7 @@ def test_troubleshooting_quotes_key_validation_errors(
             ' ALTER COLUMN name TYPE text COLLATE "C" (or page by another key).',
         )
     else:  # every collation here orders by code point: the refusal cannot happen, so check its text
-        _in_source("core/sql/key_checks.py", collation_tail)
+        _in_source("core/sql/dialects/postgresql.py", collation_tail)
     _quoted(
         plan("events", "seq", start_key=50, end_key=10),
         "start_key 50 is above end_key 10: a round is start < key <= end",

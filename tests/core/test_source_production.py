@@ -12,7 +12,6 @@ import time
 import uuid
 from collections import Counter
 
-import _services
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
@@ -420,36 +419,20 @@ def test_icu_database_with_c_datcollate_is_refused(pg_url, redis_url, key_prefix
 # ---------------------------------------------------------------- other dialects
 
 
-def test_mysql_dialect_is_refused_at_plan(redis_url, key_prefix, redis_client):
-    """Scenario: a MariaDB table with a primary key planned as a source. None of the checks
-    (uniqueness without predicate, collation, in-flight transactions) exist for it, so a plan
-    would promise what nothing proves. Before the fix it planned; now it is refused naming the
-    supported dialects, and nothing is written."""
-    pytest.importorskip("pymysql", reason="pymysql is in the test extra")
-    url = "mysql+pymysql://root@127.0.0.1:3306/test"
-    table = f"kt_{uuid.uuid4().hex[:8]}"
-    eng = sa.create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": 3})
-    try:
-        eng.connect().close()
-    except sa.exc.OperationalError as exc:
-        _services.skip_or_fail(f"MariaDB/MySQL is not reachable at 127.0.0.1:3306 ({exc.orig})")
+def test_mariadb_table_with_primary_key_plans_and_traverses(mariadb_db_url, redis_url, key_prefix):
+    """Scenario: a MariaDB table with a primary key planned as a source. Before issue #19 it was
+    refused ("unsupported dialect 'mysql'"); now the MySQL dialect proves the key (see
+    tests/core/test_mysql_source.py for its refusals) and the round delivers every row once."""
+    eng = sa.create_engine(mariadb_db_url, poolclass=NullPool)
     with eng.begin() as c:
-        c.exec_driver_sql(f"CREATE TABLE {table} (seq bigint PRIMARY KEY)")
-        c.exec_driver_sql(f"INSERT INTO {table} VALUES (1), (2)")
-    try:
-        t = traversal(url, redis_url, key_prefix, table=table)
-        with pytest.raises(
-            ConfigurationError, match=r"unsupported dialect 'mysql'.*supported: postgresql, sqlite"
-        ):
-            t.plan()
-        t.close()
-        assert [
-            k for k in redis_client.scan_iter(f"{key_prefix}:*") if not k.endswith(b":seq")
-        ] == []
-    finally:
-        with eng.begin() as c:
-            c.exec_driver_sql(f"DROP TABLE {table}")
-        eng.dispose()
+        c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, p int NOT NULL)")
+        c.exec_driver_sql("INSERT INTO events VALUES (1, 1), (2, 2), (3, 3)")
+    eng.dispose()
+    t = traversal(mariadb_db_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=2)
+    assert run_all(t, rnd) == {1: 1, 2: 1, 3: 1}
+    assert t.close_round(rnd.round_id).done == 3
+    t.close()
 
 
 # ---------------------------------------------------------------- 11. caller engines
@@ -635,3 +618,46 @@ def test_where_params_through_traversal(pg_engine, pg_schema_url, redis_url, key
         assert sorted(run_all(t, rnd)) == list(range(3, 31, 3))
     finally:
         t.close()
+
+
+def test_engines_the_source_creates_set_statement_and_lock_timeouts(pg_engine, pg_schema_url):
+    """Every connection of an engine created from a URL (the hot path's included) carries the
+    statement and lock timeouts; an Engine the caller passes in keeps its own settings."""
+    with pg_engine.begin() as c:
+        c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY)")
+        c.exec_driver_sql("INSERT INTO events VALUES (1), (2)")
+    src = SqlSource(pg_schema_url, "events", "seq")
+    src.validate()
+    src.fetch(MIN_KEY, encode_key((2,)), 10)
+    for conn in [src._conns[0], src.engine.connect()]:
+        got = [
+            conn.exec_driver_sql(f"SHOW {s}").scalar()
+            for s in ("statement_timeout", "lock_timeout")
+        ]
+        assert got == ["10min", "10s"]
+    src.close()
+    caller = SqlSource(pg_engine, "events", "seq")
+    with caller.engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "0"
+    caller.close()
+
+
+def test_postgresql_row_errors_are_classified_by_sqlstate(pg_engine, pg_schema_url):
+    """23xxx/22xxx: the row's fault; 55P03 (lock_timeout) and 57014 (statement_timeout): transient."""
+    with pg_engine.begin() as c:
+        c.exec_driver_sql("CREATE TABLE s (id int PRIMARY KEY, v int NOT NULL CHECK (v > 0))")
+        c.exec_driver_sql("INSERT INTO s VALUES (1, 1)")
+    src = SqlSource(pg_schema_url, "s", "id")
+    assert src.db is not None
+    kinds = []
+    for stmt in [
+        "INSERT INTO s VALUES (1, 2)",
+        "INSERT INTO s VALUES (2, -1)",
+        "INSERT INTO s VALUES (3, 99999999999)",
+        "SET statement_timeout = 50; SELECT pg_sleep(5)",
+    ]:
+        with src.engine.connect() as c, pytest.raises(sa.exc.DBAPIError) as info:
+            c.exec_driver_sql(stmt)
+        kinds.append((info.value.orig.pgcode, src.db.classify_row_error(info.value)))
+    assert kinds == [("23505", "row"), ("23514", "row"), ("22003", "row"), ("57014", "retry")]
+    src.close()

@@ -152,7 +152,7 @@ def _write_result(path: str, payload: dict[str, Any]) -> None:
 def run_worker(spec: dict[str, Any]) -> None:
     """Entry point of a worker process (see the module docstring for ``spec``)."""
     crash = CrashPlan(spec.get("crash"))
-    engine = sa.create_engine(spec["db_url"], pool_size=1)
+    engine = sa.create_engine(spec.get("effects_url", spec["db_url"]), pool_size=1)  # PostgreSQL
     t = KeysetTraversal(
         spec["db_url"],
         table=spec["table"],

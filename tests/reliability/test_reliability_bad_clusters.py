@@ -16,6 +16,7 @@ import random
 import threading
 from typing import Any
 
+import pytest
 import reliability_support as rs
 import sqlalchemy as sa
 
@@ -42,13 +43,17 @@ class ClusterProcessor:
         keys = list(chunk.keys)
         failed = {k: f"row {k}: payload violates sink_check" for k in keys if k in self.bad}
         rows = keys if self.style == "bulk" else [k for k in keys if k not in failed]
+        upsert = (
+            "ON DUPLICATE KEY UPDATE sink.id = sink.id"
+            if self.engine.dialect.name == "mysql"
+            else "ON CONFLICT (id) DO NOTHING"
+        )
         with self.engine.begin() as c:
             if rows:
                 c.execute(
                     sa.text(
-                        "INSERT INTO sink SELECT id, payload FROM items WHERE id = ANY(:ids) "
-                        "ON CONFLICT (id) DO NOTHING"
-                    ),
+                        f"INSERT INTO sink SELECT id, payload FROM items WHERE id IN :ids {upsert}"
+                    ).bindparams(sa.bindparam("ids", expanding=True)),
                     {"ids": rows},
                 )
         return ChunkResult(failed=failed)
@@ -90,7 +95,10 @@ def _trial(
     bad = _bad_keys(rnd, rng)
     with engine.begin() as c:
         c.execute(
-            sa.text("UPDATE items SET payload = 'bad' WHERE id = ANY(:b)"), {"b": sorted(bad)}
+            sa.text("UPDATE items SET payload = 'bad' WHERE id IN :b").bindparams(
+                sa.bindparam("b", expanding=True)
+            ),
+            {"b": sorted(bad)},
         )
     begin = rng.randint(1, 15)
     proc = ClusterProcessor(
@@ -141,28 +149,38 @@ def _trial(
     return len(bad)
 
 
+@pytest.mark.parametrize("database", ["postgresql", "mariadb"])
 def test_bad_row_clusters_are_dead_lettered_and_outages_are_not(
-    pg_engine: sa.Engine, pg_schema_url: str, redis_url: str, key_prefix: str
+    database: str, redis_url: str, key_prefix: str, request: pytest.FixtureRequest
 ) -> None:
+    """The source table and the sink live in one database: PostgreSQL, or MariaDB."""
     seed = random.randrange(2**32)
     rng = random.Random(seed)
-    with pg_engine.begin() as c:
+    if database == "mariadb":
+        url = request.getfixturevalue("mariadb_db_url")
+        engine = sa.create_engine(url)
+        request.addfinalizer(engine.dispose)
+        series = f"SELECT seq, 'ok' FROM seq_1_to_{KEYS}"
+    else:
+        url, engine = request.getfixturevalue("pg_schema_url"), request.getfixturevalue("pg_engine")
+        series = f"SELECT g, 'ok' FROM generate_series(1, {KEYS}) g"
+    with engine.begin() as c:
         c.execute(sa.text("CREATE TABLE items (id bigint PRIMARY KEY, payload text NOT NULL)"))
-        c.execute(sa.text(f"INSERT INTO items SELECT g, 'ok' FROM generate_series(1, {KEYS}) g"))
+        c.execute(sa.text(f"INSERT INTO items {series}"))
         c.execute(
             sa.text(
                 "CREATE TABLE sink (id bigint PRIMARY KEY, "
-                "payload text NOT NULL CONSTRAINT sink_check CHECK (payload <> 'bad'))"
+                "payload text NOT NULL, CONSTRAINT sink_check CHECK (payload <> 'bad'))"
             )
         )
     tally = rs.Tally()
     bad = 0
     for trial in range(rs.trials(4, 200)):
-        bad += _trial(pg_engine, pg_schema_url, redis_url, key_prefix, trial, rng, tally)
+        bad += _trial(engine, url, redis_url, key_prefix, trial, rng, tally)
         if tally.failures:
             break
     tally.record(
-        "bad-row clusters + outage",
+        "bad-row clusters + outage" + ("" if database == "postgresql" else f" ({database})"),
         note=f"{bad} bad keys in clusters of 5-45 (chunk 20), "
         "all dead-lettered; outages dead-lettered none",
     )

@@ -42,8 +42,15 @@ POINTS = [
     "timer",
 ]
 
-# variant -> (table kind, group_commit_chunks): with group commit the bound is one group per crash
-VARIANTS = {"bigint": ("bigint", 1), "composite": ("composite", 1), "bigint-group3": ("bigint", 3)}
+# variant -> (table kind, group_commit_chunks, source database): with group commit the bound is one
+# group per crash. The effects record stays in PostgreSQL whatever the source.
+VARIANTS = {
+    "bigint": ("bigint", 1, "postgresql"),
+    "composite": ("composite", 1, "postgresql"),
+    "bigint-group3": ("bigint", 3, "postgresql"),
+    "bigint-mariadb": ("bigint", 1, "mariadb"),
+    "composite-mariadb": ("composite", 1, "mariadb"),
+}
 TABLES = {
     "bigint": ("items", "id"),
     "composite": ("orders", ["created_at", "id"]),
@@ -51,6 +58,7 @@ TABLES = {
 
 
 def _make_table(engine: sa.Engine, kind: str, rng: random.Random, n: int) -> None:
+    mysql = engine.dialect.name == "mysql"
     with engine.begin() as c:
         if kind == "bigint":
             c.execute(sa.text("CREATE TABLE items (id bigint PRIMARY KEY, payload text NOT NULL)"))
@@ -59,11 +67,13 @@ def _make_table(engine: sa.Engine, kind: str, rng: random.Random, n: int) -> Non
         else:
             c.execute(
                 sa.text(
-                    "CREATE TABLE orders (created_at timestamptz NOT NULL, id bigint NOT NULL, "
-                    "payload text NOT NULL, PRIMARY KEY (created_at, id))"
+                    "CREATE TABLE orders (created_at "
+                    + ("datetime(6)" if mysql else "timestamptz")
+                    + " NOT NULL, id bigint NOT NULL, payload text NOT NULL, "
+                    "PRIMARY KEY (created_at, id))"
                 )
             )
-            base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+            base = dt.datetime(2026, 1, 1, tzinfo=None if mysql else dt.UTC)
             c.execute(
                 sa.text("INSERT INTO orders VALUES (:t, :i, 'p')"),
                 [{"t": base + dt.timedelta(seconds=i // 3), "i": i} for i in range(n)],
@@ -73,6 +83,7 @@ def _make_table(engine: sa.Engine, kind: str, rng: random.Random, n: int) -> Non
 def _grow(engine: sa.Engine, kind: str, stop: threading.Event) -> None:
     """Rows keep arriving above the round's end while it is traversed (next round's work)."""
     j = 0
+    step = "INTERVAL 1 SECOND" if engine.dialect.name == "mysql" else "interval '1 s'"
     while not stop.wait(0.02):
         j += 1
         with engine.begin() as c:
@@ -81,7 +92,7 @@ def _grow(engine: sa.Engine, kind: str, stop: threading.Event) -> None:
             else:
                 c.execute(
                     sa.text(
-                        "INSERT INTO orders SELECT max(created_at) + interval '1 s', :j, 'late' "
+                        f"INSERT INTO orders SELECT max(created_at) + {step}, :j, 'late' "
                         "FROM orders"
                     ),
                     {"j": 10_000_000 + j},
@@ -200,14 +211,20 @@ def test_crash_anywhere_then_resume(
     redis_url: str,
     key_prefix: str,
     tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     seed = random.randrange(2**32)
     rng = random.Random(seed)
-    kind, group = VARIANTS[variant]
+    kind, group, database = VARIANTS[variant]
     table, key = TABLES[kind]
-    _make_table(pg_engine, kind, rng, 480)
+    src_url = pg_schema_url
+    if database == "mariadb":
+        src_url = request.getfixturevalue("mariadb_db_url")
+    src_engine = pg_engine if database == "postgresql" else sa.create_engine(src_url)
+    request.addfinalizer(src_engine.dispose)
+    _make_table(src_engine, kind, rng, 480)
     rs.create_effects_table(pg_engine)
-    end_key = decode_key(rs.encoded_keys(pg_engine, table, key)[-1])
+    end_key = decode_key(rs.encoded_keys(src_engine, table, key)[-1])
     end_key = end_key[0] if isinstance(key, str) else end_key
     tally = rs.Tally()
     by_point: Counter[str] = Counter()
@@ -217,7 +234,7 @@ def test_crash_anywhere_then_resume(
             c.execute(sa.text("TRUNCATE effects"))
         stream = f"crash-{variant}-{trial}"
         t = KeysetTraversal(
-            pg_schema_url,
+            src_url,
             table=table,
             key=key,
             redis_url=redis_url,
@@ -227,12 +244,13 @@ def test_crash_anywhere_then_resume(
         rnd = t.plan(max_ranges=4, end_key=end_key)  # rows the writer adds land above the end
         keys = [
             k
-            for k in rs.encoded_keys(pg_engine, table, key)
+            for k in rs.encoded_keys(src_engine, table, key)
             if rnd.start_encoded < k <= rnd.end_encoded
         ]
         assert len(keys) == 480
         env = {
-            "db_url": pg_schema_url,
+            "db_url": src_url,
+            "effects_url": pg_schema_url,
             "redis_url": redis_url,
             "key_prefix": key_prefix,
             "stream": stream,
@@ -244,7 +262,7 @@ def test_crash_anywhere_then_resume(
         }  # items that fail once on their own
         ct = CrashTrial(env, tmp_path, rng, trial, rng.choice([7, 10, 16]), group)
         stop = threading.Event()
-        writer = threading.Thread(target=_grow, args=(pg_engine, kind, stop), daemon=True)
+        writer = threading.Thread(target=_grow, args=(src_engine, kind, stop), daemon=True)
         with rs.CursorWatcher(redis_url, t.store, rnd.round_id, len(rnd.ranges)) as watcher:
             writer.start()
             with ThreadPoolExecutor(len(rnd.ranges)) as pool:
@@ -280,6 +298,8 @@ def test_crash_anywhere_then_resume(
     scenario = (
         "1 crash anywhere" if group == 1 else f"1 crash anywhere, group commit of {group} chunks"
     )
+    if database != "postgresql":
+        scenario += f" ({database} source)"
     tally.record(
         scenario,
         note=f"{variant} key: {sum(by_point.values())} SIGKILLs ({points}), "

@@ -1,4 +1,5 @@
-"""Catalog checks that decide whether a key gives a stable total order (PostgreSQL and SQLite).
+"""PostgreSQL catalog checks that decide whether a key gives a stable total order (``IndexInfo`` is
+shared by every dialect; SQLite's and MySQL's catalog reads live in their ``dialects`` modules).
 
 Each function reads the system catalogs only, never the table's rows. The refusals built from
 them (in ``key_checks.py`` and ``source.py``) name the object and the fix.
@@ -34,10 +35,18 @@ class IndexInfo:
     unique: bool
     partial: bool
     valid: bool = True
+    prefix: bool = False  # MySQL: a key part indexes a prefix of the column (SUB_PART)
+    ordered: bool = True  # False for a HASH index: unique, but no order to page by
 
     @property
     def proves_unique(self) -> bool:
-        return self.unique and self.valid and not self.partial and None not in self.columns
+        return (
+            self.unique
+            and self.valid
+            and not self.partial
+            and not self.prefix
+            and None not in self.columns
+        )
 
     @property
     def defect(self) -> str:
@@ -50,6 +59,8 @@ class IndexInfo:
             return (
                 "is partial (has a WHERE predicate), so it says nothing about the rows outside it"
             )
+        if self.prefix:
+            return "indexes a prefix of a column (SUB_PART), not the whole value"
         return "indexes an expression, not the column itself"
 
 
@@ -63,23 +74,12 @@ _PG_INDEXES = sa.text(
 )
 
 
-def unique_indexes(conn: sa.Connection, dialect: str, rel: str, table_name: str) -> list[IndexInfo]:
-    """Every index of the table (PostgreSQL: ``rel`` is the quoted name; SQLite: ``table_name``)."""
-    if dialect == "postgresql":
-        return [
-            IndexInfo(name, tuple(cols), bool(uniq), bool(partial), bool(valid))
-            for name, uniq, partial, valid, cols in conn.execute(_PG_INDEXES, {"rel": rel})
-        ]
-    out = []
-    quoted = '"' + table_name.replace('"', '""') + '"'
-    for row in conn.exec_driver_sql(f"PRAGMA index_list({quoted})").all():
-        name, unique, partial = row[1], bool(row[2]), bool(row[4])
-        qname = '"' + str(name).replace('"', '""') + '"'
-        info = conn.exec_driver_sql(f"PRAGMA index_xinfo({qname})").all()
-        # index_xinfo: (seqno, cid, name, desc, coll, key); cid -2 is an expression, -1 the rowid
-        cols = tuple(None if r[1] == -2 else r[2] for r in info if r[5])
-        out.append(IndexInfo(str(name), cols, unique, partial))
-    return out
+def unique_indexes(conn: sa.Connection, rel: str) -> list[IndexInfo]:
+    """Every index of the table ``rel`` (its quoted name)."""
+    return [
+        IndexInfo(name, tuple(cols), bool(uniq), bool(partial), bool(valid))
+        for name, uniq, partial, valid, cols in conn.execute(_PG_INDEXES, {"rel": rel})
+    ]
 
 
 @dataclass(frozen=True)

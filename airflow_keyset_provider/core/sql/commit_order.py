@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -77,10 +78,17 @@ def open_transactions(conn: sa.Connection) -> dict[str, Blocker]:
     return out
 
 
-def wait_for_transactions(conn: sa.Connection, timeout: float, what: str) -> None:
+def wait_for_transactions(
+    conn: sa.Connection,
+    timeout: float,
+    what: str,
+    list_open: Callable[[sa.Connection], dict[str, Blocker]] | None = None,
+) -> None:
     """Wait until the transactions open now have all ended (see module doc). ``what`` names the
-    table in the timeout error."""
-    waiting = open_transactions(conn)
+    table in the timeout error; ``list_open`` lists a database's open transactions by identity
+    (PostgreSQL's ``open_transactions`` by default; MySQL passes its own)."""
+    list_open = list_open or open_transactions
+    waiting = list_open(conn)
     deadline = time.monotonic() + timeout
     delay = 0.01
     if waiting:
@@ -91,7 +99,7 @@ def wait_for_transactions(conn: sa.Connection, timeout: float, what: str) -> Non
             len(waiting),
         )
     while waiting:
-        still = open_transactions(conn)
+        still = list_open(conn)
         # the blockers' descriptions are refreshed so the timeout error shows their current state
         waiting = {k: still[k] for k in waiting if k in still}
         if not waiting:
@@ -107,10 +115,16 @@ def wait_for_transactions(conn: sa.Connection, timeout: float, what: str) -> Non
         delay = min(delay * 2, 0.5)
 
 
-def settle(conn: sa.Connection, timeout: float, settle_seconds: float, what: str) -> None:
+def settle(
+    conn: sa.Connection,
+    timeout: float,
+    settle_seconds: float,
+    what: str,
+    list_open: Callable[[sa.Connection], dict[str, Blocker]] | None = None,
+) -> None:
     """``wait_for_transactions``; then, with a settle window, sleep it and wait again."""
-    wait_for_transactions(conn, timeout, what)
+    wait_for_transactions(conn, timeout, what, list_open)
     if settle_seconds > 0:
         log.info("%s: settle window of %.1f s before saving the round", what, settle_seconds)
         time.sleep(settle_seconds)
-        wait_for_transactions(conn, timeout, what)
+        wait_for_transactions(conn, timeout, what, list_open)

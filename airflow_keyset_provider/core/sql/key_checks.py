@@ -1,10 +1,12 @@
 """Refusing a source whose key does not define a stable total order (``SqlSource.validate``).
 
-Guarantee: ``validate`` refuses a database other than PostgreSQL and SQLite, and a key that does
+Guarantee: ``validate`` refuses a database no ``dialects`` module implements, and a key that does
 not define a stable total order (missing, nullable, not covered by a unique index/constraint
-*without predicate or expression*, no index to page by, a type whose order cannot be encoded
-exactly, a text column whose collation - provider included - does not sort by code point) with an
-error that names the object and the fix. It reads the catalog only (``catalog``), never a row.
+*without predicate, expression or prefix*, no ordered index to page by, a type whose order cannot
+be encoded exactly, a text column whose collation does not sort by code point) with an error that
+names the object and the fix. It reads the catalog only (through the source's ``Dialect``), never
+a row. What differs per database (the catalog, the collation rules, extra type rules, the fix's
+SQL) is the dialect's; the rules common to all are here.
 
 Split from ``source.py``, whose ``SqlSource`` calls it and whose internals (``_rel``) it reads.
 """
@@ -18,12 +20,13 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from ..errors import ConfigurationError, KeyValidationError, UnsupportedKeyTypeError
-from . import catalog
+from .dialects import SUPPORTED_DIALECTS
 
 if TYPE_CHECKING:
+    from .dialects import Dialect
     from .source import SqlSource
 
-SUPPORTED_DIALECTS = ("postgresql", "sqlite")
+__all__ = ["SUPPORTED_DIALECTS", "key_kind", "validate"]
 # collation names that sort by code point (libc C/POSIX/C.UTF-8, PostgreSQL 17+ builtin); the check
 # itself goes by provider and locale (catalog.sorts_by_code_point), this list serves tests
 _BYTE_ORDER_COLLATIONS = {
@@ -64,23 +67,24 @@ def key_kind(col: sa.Column) -> str:
 
 def validate(src: SqlSource) -> tuple[sa.Table, list[str]]:
     """The reflected table and the key kinds, once every check passed (see module doc)."""
-    check_dialect(src)
+    db = check_dialect(src)
     table = reflect_table(src)
     key_cols = [table.c[k] for k in src.key_names]
-    check_not_null(src, table, key_cols)
-    check_unique_and_indexed(src, table)
-    if src.dialect == "postgresql":
-        check_collation(src, key_cols)
+    check_not_null(src, db, table, key_cols)
+    check_unique_and_indexed(src, db, table)
+    db.check_collation(src, key_cols)
     return table, [key_kind(c) for c in key_cols]
 
 
-def check_dialect(src: SqlSource) -> None:
-    if src.dialect not in SUPPORTED_DIALECTS:
+def check_dialect(src: SqlSource) -> Dialect:
+    db = src.db
+    if db is None:
         raise ConfigurationError(
             f"unsupported dialect {src.dialect!r} for {src.qualified_name!r}; supported: "
             f"{', '.join(SUPPORTED_DIALECTS)}. The key and commit-order checks (uniqueness, collation, "
             "in-flight transactions) exist only for those, so no round is planned on another database."
         )
+    return db
 
 
 def reflect_table(src: SqlSource) -> sa.Table:
@@ -101,25 +105,22 @@ def reflect_table(src: SqlSource) -> sa.Table:
     return table
 
 
-def check_not_null(src: SqlSource, table: sa.Table, key_cols: Sequence[sa.Column]) -> None:
+def check_not_null(
+    src: SqlSource, db: Dialect, table: sa.Table, key_cols: Sequence[sa.Column]
+) -> None:
     """Every key column is NOT NULL and of a type whose order can be encoded exactly."""
-    pk_cols = list(table.primary_key.columns)
     for col in key_cols:
-        # SQLite's INTEGER PRIMARY KEY aliases the rowid and can never be NULL, though it
-        # reflects as nullable; any other SQLite primary key column does accept NULL.
-        rowid_alias = (
-            src.dialect == "sqlite" and pk_cols == [col] and isinstance(col.type, sa.Integer)
-        )
-        if col.nullable and not rowid_alias:
+        if col.nullable and not db.never_null(table, col):
             raise KeyValidationError(
                 f"key column {col.name!r} of {src.qualified_name!r} is nullable: NULL keys have no "
-                f"place in the order and would be skipped. Fix: ALTER TABLE {src.qualified_name} "
-                f"ALTER COLUMN {col.name} SET NOT NULL (after filling NULLs)."
+                f"place in the order and would be skipped. Fix: {db.not_null_fix(src, col)} "
+                "(after filling NULLs)."
             )
+        db.check_key_column(src, col)
         key_kind(col)
 
 
-def check_unique_and_indexed(src: SqlSource, table: sa.Table) -> None:
+def check_unique_and_indexed(src: SqlSource, db: Dialect, table: sa.Table) -> None:
     """A primary key, unique constraint or unique index (no predicate, no expression) covers the
     key, and an index starts with the key columns in order."""
     keyset = set(src.key_names)
@@ -127,15 +128,14 @@ def check_unique_and_indexed(src: SqlSource, table: sa.Table) -> None:
     # Uniqueness is proven by an index of the catalog only: primary keys and unique
     # constraints are backed by one (SQLite's INTEGER PRIMARY KEY is the rowid itself).
     with src.engine.connect() as conn:
-        indexes = catalog.unique_indexes(conn, src.dialect, src._rel, src.table_name)
-    rowid_pk = (
-        src.dialect == "sqlite" and len(pk) == 1 and isinstance(table.c[pk[0]].type, sa.Integer)
-    )
-    unique_sets: list[set[str]] = [set(pk)] if rowid_pk else []
-    ordered_prefixes = [pk] if pk else []
+        indexes = db.unique_indexes(conn, src)
+    unique_sets: list[set[str]] = db.implicit_unique(table)
+    ordered_prefixes = [pk] if pk and db.primary_key_is_ordered else []
     for ix in indexes:
         if ix.proves_unique:
             unique_sets.append({c for c in ix.columns if c is not None})
+        if not ix.ordered or ix.prefix:
+            continue
         plain = list(
             itertools.takewhile(lambda c: c is not None, ix.columns)
         )  # up to an expression
@@ -161,21 +161,3 @@ def check_unique_and_indexed(src: SqlSource, table: sa.Table) -> None:
             f"no index of {src.qualified_name!r} starts with the key columns ({listed}) in that "
             f"order; every chunk would scan the table. Fix: CREATE INDEX ON {src.qualified_name} ({listed})."
         )
-
-
-def check_collation(src: SqlSource, key_cols: Sequence[sa.Column]) -> None:
-    """PostgreSQL: every text key column sorts by code point, as the cursors in Redis compare."""
-    text_cols = [c.name for c in key_cols if isinstance(c.type, sa.String)]
-    if not text_cols:
-        return
-    with src.engine.connect() as conn:
-        found = catalog.collations(conn, src._rel, text_cols)
-    for c in found:
-        if not catalog.sorts_by_code_point(c):
-            provider = {"c": "libc", "i": "ICU", "b": "builtin"}.get(c.provider, c.provider)
-            raise KeyValidationError(
-                f"text key column {c.column!r} uses collation {c.collation!r}, which does not order by "
-                "code point, so cursors compared in Redis would disagree with the database. Fix: "
-                f'ALTER TABLE {src.qualified_name} ALTER COLUMN {c.column} TYPE text COLLATE "C" '
-                f"(or page by another key). It sorts by the {provider} locale {c.locale!r}."
-            )

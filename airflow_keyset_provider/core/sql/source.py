@@ -1,20 +1,24 @@
 """A SQL table read in key order: validation, the round's upper bound, keyset chunks.
 
-Guarantees:
+Guarantees (what differs per database is the source's ``Dialect``, ``dialects/``):
 
-- ``validate`` refuses a database other than PostgreSQL and SQLite, and a key that does not
-  define a stable total order, with an error that names the object and the fix; it reads the
-  catalog only (``key_checks``).
-- ``upper_bound`` on PostgreSQL returns a bound such that every key ``<= bound`` that will ever
-  commit has committed (or aborted) when it returns: it waits, bounded, for the transactions of
+- ``validate`` refuses a database other than PostgreSQL, SQLite and MySQL/MariaDB, and a key
+  that does not define a stable total order, with an error that names the object and the fix; it
+  reads the catalog only (``key_checks``).
+- ``upper_bound`` returns a bound such that every key ``<= bound`` that will ever commit has
+  committed (or aborted) when it returns: on PostgreSQL it waits, bounded, for the transactions of
   this database (prepared ones included) that were open when ``max(key)`` was read
-  (``commit_order``). ``wait_for_commit_order`` does the same wait for an explicit end. Both
-  refuse what defeats that wait (a sequence with ``CACHE > 1`` feeding the key, a standby) unless
-  the caller opted into a ``settle_seconds`` window. SQLite serialises writers, so it needs no
-  wait; ``settle_seconds`` there is a plain delay.
+  (``commit_order``); on MySQL/MariaDB for the server's InnoDB transactions open then.
+  ``wait_for_commit_order`` does the same wait for an explicit end. Both refuse what defeats that
+  wait (PostgreSQL: a sequence with ``CACHE > 1`` feeding the key, a standby; MySQL: no PROCESS
+  privilege, a table not in InnoDB) unless the caller opted into a ``settle_seconds`` window.
+  SQLite serialises writers, so it needs no wait; ``settle_seconds`` there is a plain delay.
 - ``fetch`` returns the rows with ``lo < key <= hi`` in key order, at most ``n`` of them, with one
-  round trip, using row-value comparison (an index range scan on PostgreSQL).
+  round trip, in the form the database turns into an index range scan (``Dialect.key_after``).
 - ``estimate_rows`` and ``quantile_keys`` serve the planner (``sampling``).
+- every connection of an engine the source created itself gets a statement timeout
+  (``STATEMENT_TIMEOUT_S``) and a lock wait timeout (``LOCK_TIMEOUT_S``) where the database has
+  them (``Dialect.session_statements``); a caller's Engine keeps its own settings.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,7 +35,7 @@ from sqlalchemy.engine import Engine
 from ..errors import ConfigurationError
 from ..keys import MIN_KEY, decode_key, encode_key
 from ..row_data import hide_parameters
-from . import catalog, commit_order, key_checks, sampling
+from . import dialects, key_checks, sampling
 from .fetch import FetchedRows as FetchedRows  # re-exported: the fetcher moved to .fetch
 from .fetch import compile_fetcher, driver_call
 from .fetch import materialize as materialize
@@ -42,19 +45,46 @@ from .key_checks import SUPPORTED_DIALECTS as SUPPORTED_DIALECTS  # re-exported
 
 log = logging.getLogger(__name__)
 
+#: statement timeout of every statement of an engine the source created (chunk reads included)
+STATEMENT_TIMEOUT_S = 600.0
+#: lock wait timeout of those statements (a DDL holding the table must not hang a plan for long)
+LOCK_TIMEOUT_S = 10.0
+
 
 def make_engine(url: str | Engine) -> Engine:
     """An autocommit engine: a traversal never holds a transaction (and so a snapshot) open
     between chunks. A bare ``postgresql://`` URL gets SQLAlchemy's default driver (psycopg 3 with
-    SQLAlchemy 2.1); ``postgresql+psycopg2://`` selects psycopg2. Both work."""
+    SQLAlchemy 2.1); ``postgresql+psycopg2://`` selects psycopg2. Both work. An engine created
+    here runs its dialect's timeout statements on every new connection; a caller's is untouched."""
     if isinstance(url, Engine):
         return url.execution_options(isolation_level="AUTOCOMMIT")
     try:
-        return sa.create_engine(  # hide_parameters: no row data in logs (row_data)
+        engine = sa.create_engine(  # hide_parameters: no row data in logs (row_data)
             url, isolation_level="AUTOCOMMIT", pool_pre_ping=True, hide_parameters=hide_parameters()
         )
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise ConfigurationError(f"source URL is not usable: {exc}") from exc
+
+    @sa.event.listens_for(engine, "connect")
+    def _timeouts(dbapi_conn: Any, _record: Any) -> None:
+        # runs after the dialect's first-connect initialisation (server version known)
+        db = dialects.for_engine(engine.dialect)
+        statements = (
+            [] if db is None else db.session_statements(STATEMENT_TIMEOUT_S, LOCK_TIMEOUT_S)
+        )
+        if not statements:
+            return
+        cur = dbapi_conn.cursor()
+        try:
+            for stmt in statements:
+                cur.execute(stmt)
+        finally:
+            cur.close()
+        commit = getattr(dbapi_conn, "commit", None)
+        if commit is not None:
+            commit()  # psycopg2 outside autocommit opened a transaction for the SETs
+
+    return engine
 
 
 class SqlSource:
@@ -93,6 +123,7 @@ class SqlSource:
         self._owns_engine = not isinstance(url, Engine)  # never dispose a caller's engine
         self.engine = make_engine(url)
         self.dialect = self.engine.dialect.name
+        self.db = dialects.for_engine(self.engine.dialect)  # None: refused by validate
         schema, _, name = table.rpartition(".")
         self.schema, self.table_name = schema or None, name
         self.key_names = keys
@@ -174,17 +205,19 @@ class SqlSource:
         cols = [t.c[k] for k in self.key_names]
         return cols[0] if self.arity == 1 else sa.tuple_(*cols)
 
-    def _param_expr(self, prefix: str) -> Any:
+    def _params(self, prefix: str) -> list[Any]:
         cols = [self.table.c[k] for k in self.key_names]
-        params = [sa.bindparam(f"{prefix}{i}", type_=c.type) for i, c in enumerate(cols)]
-        return params[0] if self.arity == 1 else sa.tuple_(*params)
+        return [sa.bindparam(f"{prefix}{i}", type_=c.type) for i, c in enumerate(cols)]
 
     def _range_filter(self, has_lo: bool, on: Any = None) -> list[Any]:
-        """``lo < key <= hi [AND where]`` as row-value comparisons, on the table or a sample of it."""
-        k = self._key_expr(on)
-        conds = [k <= self._param_expr("h")]
+        """``lo < key <= hi [AND where]`` in the dialect's index-range form (row-value comparison
+        where the database ranges on it), on the table or a sample of it."""
+        assert self.db is not None  # validated
+        t = self.table if on is None else on
+        cols = [t.c[k] for k in self.key_names]
+        conds = [self.db.key_at_most(cols, self._params("h"))]
         if has_lo:
-            conds.insert(0, k > self._param_expr("c"))
+            conds.insert(0, self.db.key_after(cols, self._params("c")))
         if self.where:
             conds.append(self._where_clause())
         return conds
@@ -314,61 +347,15 @@ class SqlSource:
             self._settle(conn)
 
     def _settle(self, conn: sa.Connection) -> None:
-        if self.dialect == "postgresql":
-            commit_order.settle(
-                conn, self.commit_wait_timeout, self.settle_seconds, self.qualified_name
-            )
-        elif self.settle_seconds > 0:
-            time.sleep(self.settle_seconds)
+        """Right after the bound was read: the dialect's wait (see module doc)."""
+        assert self.db is not None  # validated
+        self.db.settle(self, conn)
 
     def _check_commit_order(self, conn: sa.Connection) -> None:
-        """Refuse, at plan time, a PostgreSQL source whose commit order no wait can prove: a
-        standby (its ``pg_locks`` lacks the primary's transactions) and a key fed by a sequence
-        with ``CACHE > 1`` (a session may use a cached, lower value at any later time). A
-        ``settle_seconds`` window is the explicit opt-in: then the round is only as safe as it."""
-        if self.dialect != "postgresql":
-            return
-        opted_in = self.settle_seconds > 0
-        if catalog.in_recovery(conn):
-            if not opted_in:
-                raise ConfigurationError(
-                    f"the source of {self.qualified_name!r} is a standby (pg_is_in_recovery() is true): the "
-                    "primary's open transactions are invisible here, so no key order can be proven at the "
-                    "round's end. Fix: plan against the primary, or opt in to a settle window with "
-                    "settle_seconds > 0 (keys committed later than that window are missed)."
-                )
-            log.warning(
-                "%s: planning on a standby; only the settle window of %.1f s protects late keys",
-                self.qualified_name,
-                self.settle_seconds,
-            )
-        int_keys = [
-            c
-            for c, kind in zip(self.key_names, self.key_kinds, strict=True)
-            if kind in ("int", "decimal")
-        ]
-        if not int_keys:
-            return
-        for seq in catalog.key_sequences(conn, self._rel, int_keys):
-            if seq.cache <= 1:
-                continue
-            if not opted_in:
-                raise ConfigurationError(
-                    f"key column {seq.column!r} of {self.qualified_name!r} is fed by sequence {seq.sequence!r} "
-                    f"with CACHE {seq.cache}: a session holding cached values can insert a key below one "
-                    "already committed, at any later time, after its round closed. Fix: ALTER SEQUENCE "
-                    f"{seq.sequence} CACHE 1 (identity: ALTER TABLE {self.qualified_name} ALTER COLUMN "
-                    f"{seq.column} SET CACHE 1), or opt in to a settle window with settle_seconds > 0."
-                )
-            log.warning(
-                "%s: key %s is fed by %s with CACHE %d; only the settle window of %.1f s protects "
-                "late keys",
-                self.qualified_name,
-                seq.column,
-                seq.sequence,
-                seq.cache,
-                self.settle_seconds,
-            )
+        """Refuse, at plan time, a source whose commit order no wait can prove, unless
+        ``settle_seconds`` opts in (``Dialect.check_commit_order``)."""
+        assert self.db is not None  # validated
+        self.db.check_commit_order(self, conn)
 
     # ---- planning support --------------------------------------------------------------------
     def estimate_rows(self, lo: str, hi: str) -> int:

@@ -1,0 +1,120 @@
+"""What differs per database, as one interface (``Dialect``); one module per database implements it.
+
+The engine (``source``, ``key_checks``, ``sampling``) calls these methods and never compares a
+dialect's name. Each method states what it proves; a database that cannot prove something refuses
+it with an error naming the object and the fix, never silently skips the check.
+
+- key validation: ``unique_indexes`` (what the catalog proves unique, and which indexes are ordered
+  so a chunk is a range scan), ``never_null`` / ``implicit_unique`` (a key the catalog cannot show
+  as NOT NULL or unique although it is, e.g. SQLite's rowid), ``check_key_column`` (types the key
+  codec supports, beyond ``key_checks.key_kind``), ``check_collation`` (text keys sort by code
+  point) and ``not_null_fix`` (the statement a refusal quotes);
+- the chunk filter: ``key_after`` / ``key_at_most`` (``key > lo`` and ``key <= hi`` in the form the
+  database turns into an index range);
+- commit order: ``check_commit_order`` (refuse what no wait can prove) and ``settle`` (wait until
+  every key at or below the bound that will ever commit has committed);
+- the planner: ``estimate_rows`` and ``sampled_cuts`` (``None``: cut exactly);
+- timeouts: ``session_statements`` (statement and lock timeouts for every connection of an engine
+  the source created itself);
+- write-back: ``classify_row_error`` (is a failed statement the row's fault, or transient?).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    from ..catalog import IndexInfo
+    from ..source import SqlSource
+
+RowErrorKind = Literal["row", "retry"]
+
+
+class Dialect:
+    """The interface; the defaults are the behaviour a database without the feature gets."""
+
+    name = ""
+    #: the reflected primary key is an ordered index (False: the catalog's index list decides)
+    primary_key_is_ordered = True
+
+    # ---- key validation ---------------------------------------------------------------------
+    def unique_indexes(self, conn: sa.Connection, src: SqlSource) -> list[IndexInfo]:
+        """Every index of the source's table, with what it proves (``IndexInfo``)."""
+        raise NotImplementedError
+
+    def never_null(self, table: sa.Table, col: sa.Column) -> bool:
+        """True when ``col`` can never hold NULL although it reflects as nullable."""
+        return False
+
+    def implicit_unique(self, table: sa.Table) -> list[set[str]]:
+        """Column sets unique without an index the catalog lists."""
+        return []
+
+    def check_key_column(self, src: SqlSource, col: sa.Column) -> None:
+        """Refuse a key column whose type this database orders differently from the key codec."""
+
+    def check_collation(self, src: SqlSource, key_cols: Sequence[sa.Column]) -> None:
+        """Refuse a text key column that does not sort by code point (the cursors' order)."""
+
+    def not_null_fix(self, src: SqlSource, col: sa.Column) -> str:
+        return f"ALTER TABLE {src.qualified_name} ALTER COLUMN {col.name} SET NOT NULL"
+
+    # ---- the chunk filter -------------------------------------------------------------------
+    def key_after(self, cols: Sequence[Any], params: Sequence[Any]) -> Any:
+        """``key > params`` (row-value comparison for a composite key)."""
+        return cols[0] > params[0] if len(cols) == 1 else sa.tuple_(*cols) > sa.tuple_(*params)
+
+    def key_at_most(self, cols: Sequence[Any], params: Sequence[Any]) -> Any:
+        """``key <= params``."""
+        return cols[0] <= params[0] if len(cols) == 1 else sa.tuple_(*cols) <= sa.tuple_(*params)
+
+    # ---- commit order -----------------------------------------------------------------------
+    def check_commit_order(self, src: SqlSource, conn: sa.Connection) -> None:
+        """Refuse, before the bound is read, a source whose commit order no wait can prove."""
+
+    def settle(self, src: SqlSource, conn: sa.Connection) -> None:
+        """Called right after the bound was read: return once every key at or below it that will
+        ever commit has committed, plus the ``settle_seconds`` window. The default (a database
+        that serialises writers) sleeps the window only."""
+        if src.settle_seconds > 0:
+            time.sleep(src.settle_seconds)
+
+    # ---- the planner ------------------------------------------------------------------------
+    def estimate_rows(
+        self, src: SqlSource, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
+    ) -> int:
+        """Rows ``stmt`` (the key columns of ``lo < key <= hi``) returns: the exact count here."""
+        count = sa.select(sa.func.count()).select_from(stmt.subquery())
+        return int(conn.execute(count, params).scalar() or 0)
+
+    def sampled_cuts(
+        self,
+        src: SqlSource,
+        conn: sa.Connection,
+        lo: str,
+        params: dict[str, Any],
+        est: int,
+        parts: int,
+        sample_rows: int,
+    ) -> list[str] | None:
+        """Cut keys from a sample without a full scan; None: cut by one exact ordered pass."""
+        return None
+
+    # ---- timeouts ---------------------------------------------------------------------------
+    def session_statements(self, statement_s: float, lock_s: float) -> list[str]:
+        """Statements run on every new connection of an engine the source created: a statement
+        timeout of ``statement_s`` and a lock wait timeout of ``lock_s`` seconds."""
+        return []
+
+    # ---- write-back -------------------------------------------------------------------------
+    def classify_row_error(self, exc: BaseException) -> RowErrorKind | None:
+        """``"row"``: the statement failed because of the row's data (a constraint, a value out of
+        range): retrying it fails again. ``"retry"``: transient (deadlock, lock or statement
+        timeout, lost connection). None: not known to be either."""
+        if isinstance(exc, (sa.exc.IntegrityError, sa.exc.DataError)):
+            return "row"
+        return None

@@ -1,0 +1,285 @@
+"""MySQL 8.0+ and MariaDB 10.6+ behind the ``Dialect`` interface (tested on MariaDB 10.11).
+
+- uniqueness: a unique ``BTREE``/``HASH`` index or the primary key whose key parts are whole
+  columns (no ``SUB_PART`` prefix, no functional key part), on NOT NULL columns; paging needs an
+  ordered (``BTREE``) index starting with the key columns (``mysql_catalog.indexes``);
+- key types: ENUM and SET (they sort by their ordinal), fixed-width CHAR (stored padded: ``'a\\t'``
+  sorts before ``'a'`` even under a NO PAD collation) and binary strings (the key codec has no
+  bytes type) are refused; TIMESTAMP only when the session time zone is a fixed offset (its
+  values are read in the session time zone, which a DST change makes ambiguous);
+- text keys: only a NO PAD binary collation of UTF-8 (``utf8mb4_nopad_bin`` on MariaDB,
+  ``utf8mb4_0900_bin`` on MySQL 8, and their utf8mb3 forms) orders like the key encoding. PAD
+  SPACE collations, ``utf8mb4_bin`` included, compare ``'a' = 'a '`` and sort ``'a\\t'`` before
+  ``'a'``; ``_ci``/``_ai``/language collations fold case, accents or sort by locale;
+- chunk filter: on MariaDB the composite ``key > lo`` is written ``a > x OR (a = x AND b > y)``,
+  which its optimizer turns into an index range (it scans the whole index for the row-value form
+  ``(a, b) > (x, y)``); MySQL 8 ranges on the row-value form;
+- commit order: ``AUTO_INCREMENT`` values are taken at insert and committed later, so after the
+  bound is read the plan waits, bounded, for every InnoDB transaction of the server that was open
+  then (``information_schema.INNODB_TRX``, which needs the PROCESS privilege). Without it, or for a
+  table not stored in InnoDB, the plan is refused unless ``settle_seconds`` opts in;
+- planner: ``EXPLAIN`` estimates (InnoDB index dives, no row read); quantiles of a key whose first
+  column is an integer, date or datetime by bisecting that column's values on those estimates,
+  with one index lookup per cut (``mysql_quantiles``); others by one exact ordered pass;
+- timeouts: ``max_statement_time`` (MariaDB) / ``max_execution_time`` (MySQL, SELECT only),
+  ``innodb_lock_wait_timeout`` (row locks), ``lock_wait_timeout`` (metadata locks: a plan never
+  waits a day behind an ``ALTER TABLE``), and READ COMMITTED (reads run in autocommit: no long snapshot,
+  no gap locks);
+- row errors: by MySQL error number.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql as sa_mysql
+
+from ...errors import ConfigurationError, KeyValidationError, UnsupportedKeyTypeError
+from .. import commit_order
+from . import mysql_catalog, mysql_quantiles
+from .base import Dialect, RowErrorKind
+
+if TYPE_CHECKING:
+    from ..catalog import IndexInfo
+    from ..source import SqlSource
+
+log = logging.getLogger(__name__)
+
+#: collations whose order is the code point order of the value, i.e. the key encoding's
+CODE_POINT_COLLATIONS = frozenset(
+    {"utf8mb4_nopad_bin", "utf8mb4_0900_bin", "utf8mb3_nopad_bin", "utf8_nopad_bin"}
+)
+_NO_PRIVILEGE = (1227, 1142, 1044)  # ER_SPECIFIC_ACCESS_DENIED, TABLEACCESS_DENIED, DBACCESS
+_ROW_ERRNOS = frozenset(
+    {1048, 1062, 1216, 1217, 1264, 1265, 1292, 1366, 1406, 1451, 1452, 1690, 3819, 4025}
+)
+_RETRY_ERRNOS = frozenset({1205, 1213, 1969, 3024, 2006, 2013, 1317, 1053})
+
+
+def _errno(exc: BaseException) -> int | None:
+    args = getattr(getattr(exc, "orig", exc), "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+_OPEN_TRX = sa.text(
+    # Every InnoDB transaction of the server that may write (a session may write to any
+    # database), not ours.
+    # Identity: thread and start time (a read-only transaction's trx_id changes when it writes).
+    # trx_query is not selected: it may hold a row's data.
+    "SELECT t.trx_id, t.trx_mysql_thread_id, t.trx_started, t.trx_state, "
+    "       TIMESTAMPDIFF(SECOND, t.trx_started, NOW()), p.USER, p.HOST, p.DB "
+    "FROM information_schema.INNODB_TRX t "
+    "LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+    "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() "
+    # a lone autocommit SELECT (no FOR UPDATE) or a READ ONLY transaction writes no key
+    "AND t.trx_autocommit_non_locking = 0 AND t.trx_is_read_only = 0"
+)
+
+
+def open_transactions(conn: sa.Connection) -> dict[str, commit_order.Blocker]:
+    """InnoDB transactions open now, by identity (see ``_OPEN_TRX``)."""
+    out = {}
+    for trx_id, thread, started, state, age, user, host, db in conn.execute(_OPEN_TRX):
+        ident = f"{thread}@{started}" if thread else f"trx:{trx_id}"
+        out[ident] = commit_order.Blocker(
+            ident,
+            f"thread {thread} user {user} host {host} database {db} transaction {trx_id} "
+            f"open for {int(age or 0)} s ({state}; end it with KILL {thread})",
+        )
+    return out
+
+
+class MysqlDialect(Dialect):
+    name = "mysql"
+    primary_key_is_ordered = False  # a MEMORY table's primary key is a HASH index
+
+    def __init__(self, sa_dialect: sa.Dialect) -> None:
+        self.sa_dialect = sa_dialect
+        self.can_wait = False  # set by check_commit_order: INNODB_TRX is readable for this table
+
+    @property
+    def is_mariadb(self) -> bool:
+        return bool(getattr(self.sa_dialect, "is_mariadb", False))
+
+    def _fix_collation(self) -> str:
+        return "utf8mb4_nopad_bin" if self.is_mariadb else "utf8mb4_0900_bin"
+
+    # ---- key validation ---------------------------------------------------------------------
+    def unique_indexes(self, conn: sa.Connection, src: SqlSource) -> list[IndexInfo]:
+        return mysql_catalog.indexes(conn, src.schema, src.table_name)
+
+    def not_null_fix(self, src: SqlSource, col: sa.Column) -> str:
+        ddl = col.type.compile(dialect=self.sa_dialect)
+        return f"ALTER TABLE {src.qualified_name} MODIFY {col.name} {ddl} NOT NULL"
+
+    def check_key_column(self, src: SqlSource, col: sa.Column) -> None:
+        t = col.type
+        where = f"key column {col.name!r} of {src.qualified_name!r}"
+        if isinstance(t, (sa.Enum, sa_mysql.SET)):
+            raise UnsupportedKeyTypeError(
+                f"{where} is {t}, which sorts by the members' ordinal, not by their text. "
+                f"Fix: key by a VARCHAR column COLLATE {self._fix_collation()}, or an integer."
+            )
+        if isinstance(t, sa.CHAR) or (isinstance(t, sa.String) and type(t).__name__ == "NCHAR"):
+            raise UnsupportedKeyTypeError(
+                f"{where} is fixed-width {t}: values are stored padded with spaces, so 'a\\t' sorts "
+                "before 'a' whatever the collation, unlike the key encoding. Fix: ALTER TABLE "
+                f"{src.qualified_name} MODIFY {col.name} VARCHAR({t.length or 255}) CHARACTER SET "
+                f"utf8mb4 COLLATE {self._fix_collation()} NOT NULL."
+            )
+        if isinstance(t, sa.types._Binary):
+            raise UnsupportedKeyTypeError(
+                f"{where} is the binary string type {t}: the key codec has no bytes type, so its "
+                f"values have no key encoding. Fix: key by a VARCHAR column COLLATE "
+                f"{self._fix_collation()} (byte order of UTF-8), or by an integer."
+            )
+        if isinstance(t, sa_mysql.TIMESTAMP):
+            with src.engine.connect() as conn:
+                zone = str(conn.exec_driver_sql("SELECT @@session.time_zone").scalar())
+            if not (zone[:1] in "+-" and ":" in zone):
+                raise UnsupportedKeyTypeError(
+                    f"{where} is TIMESTAMP, read in the session time zone {zone!r}; a zone with "
+                    "daylight saving time repeats an hour of local times, so the keys read would "
+                    "not keep the stored order. Fix: give the source a fixed-offset session zone "
+                    "(URL ?init_command=SET time_zone='%2B00:00'), or key by a DATETIME column."
+                )
+
+    def check_collation(self, src: SqlSource, key_cols: Sequence[sa.Column]) -> None:
+        text = [c.name for c in key_cols if isinstance(c.type, sa.String)]
+        if not text:
+            return
+        with src.engine.connect() as conn:
+            found = mysql_catalog.text_columns(conn, src.schema, src.table_name, text)
+        for c in found:
+            if (c.collation or "") in CODE_POINT_COLLATIONS:
+                continue
+            why = (
+                "PAD SPACE ('a' = 'a ', and 'a\\t' sorts before 'a')"
+                if (c.collation or "").endswith("_bin")
+                else "case-, accent- or locale-aware, and PAD SPACE"
+            )
+            raise KeyValidationError(
+                f"text key column {c.column!r} of {src.qualified_name!r} uses collation "
+                f"{c.collation!r}, which does not order by code point ({why}), so cursors compared "
+                f"in Redis would disagree with the database. Fix: ALTER TABLE {src.qualified_name} "
+                f"MODIFY {c.column} {c.data_type.upper()}(...) CHARACTER SET utf8mb4 COLLATE "
+                f"{self._fix_collation()} NOT NULL (or page by another key)."
+            )
+
+    # ---- the chunk filter -------------------------------------------------------------------
+    def key_after(self, cols: Sequence[Any], params: Sequence[Any]) -> Any:
+        if len(cols) == 1 or not self.is_mariadb:
+            return super().key_after(cols, params)
+        return _expanded(cols, params, strict=True)
+
+    def key_at_most(self, cols: Sequence[Any], params: Sequence[Any]) -> Any:
+        if len(cols) == 1 or not self.is_mariadb:
+            return super().key_at_most(cols, params)
+        return _expanded(cols, params, strict=False)
+
+    # ---- commit order -----------------------------------------------------------------------
+    def check_commit_order(self, src: SqlSource, conn: sa.Connection) -> None:
+        """Refuse a table whose in-flight writes cannot be listed: not InnoDB, or no PROCESS
+        privilege to read ``INNODB_TRX``; ``settle_seconds > 0`` opts in to a window instead."""
+        self.can_wait = False
+        engine = mysql_catalog.table_engine(conn, src.schema, src.table_name)
+        problem = ""
+        if engine.upper() != "INNODB":
+            problem = (
+                f"{src.qualified_name!r} is stored in {engine or 'an unknown engine'}, not InnoDB, "
+                "whose open transactions are the only ones information_schema.INNODB_TRX lists. Fix: "
+                f"ALTER TABLE {src.qualified_name} ENGINE=InnoDB"
+            )
+        else:
+            try:
+                conn.execute(sa.text("SELECT COUNT(*) FROM information_schema.INNODB_TRX")).scalar()
+            except sa.exc.DBAPIError as exc:
+                if _errno(exc) not in _NO_PRIVILEGE:
+                    raise
+                problem = (
+                    "the source's user lacks the PROCESS privilege, so information_schema.INNODB_TRX "
+                    "(the transactions that may still commit an AUTO_INCREMENT key below the round's "
+                    "end) cannot be read. Fix: GRANT PROCESS ON *.* TO the source's user"
+                )
+        if not problem:
+            self.can_wait = True
+            return
+        if src.settle_seconds <= 0:
+            raise ConfigurationError(
+                f"{problem}, or opt in to a settle window with settle_seconds > 0 (keys committed "
+                "later than that window are missed)."
+            )
+        log.warning(
+            "%s: cannot wait for open transactions; only the settle window of %.1f s protects "
+            "late keys",
+            src.qualified_name,
+            src.settle_seconds,
+        )
+
+    def settle(self, src: SqlSource, conn: sa.Connection) -> None:
+        if not self.can_wait:
+            super().settle(src, conn)
+            return
+        commit_order.settle(
+            conn,
+            src.commit_wait_timeout,
+            src.settle_seconds,
+            src.qualified_name,
+            open_transactions,
+        )
+
+    # ---- the planner ------------------------------------------------------------------------
+    def estimate_rows(
+        self, src: SqlSource, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
+    ) -> int:
+        index = mysql_quantiles.key_index(src, conn)
+        return mysql_quantiles.explain_rows(src, conn, stmt, params, index)
+
+    def sampled_cuts(
+        self,
+        src: SqlSource,
+        conn: sa.Connection,
+        lo: str,
+        params: dict[str, Any],
+        est: int,
+        parts: int,
+        sample_rows: int,
+    ) -> list[str] | None:
+        return mysql_quantiles.bisected_cuts(src, conn, lo, params, est, parts)
+
+    # ---- timeouts ---------------------------------------------------------------------------
+    def session_statements(self, statement_s: float, lock_s: float) -> list[str]:
+        out = [
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+            f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(lock_s))}",
+            # metadata locks (ALTER TABLE, LOCK TABLES ... WRITE): the server's default is a day
+            f"SET SESSION lock_wait_timeout = {max(1, math.ceil(lock_s))}",
+        ]
+        if self.is_mariadb:
+            out.append(f"SET SESSION max_statement_time = {float(statement_s)}")
+        else:  # MySQL 8: SELECT statements only (from MySQL's documentation; not tested here)
+            out.append(f"SET SESSION max_execution_time = {int(statement_s * 1000)}")
+        return out
+
+    # ---- write-back -------------------------------------------------------------------------
+    def classify_row_error(self, exc: BaseException) -> RowErrorKind | None:
+        code = _errno(exc)
+        if code in _ROW_ERRNOS:
+            return "row"
+        if code in _RETRY_ERRNOS:
+            return "retry"
+        return super().classify_row_error(exc)
+
+
+def _expanded(cols: Sequence[Any], params: Sequence[Any], strict: bool) -> Any:
+    """``(a, b, c) > (x, y, z)`` as ``a > x OR (a = x AND (b > y OR (b = y AND c > z)))`` (``<=``
+    with ``strict=False``): the form MariaDB's range optimizer turns into an index range."""
+    last = cols[-1] > params[-1] if strict else cols[-1] <= params[-1]
+    expr = last
+    for c, p in zip(reversed(cols[:-1]), reversed(params[:-1]), strict=True):
+        expr = sa.or_(c > p if strict else c < p, sa.and_(c == p, expr))
+    return expr
