@@ -35,6 +35,7 @@ from .keys import MIN_KEY, KeyEncodingError, coerce_bound, decode_user_key, disp
 from .metrics import Metrics, NullMetrics
 from .options import TraverseOptions, call_options
 from .pace.stream_control import ControlState
+from .rounds import stream_key
 from .rounds.control import RangeSpec, Round, RoundTotals, StreamControl
 from .rounds.mirror import CheckpointMirror
 from .rounds.planner import check_max_ranges, split
@@ -139,13 +140,16 @@ class KeysetTraversal:
         unchanged. ``end_key`` None takes ``max(key)`` at plan time, once every key below it has
         committed (PostgreSQL). ``round_key`` (e.g. an Airflow run id) makes the call idempotent:
         the same key always returns the same round, open or closed. Validation happens before
-        anything is written; a refused plan writes nothing.
+        anything is written; a refused plan writes nothing. A stream whose key columns or their
+        types changed since its watermark was written is refused (``core/rounds/stream_key.py``).
         """
         check_max_ranges(max_ranges)
         self.store.ping()
         self.store.check_eviction_policy()
         self.source.validate()
         self.control.recover_stream()
+        key = stream_key.fingerprint(self.source.key_names, self.source.key_kinds)
+        stream_key.check(self.store, self.mirror, key)  # a foreign watermark never plans a round
         chained = start_key is None
         existing = self.store.lookup(round_key, chained)
         if existing is not None:
@@ -157,6 +161,7 @@ class KeysetTraversal:
             return self.round(existing)
         start, end = self._round_bounds(start_key, end_key)
         bounds = self._range_bounds(start, end, max_ranges, exact_limit, sample_rows)
+        stream_key.record(self.store, self.mirror, key)
         round_id, created = self.store.create_round(
             idempotency_key=round_key,
             chained=chained,

@@ -4,7 +4,9 @@ Redis on many deployments keeps nothing on disk: a restart or FLUSHDB mid-round 
 leave the engine unable to tell "done" from "never started". With a mirror configured the engine
 writes, to a SQL table, the round definition at plan time, each range's *committed* cursor with its
 counters, pending item retries and dead letters at most every ``checkpoint_seconds`` (and when a
-range finishes or stops), and the watermark when a round closes.
+range finishes or stops), the watermark when a round closes, and the fingerprint of the stream's
+key when a round is planned (``core/rounds/stream_key.py``: the key the watermark is encoded
+with).
 
 Guarantee: a mirrored cursor is never ahead of the cursor Redis committed (it is written after
 the commit, from the commit's own result). Restoring therefore moves a range *back* to its last
@@ -24,7 +26,7 @@ from sqlalchemy.engine import Engine
 
 from ..errors import ConfigurationError
 
-_ROUND, _WATERMARK = -1, -2
+_ROUND, _WATERMARK, _KEY = -1, -2, -3
 
 
 class CheckpointMirror:
@@ -106,6 +108,11 @@ class CheckpointMirror:
             ]
         )
 
+    def save_key_fingerprint(self, stream: str, fingerprint: str) -> None:
+        """The fingerprint of the stream's key (``core/rounds/stream_key.py``)."""
+        doc = json.dumps({"key": fingerprint})
+        self._upsert([{"stream": stream, "round_id": "", "range_id": _KEY, "doc": doc}])
+
     # ---- reading -----------------------------------------------------------------------------
     def load_round(
         self, stream: str, round_id: str
@@ -142,6 +149,16 @@ class CheckpointMirror:
                 sa.select(t.c.doc).where(t.c.stream == stream, t.c.range_id == _WATERMARK)
             ).scalar()
         return None if doc is None else json.loads(doc)["watermark"]
+
+    def load_key_fingerprint(self, stream: str) -> str | None:
+        """The stream's mirrored key fingerprint (None: never mirrored)."""
+        self._ensure()
+        t = self.table
+        with self.engine.connect() as conn:
+            doc = conn.execute(
+                sa.select(t.c.doc).where(t.c.stream == stream, t.c.range_id == _KEY)
+            ).scalar()
+        return None if doc is None else str(json.loads(doc)["key"])
 
     def max_round_number(self, stream: str) -> int:
         self._ensure()

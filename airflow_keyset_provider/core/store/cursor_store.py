@@ -8,6 +8,7 @@ the hash tag ``{<stream>}``, so the scripts run unchanged on Redis Cluster.
 Key layout (``P`` is the key prefix, ``ks`` by default; ``S`` the stream)::
 
     P:{S}:watermark                 string  encoded end of the contiguous completed prefix
+    P:{S}:key                       string  fingerprint of the key the watermark is encoded with
     P:{S}:seq                       string  round id counter
     P:{S}:open                      set     ids of open rounds
     P:{S}:chained                   string  id of the open round that started at the watermark
@@ -190,6 +191,11 @@ class CursorStore(RangePull):
     def restore_watermark(self, watermark: str) -> bool:
         """Put back a lost watermark; never overwrites one that exists."""
         return bool(self.client.set(self.watermark_key, watermark, nx=True))
+
+    def record_key_fingerprint(self, fingerprint: str) -> bool:
+        """Record the stream's key fingerprint if none is recorded (SET NX); True if set. Only
+        ``core/rounds/stream_key.py`` decides what it holds and when it may be recorded."""
+        return bool(self.client.set(self.key_fingerprint_key, fingerprint, nx=True))
 
     def set_control_field(self, field: str, value: str | None) -> None:
         """Set one field of the stream's control hash (HSET), or remove it when ``value`` is
