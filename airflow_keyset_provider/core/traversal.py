@@ -34,7 +34,7 @@ from .errors import (
 from .keys import MIN_KEY, KeyEncodingError, coerce_bound, decode_user_key, display_key, encode_key
 from .metrics import Metrics, NullMetrics
 from .options import TraverseOptions, call_options
-from .pace.stream_control import ControlState
+from .pace.stream_control import ControlState, probe_timeout
 from .rounds import stream_key
 from .rounds.control import RangeSpec, Round, RoundTotals, StreamControl
 from .rounds.mirror import CheckpointMirror
@@ -307,7 +307,7 @@ class KeysetTraversal:
                 f"got {progress_every_seconds!r}"
             )
         self.source.ensure_validated()
-        ctx = self._context(ProgressHook(on_progress, progress_every_seconds))
+        ctx = self._context(ProgressHook(on_progress, progress_every_seconds), settings)
         try:
             return run_restoring(ctx, round_id, range_id, processor, settings)
         finally:
@@ -340,20 +340,26 @@ class KeysetTraversal:
         _check_processor(processor)
         self.source.ensure_validated()
         o = options or TraverseOptions()
-        loop = PullLoop(self._context(), round_id, processor, o, first_range, split, tasks)
+        loop = PullLoop(self._context(None, o), round_id, processor, o, first_range, split, tasks)
         try:
             return loop.run()
         finally:
             self._stop.clear()  # a stop request ends this call, not the traversal object
 
-    def _context(self, progress: ProgressHook | None = None) -> RunContext:
+    def _context(
+        self, progress: ProgressHook | None = None, options: TraverseOptions | None = None
+    ) -> RunContext:
         """What one call's runs need (``core/run/context.py``): built per call, so the stop signal
-        and the progress hook are this call's."""
+        and the progress hook are this call's, and the mirror's statements are bounded by this
+        call's ``chunk_timeout`` and lease (``probe_timeout``)."""
+        mirror = self.mirror
+        if mirror is not None and options is not None:
+            mirror = mirror.bounded(probe_timeout(options))
         return RunContext(
             source=self.source,
             store=self.store,
             control=self.control,
-            mirror=self.mirror,
+            mirror=mirror,
             metrics=self.metrics,
             stop=self._stop,
             progress=progress or ProgressHook(),
