@@ -35,7 +35,8 @@ from .errors import (
 from .keys import MIN_KEY, KeyEncodingError, coerce_bound, decode_user_key, display_key, encode_key
 from .metrics import Metrics, NullMetrics
 from .options import TraverseOptions, call_options
-from .pace.stream_control import ControlState
+from .pace.stream_control import ControlState, probe_timeout
+from .rounds import stream_key
 from .rounds.control import RangeSpec, Round, RoundTotals, StreamControl
 from .rounds.mirror import CheckpointMirror
 from .rounds.planner import check_max_ranges, split
@@ -147,13 +148,16 @@ class KeysetTraversal:
         unchanged. ``end_key`` None takes ``max(key)`` at plan time, once every key below it has
         committed (PostgreSQL). ``round_key`` (e.g. an Airflow run id) makes the call idempotent:
         the same key always returns the same round, open or closed. Validation happens before
-        anything is written; a refused plan writes nothing.
+        anything is written; a refused plan writes nothing. A stream whose key columns or their
+        types changed since its watermark was written is refused (``core/rounds/stream_key.py``).
         """
         check_max_ranges(max_ranges)
         self.store.ping()
         self.store.check_eviction_policy()
         self.source.validate()
         self.control.recover_stream()
+        key = stream_key.fingerprint(self.source.key_names, self.source.key_kinds)
+        stream_key.check(self.store, self.mirror, key)  # a foreign watermark never plans a round
         chained = start_key is None
         existing = self.store.lookup(round_key, chained)
         if existing is not None:
@@ -165,6 +169,7 @@ class KeysetTraversal:
             return self.round(existing)
         start, end = self._round_bounds(start_key, end_key)
         bounds = self._range_bounds(start, end, max_ranges, exact_limit, sample_rows)
+        stream_key.record(self.store, self.mirror, key)
         round_id, created = self.store.create_round(
             idempotency_key=round_key,
             chained=chained,
@@ -310,7 +315,7 @@ class KeysetTraversal:
                 f"got {progress_every_seconds!r}"
             )
         self.source.ensure_validated()
-        ctx = self._context(ProgressHook(on_progress, progress_every_seconds))
+        ctx = self._context(ProgressHook(on_progress, progress_every_seconds), settings)
         try:
             return run_restoring(ctx, round_id, range_id, processor, settings)
         finally:
@@ -343,20 +348,26 @@ class KeysetTraversal:
         _check_processor(processor)
         self.source.ensure_validated()
         o = options or TraverseOptions()
-        loop = PullLoop(self._context(), round_id, processor, o, first_range, split, tasks)
+        loop = PullLoop(self._context(None, o), round_id, processor, o, first_range, split, tasks)
         try:
             return loop.run()
         finally:
             self._stop.clear()  # a stop request ends this call, not the traversal object
 
-    def _context(self, progress: ProgressHook | None = None) -> RunContext:
+    def _context(
+        self, progress: ProgressHook | None = None, options: TraverseOptions | None = None
+    ) -> RunContext:
         """What one call's runs need (``core/run/context.py``): built per call, so the stop signal
-        and the progress hook are this call's."""
+        and the progress hook are this call's, and the mirror's statements are bounded by this
+        call's ``chunk_timeout`` and lease (``probe_timeout``)."""
+        mirror = self.mirror
+        if mirror is not None and options is not None:
+            mirror = mirror.bounded(probe_timeout(options))
         return RunContext(
             source=self.source,
             store=self.store,
             control=self.control,
-            mirror=self.mirror,
+            mirror=mirror,
             metrics=self.metrics,
             stop=self._stop,
             progress=progress or ProgressHook(),

@@ -23,6 +23,8 @@ from airflow_keyset_provider.common import (
 )
 from airflow_keyset_provider.core import ConfigurationError, KeysetTraversal, Round
 from airflow_keyset_provider.core.keys import coerce_bound, from_tuple, parse_bound, to_json
+from airflow_keyset_provider.core.rounds.control import RangeSpec
+from airflow_keyset_provider.core.rounds.plan_answer import first_answer
 from airflow_keyset_provider.core.rounds.planner import MAX_RANGES
 from airflow_keyset_provider.core.run.pull import first_positions
 from airflow_keyset_provider.hooks.keyset import KeysetHook
@@ -32,12 +34,24 @@ AIRFLOW_DEFAULT_MAX_MAP_LENGTH = 1024  # Airflow's default [core] max_map_length
 _LOGGED_RANGES = 64  # the plan task logs the first ranges, then how many more
 
 
-def pull_tasks(rnd: Round, max_tasks: int, common: dict[str, Any]) -> list[dict[str, Any]]:
-    """Pull mode: one dict per task (at most ``max_tasks``, at most one per range); the tasks'
-    first ranges are spread evenly over the key order (task ``k`` of ``n`` starts ``k/n`` of the
-    way in and, coalescing, claims its share of the round), then each pulls whatever is left."""
+def first_ranges(rnd: Round, max_tasks: int) -> list[RangeSpec]:
+    """Pull mode: the first range of each task (at most ``max_tasks``, at most one per range),
+    spread evenly over the key order: task ``k`` of ``n`` starts ``k/n`` of the way in and,
+    coalescing, claims its share of the round, then each pulls whatever is left."""
     ordered = sorted(rnd.ranges, key=lambda spec: spec.lo_encoded)
-    specs = [ordered[i] for i in first_positions(len(ordered), max_tasks)]
+    return [ordered[i] for i in first_positions(len(ordered), max_tasks)]
+
+
+def pull_tasks(
+    rnd: Round,
+    max_tasks: int,
+    common: dict[str, Any],
+    firsts: list[RangeSpec] | None = None,
+) -> list[dict[str, Any]]:
+    """Pull mode: one dict per task, for the tasks' first ranges ``firsts`` (default:
+    ``first_ranges`` of ``rnd`` as it is now; the operator passes the round's recorded first
+    answer, ``core/rounds/plan_answer.py``)."""
+    specs = first_ranges(rnd, max_tasks) if firsts is None else firsts
     return [
         {
             "round_id": rnd.round_id,
@@ -117,7 +131,9 @@ class PlanRangesOperator(BaseOperator):
     8601 strings are accepted for timestamp and date columns. With
     ``render_template_as_native_obj=True`` native values (lists, datetimes) pass through.
 
-    Running the task again for the same DAG run (retry, clear) returns the same round, unchanged.
+    Running the task again for the same DAG run (retry, clear) returns the same round and the same
+    dicts, also after the round ran (pull mode: the first answer is recorded in the round, as
+    claims coalesce and split its ranges).
 
     :param source_conn_id: Airflow connection of the source database.
     :param table: table to traverse, ``name`` or ``schema.name`` (templated).
@@ -207,7 +223,7 @@ class PlanRangesOperator(BaseOperator):
         stream = self.stream or self.dag_id
         key = list(self.key) if not isinstance(self.key, str) else self.key
         columns = list(self.columns) if self.columns is not None else None
-        rnd = self._plan_round(context, stream, key, columns)
+        rnd, firsts = self._plan_round(context, stream, key, columns)
         self._log_round(stream, rnd)
         self._push_round(context, stream, rnd)
         common = {
@@ -222,7 +238,7 @@ class PlanRangesOperator(BaseOperator):
             "checkpoint_conn_id": self.checkpoint_conn_id,
         }
         if self.max_tasks is not None:
-            return pull_tasks(rnd, self.max_tasks, common)
+            return pull_tasks(rnd, self.max_tasks, common, firsts)
         return [
             {
                 "round_id": rnd.round_id,
@@ -236,9 +252,11 @@ class PlanRangesOperator(BaseOperator):
 
     def _plan_round(
         self, context: Context, stream: str, key: str | list[str], columns: list[str] | None
-    ) -> Round:
+    ) -> tuple[Round, list[RangeSpec] | None]:
         """The round of this DAG run and plan task: planned now, or the one planned before (the
-        round key is the task's ``<dag_id>/<run_id>/<task_id>``)."""
+        round key is the task's ``<dag_id>/<run_id>/<task_id>``); in pull mode also the tasks'
+        first ranges as the round's first plan answered them (``core/rounds/plan_answer.py``:
+        claims coalesce and split ranges as the round runs, the answer stays)."""
         with airflow_errors():
             _check_max_ranges(self.max_ranges, self.max_tasks)
             hook = KeysetHook(self.source_conn_id, self.redis_conn_id, self.checkpoint_conn_id)
@@ -259,7 +277,14 @@ class PlanRangesOperator(BaseOperator):
                     t.source.validate()  # the key columns' types, to read rendered bounds
                     start = _typed_bound(t, "start_key", start)
                     end = _typed_bound(t, "end_key", end)
-                return t.plan(self.max_ranges, start, end, round_key=run_key(context))
+                rnd = t.plan(self.max_ranges, start, end, round_key=run_key(context))
+                tasks = self.max_tasks
+                if tasks is None:  # one range per task: no claim coalesces, no range splits
+                    return rnd, None
+                firsts = first_answer(
+                    t.control, rnd.round_id, f"pull:{tasks}", lambda r: first_ranges(r, tasks)
+                )
+                return rnd, firsts
             finally:
                 t.close()
 

@@ -22,17 +22,28 @@ re-reads the verdict every ``min(poll_seconds, 1)`` s, so it starts again within
 recovery. A probe that fails (SQL error, timeout, the callable raising) counts as unhealthy, with
 the error as the reason: an outage of the source never reads as "healthy, go faster". The health
 read costs one Redis round trip per chunk, and only when checks are configured.
+
+A probe is bounded (``tests/core/test_health_timeouts.py``): with ``timeout`` (a traversal gives
+the smaller of its ``chunk_timeout`` and its lease) every SQL statement of the built-in checks
+runs with a statement and a lock timeout (``core/pace/sql_timeouts.py``), and the task waits for
+the probes at most ``timeout`` plus one second (a callable that hangs included) before counting
+the probe as unhealthy (``health probe timed out``); a stop request ends that wait at once. So a
+probe blocked on a lock never holds the range's loop, and with it its lease, past that bound.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
+
+from .sql_timeouts import bounded_connection
 
 if TYPE_CHECKING:
     from ..store.cursor_store import CursorStore
@@ -85,9 +96,17 @@ class HealthCheck(Protocol):
     def probe(self, engine: sa.Engine) -> Verdict: ...
 
 
-def _scalar(engine: sa.Engine, sql: str, params: dict[str, Any] | None = None) -> float:
-    with engine.connect() as conn:
-        value = conn.execute(sa.text(sql), params or {}).scalar()
+PROBE_GRACE_SECONDS = 1.0  # past the statement timeout, before the wait for a probe gives up
+
+
+def _scalar(engine: sa.Engine, sql: str, timeout: float | None = None) -> float:
+    """The number ``sql`` returns; with ``timeout``, its statement and lock waits are bounded."""
+    if timeout is None:
+        with engine.connect() as conn:
+            value = conn.execute(sa.text(sql)).scalar()
+    else:
+        with bounded_connection(engine, timeout) as conn:
+            value = conn.execute(sa.text(sql)).scalar()
     return float(value or 0)
 
 
@@ -100,8 +119,9 @@ class SqlThreshold:
     name: str = "sql"
     unit: str = ""
 
-    def probe(self, engine: sa.Engine) -> Verdict:
-        value = _scalar(engine, self.sql)
+    def probe(self, engine: sa.Engine, timeout: float | None = None) -> Verdict:
+        """``timeout``: seconds the statement (and each lock wait) may take; None: no limit."""
+        value = _scalar(engine, self.sql, timeout)
         if value <= self.max_value:
             return Verdict(True, f"{self.name} {value:g}{self.unit} <= {self.max_value:g}")
         return Verdict(False, f"{self.name} {value:g}{self.unit} > {self.max_value:g}{self.unit}")
@@ -145,7 +165,9 @@ class CallableCheck:
 
 class HealthGate:
     """Reads (and, when it is stale and this task holds the lock, refreshes) the stream's shared
-    verdict. ``check()`` -> None when healthy, else the reason."""
+    verdict. ``check()`` -> None when healthy, else the reason. ``timeout`` bounds a probe and
+    ``stop`` ends the wait for one (module docstring); ``check`` then returns None without
+    storing a verdict, and the caller sees ``stop`` set."""
 
     def __init__(
         self,
@@ -153,8 +175,13 @@ class HealthGate:
         checks: Sequence[HealthCheck],
         engine: sa.Engine,
         poll_seconds: float = 5.0,
+        *,
+        timeout: float | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.checks, self.engine, self.poll_seconds = tuple(checks), engine, poll_seconds
+        self.timeout = timeout
+        self.stop = stop or threading.Event()
         self.stream = store.stream
         self.keys = [store.health_key, store.health_lock_key]
         self.token = uuid.uuid4().hex
@@ -170,7 +197,9 @@ class HealthGate:
         )
         healthy, reason = _s(healthy), _s(reason)
         if _s(probe) == "1":
-            verdict = self.probe()
+            verdict = self._bounded_probe()
+            if verdict is None:
+                return None  # stopped while the probe ran: no verdict (the lock expires)
             healthy, reason = ("1" if verdict.ok else "0"), verdict.reason
             self._write(
                 keys=self.keys,
@@ -185,12 +214,40 @@ class HealthGate:
             self._last_reason = bad
         return bad
 
+    def _bounded_probe(self) -> Verdict | None:
+        """``probe`` in a thread of its own, waited for at most ``timeout`` plus a grace (then
+        unhealthy: the probe is left to end on its own statement timeout), or until ``stop``
+        (None). Without ``timeout`` the probe runs in this thread, unbounded."""
+        if self.timeout is None:
+            return self.probe()
+        box: list[Verdict] = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box.append(self.probe())
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"keyset-health-{self.stream}", daemon=True).start()
+        deadline = time.monotonic() + self.timeout + PROBE_GRACE_SECONDS
+        while not done.wait(min(0.2, max(deadline - time.monotonic(), 0.0))):
+            if self.stop.is_set():
+                return None
+            if time.monotonic() >= deadline:
+                return Verdict(False, f"health probe timed out after {self.timeout:g} s")
+        return box[0] if box else Verdict(False, "health probe failed")
+
     def probe(self) -> Verdict:
-        """Every check in turn; the first unhealthy (or failing) one decides."""
+        """Every check in turn; the first unhealthy (or failing) one decides. The built-in SQL
+        checks get ``timeout`` as their statement and lock timeout."""
         reasons = []
         for c in self.checks:
             try:
-                v = c.probe(self.engine)
+                if isinstance(c, SqlThreshold):
+                    v = c.probe(self.engine, self.timeout)
+                else:
+                    v = c.probe(self.engine)
             except Exception as exc:  # a failed probe is not a healthy database
                 return Verdict(False, f"{getattr(c, 'name', c)}: probe failed: {exc}"[:300])
             if not v.ok:

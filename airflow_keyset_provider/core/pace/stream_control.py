@@ -296,6 +296,8 @@ class Pacer:
         """Until the shared verdict is healthy (re-read every ``min(poll, 1)`` s)."""
         assert self.health is not None
         reason = self.health.check()
+        if self.stop_event.is_set():
+            return Pace.STOPPED  # a stop request ended the wait for a probe
         started = time.monotonic()
         while reason is not None:
             self.health_reason = reason
@@ -306,6 +308,8 @@ class Pacer:
             if outcome:
                 return outcome
             reason = self.health.check()
+            if self.stop_event.is_set():
+                return Pace.STOPPED
         return Pace.GO
 
     def _log_wait(self, rate: float, wait: float) -> None:
@@ -340,7 +344,8 @@ def make_pacer(
     store: CursorStore, engine: sa.Engine, stop: threading.Event, o: TraverseOptions
 ) -> Pacer:
     """A range's (or a pull call's) pacer: the stream's pause, rows/s budget and (with
-    ``health_checks``) health gate, polled every ``control_poll_seconds``."""
+    ``health_checks``) health gate, polled every ``control_poll_seconds``; a probe is bounded by
+    ``probe_timeout`` and ended by ``stop``."""
     return Pacer(
         store,
         poll_seconds=o.control_poll_seconds,
@@ -348,11 +353,34 @@ def make_pacer(
         chunk_rows=o.chunk_size,
         stop=stop,
         health=(
-            HealthGate(store, o.health_checks, engine, o.health_poll_seconds)
+            HealthGate(
+                store,
+                o.health_checks,
+                engine,
+                o.health_poll_seconds,
+                timeout=probe_timeout(o),
+                stop=stop,
+            )
             if o.health_checks
             else None
         ),
     )
 
 
-__all__ = ["ControlState", "ControlWatch", "Pace", "Pacer", "StreamSwitch", "make_pacer"]
+def probe_timeout(o: TraverseOptions) -> float:
+    """The bound of one health probe, or one checkpoint mirror statement, of a traversal: the
+    smaller of its ``chunk_timeout`` (when set) and its lease, so neither holds the range longer
+    than a processor call may, nor past one lease."""
+    bounds = [o.lease_seconds] + ([o.chunk_timeout] if o.chunk_timeout else [])
+    return float(min(bounds))
+
+
+__all__ = [
+    "ControlState",
+    "ControlWatch",
+    "Pace",
+    "Pacer",
+    "StreamSwitch",
+    "make_pacer",
+    "probe_timeout",
+]

@@ -159,7 +159,8 @@ class StreamControl:
 
     def recover_stream(self) -> None:
         """If Redis lost the stream (no round counter) but the mirror knows it, put back the
-        watermark and every round that was still open."""
+        watermark, the fingerprint of the key it is encoded with, and every round that was still
+        open."""
         if self.mirror is None or self.store.round_counter() is not None:
             return
         # round ids are never reused: the counter resumes after the highest mirrored round
@@ -167,6 +168,9 @@ class StreamControl:
         wm = self.mirror.load_watermark(self.stream)
         if wm is not None and self.store.restore_watermark(wm):
             log.warning("stream %s: watermark restored from the checkpoint mirror", self.stream)
+        key = self.mirror.load_key_fingerprint(self.stream)
+        if key is not None:  # the key that watermark is encoded with (core/rounds/stream_key.py)
+            self.store.record_key_fingerprint(key)
         for info in self.mirror.rounds(self.stream):
             if info.get("state") != RoundState.CLOSED:
                 self.restore(info["id"])

@@ -4,17 +4,25 @@ Redis on many deployments keeps nothing on disk: a restart or FLUSHDB mid-round 
 leave the engine unable to tell "done" from "never started". With a mirror configured the engine
 writes, to a SQL table, the round definition at plan time, each range's *committed* cursor with its
 counters, pending item retries and dead letters at most every ``checkpoint_seconds`` (and when a
-range finishes or stops), and the watermark when a round closes.
+range finishes or stops), the watermark when a round closes, and the fingerprint of the stream's
+key when a round is planned (``core/rounds/stream_key.py``: the key the watermark is encoded
+with).
 
 Guarantee: a mirrored cursor is never ahead of the cursor Redis committed (it is written after
 the commit, from the commit's own result). Restoring therefore moves a range *back* to its last
 checkpoint: the keys committed after it are delivered again (at-least-once, at most
 ``checkpoint_seconds`` worth of chunks per range) and the counters are exact again once they are
 re-counted. Nothing is ever restored as complete that the mirror did not record as complete.
+
+Every statement the mirror issues runs with a statement timeout and a lock timeout
+(``core/pace/sql_timeouts.py``): ``timeout_seconds`` (30 s by default; a traversal narrows it to
+its ``chunk_timeout`` and lease with ``bounded``), so a mirror write that waits on a lock fails
+(a range's checkpoint then logs it and goes on) instead of holding the range's loop and lease.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -23,14 +31,24 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from ..errors import ConfigurationError
+from ..pace.sql_timeouts import bounded_connection
 
-_ROUND, _WATERMARK = -1, -2
+_ROUND, _WATERMARK, _KEY = -1, -2, -3
 
 
 class CheckpointMirror:
     """The table ``keyset_checkpoints`` (created if missing): one row per stream/round/range."""
 
-    def __init__(self, url: str | sa.URL | Engine, table: str = "keyset_checkpoints") -> None:
+    def __init__(
+        self,
+        url: str | sa.URL | Engine,
+        table: str = "keyset_checkpoints",
+        *,
+        timeout_seconds: float = 30.0,
+    ) -> None:
+        if not isinstance(timeout_seconds, (int, float)) or not timeout_seconds > 0:
+            raise ConfigurationError(f"timeout_seconds must be > 0, got {timeout_seconds!r}")
+        self.timeout_seconds = float(timeout_seconds)
         try:
             self.engine = (
                 url if isinstance(url, Engine) else sa.create_engine(url, pool_pre_ping=True)
@@ -49,9 +67,23 @@ class CheckpointMirror:
         )
         self._created = False
 
+    def bounded(self, seconds: float | None) -> CheckpointMirror:
+        """This mirror (same engine and table) with its statements limited to at most
+        ``seconds`` (None: unchanged): what one traversal call uses."""
+        if seconds is None or seconds >= self.timeout_seconds:
+            return self
+        narrowed = copy.copy(self)
+        narrowed.timeout_seconds = float(seconds)
+        return narrowed
+
+    def _connect(self) -> Any:
+        """A connection whose statements and lock waits are limited to ``timeout_seconds``."""
+        return bounded_connection(self.engine, self.timeout_seconds)
+
     def _ensure(self) -> None:
         if not self._created:
-            self.table.create(self.engine, checkfirst=True)
+            with self._connect() as conn:
+                self.table.create(conn, checkfirst=True)
             self._created = True
 
     def _upsert(self, rows: list[dict[str, Any]]) -> None:
@@ -68,7 +100,7 @@ class CheckpointMirror:
         stmt = stmt.on_conflict_do_update(
             index_elements=["stream", "round_id", "range_id"], set_={"doc": stmt.excluded.doc}
         )
-        with self.engine.begin() as conn:
+        with self._connect() as conn:
             conn.execute(stmt, rows)
 
     # ---- writing -----------------------------------------------------------------------------
@@ -106,13 +138,18 @@ class CheckpointMirror:
             ]
         )
 
+    def save_key_fingerprint(self, stream: str, fingerprint: str) -> None:
+        """The fingerprint of the stream's key (``core/rounds/stream_key.py``)."""
+        doc = json.dumps({"key": fingerprint})
+        self._upsert([{"stream": stream, "round_id": "", "range_id": _KEY, "doc": doc}])
+
     # ---- reading -----------------------------------------------------------------------------
     def load_round(
         self, stream: str, round_id: str
     ) -> tuple[dict[str, str], list[dict[str, Any]]] | None:
         self._ensure()
         t = self.table
-        with self.engine.connect() as conn:
+        with self._connect() as conn:
             rows = conn.execute(
                 sa.select(t.c.range_id, t.c.doc)
                 .where(t.c.stream == stream, t.c.round_id == round_id)
@@ -128,7 +165,7 @@ class CheckpointMirror:
         """The mirrored round definitions of a stream."""
         self._ensure()
         t = self.table
-        with self.engine.connect() as conn:
+        with self._connect() as conn:
             docs = conn.execute(
                 sa.select(t.c.doc).where(t.c.stream == stream, t.c.range_id == _ROUND)
             ).scalars()
@@ -137,16 +174,26 @@ class CheckpointMirror:
     def load_watermark(self, stream: str) -> str | None:
         self._ensure()
         t = self.table
-        with self.engine.connect() as conn:
+        with self._connect() as conn:
             doc = conn.execute(
                 sa.select(t.c.doc).where(t.c.stream == stream, t.c.range_id == _WATERMARK)
             ).scalar()
         return None if doc is None else json.loads(doc)["watermark"]
 
+    def load_key_fingerprint(self, stream: str) -> str | None:
+        """The stream's mirrored key fingerprint (None: never mirrored)."""
+        self._ensure()
+        t = self.table
+        with self._connect() as conn:
+            doc = conn.execute(
+                sa.select(t.c.doc).where(t.c.stream == stream, t.c.range_id == _KEY)
+            ).scalar()
+        return None if doc is None else str(json.loads(doc)["key"])
+
     def max_round_number(self, stream: str) -> int:
         self._ensure()
         t = self.table
-        with self.engine.connect() as conn:
+        with self._connect() as conn:
             ids = conn.execute(
                 sa.select(t.c.round_id).where(t.c.stream == stream, t.c.range_id == _ROUND)
             ).scalars()

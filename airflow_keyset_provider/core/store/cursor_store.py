@@ -8,6 +8,7 @@ the hash tag ``{<stream>}``, so the scripts run unchanged on Redis Cluster.
 Key layout (``P`` is the key prefix, ``ks`` by default; ``S`` the stream)::
 
     P:{S}:watermark                 string  encoded end of the contiguous completed prefix
+    P:{S}:key                       string  fingerprint of the key the watermark is encoded with
     P:{S}:seq                       string  round id counter
     P:{S}:open                      set     ids of open rounds
     P:{S}:chained                   string  id of the open round that started at the watermark
@@ -16,7 +17,8 @@ Key layout (``P`` is the key prefix, ``ks`` by default; ``S`` the stream)::
     P:{S}:round:R                   hash    start, end, n_ranges, state, chained, source, totals;
                                             pull mode: next (hint counter), skip:<I> (first id
                                             after the run range I coalesced), held:<lineage>
-                                            (the range that lineage claimed last), merged
+                                            (the range that lineage claimed last), merged;
+                                            answer:<name> (what a plan first returned)
     P:{S}:round:R:range:I           hash    lo, hi, cursor, state, dead, retries; as it runs:
                                             owner, lineage, epoch, lease_until, heartbeat_ms,
                                             claimed_ms, completed_ms, done, skipped, chunks,
@@ -190,6 +192,27 @@ class CursorStore(RangePull):
     def restore_watermark(self, watermark: str) -> bool:
         """Put back a lost watermark; never overwrites one that exists."""
         return bool(self.client.set(self.watermark_key, watermark, nx=True))
+
+    def record_key_fingerprint(self, fingerprint: str) -> bool:
+        """Record the stream's key fingerprint if none is recorded (SET NX); True if set. Only
+        ``core/rounds/stream_key.py`` decides what it holds and when it may be recorded."""
+        return bool(self.client.set(self.key_fingerprint_key, fingerprint, nx=True))
+
+    def record_round_answer(self, round_id: str, name: str, doc: str) -> bool:
+        """Record ``doc`` as the round's answer ``name`` if none is recorded (HSETNX of the round
+        hash field ``answer:<name>``, mirrored and restored with the round's other fields); True
+        if set. Never creates a round hash: a round that is gone raises as ``round_info`` does
+        (WATCH/MULTI on the one key). ``core/rounds/plan_answer.py`` owns the field."""
+        key = self.round_key(round_id)
+
+        def write(pipe: Any) -> None:
+            if not pipe.exists(key):
+                raise self._missing_round(round_id)
+            pipe.multi()
+            pipe.hsetnx(key, f"answer:{name}", doc)
+
+        replies: Any = self.client.transaction(write, key)
+        return bool(replies[0])
 
     def set_control_field(self, field: str, value: str | None) -> None:
         """Set one field of the stream's control hash (HSET), or remove it when ``value`` is

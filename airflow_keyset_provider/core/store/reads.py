@@ -108,6 +108,12 @@ class StoreReads:
         return f"{self.base}:watermark"
 
     @property
+    def key_fingerprint_key(self) -> str:
+        """The fingerprint of the key the stream's watermark is encoded with
+        (``core/rounds/stream_key.py``)."""
+        return f"{self.base}:key"
+
+    @property
     def seq_key(self) -> str:
         return f"{self.base}:seq"
 
@@ -211,6 +217,11 @@ class StoreReads:
 
     def watermark(self) -> str | None:
         v = self.client.get(self.watermark_key)
+        return None if v is None else _s(v)
+
+    def key_fingerprint(self) -> str | None:
+        """The stream's recorded key fingerprint (None: never recorded)."""
+        v = self.client.get(self.key_fingerprint_key)
         return None if v is None else _s(v)
 
     def round_info(self, round_id: str) -> dict[str, str]:
