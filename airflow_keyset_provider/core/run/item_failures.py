@@ -317,34 +317,16 @@ class ItemFailures:
     def _retry_pass(
         self, entries: Sequence[tuple[str, int, str]], attempt: int
     ) -> tuple[Sequence[tuple], dict[str, str], list[str]]:
-        """Read the failed items again and hand them to the processor as one chunk (isolated like
-        any chunk when it fails as a whole)."""
+        """Read the failed items again and hand them to the processor as one chunk, isolated like
+        any chunk when it fails as a whole. The verdict is the isolation's: items that fail alone
+        while a probe succeeds (the canary, or a part) failed on their own and use up an attempt,
+        whatever their error says (a text that changes at every attempt, a request id in it, is
+        still the item's failure); when no probe succeeds it is an outage and no attempt is used."""
         rows = self.run.source.fetch_keys([e[0] for e in entries])
         if not rows:
             return rows, {}, []
         failed, skipped = self.process(rows, attempt)
-        self._check_pass_outage(entries, failed)
         return rows, failed, skipped
-
-    def _check_pass_outage(
-        self, entries: Sequence[tuple[str, int, str]], failed: dict[str, str]
-    ) -> None:
-        """A retry pass where (nearly) every item failed, and failed for a reason other than the
-        one it failed with before, is a dependency failure: it must not use up the items'
-        attempts. Items that are bad on their own keep failing for their own reasons and are still
-        dead-lettered. Dead letters being replayed are left out: a replay is an explicit retry,
-        its verdicts count."""
-        before = {enc: err for enc, _, err in entries if not err.startswith("replay of: ")}
-        failed = {enc: why for enc, why in failed.items() if enc in before}
-        if len(failed) < 2 or len(failed) <= self.run.o.outage_failure_ratio * len(before):
-            return
-        changed = sum(1 for enc, why in failed.items() if _stored(why) != before[enc])
-        if changed * 2 > len(failed):
-            raise RetryableError(
-                f"{len(failed)} of {len(before)} items failed again in a retry pass, {changed} of "
-                f"them for a new reason (first: {next(iter(failed.values()))}); treating it as a "
-                "dependency failure"
-            )
 
 
 def _resolutions(
@@ -372,11 +354,6 @@ def _norm(k: Any) -> Any:
 def _halves(rows: list[tuple]) -> list[list[tuple]]:
     mid = len(rows) // 2
     return [rows[:mid], rows[mid:]]
-
-
-def _stored(reason: str) -> str:
-    """An error reason as the store keeps it."""
-    return reason.replace("\n", " ")[:500]
 
 
 __all__ = ["IsolationStopped", "ItemFailures"]
