@@ -10,9 +10,10 @@ The rule (docs/contract.md, "Item failures and dependency failures"):
   dependency, the chunk is isolated:
 
   1. Canary: one key this range already processed successfully (the last one this try saw
-     succeed; else the highest of the range's first ``chunk_size`` committed keys that neither
-     waits for retry nor is dead) is processed alone again (at-least-once allows it). If it
-     fails, the dependency is down: an outage.
+     succeed, with its row as delivered then if it no longer matches ``where``; else the highest
+     of the range's first ``chunk_size`` committed keys that neither waits for retry nor is dead)
+     is processed alone again (at-least-once allows it). If it fails, the dependency is down: an
+     outage.
   2. If the canary succeeded and the processor named the failed items, they are item failures as
      named. If it raised, or there was no canary, the chunk is bisected: each half is processed
      on its own, a half that fails as a whole is halved again, down to single items. A part that
@@ -83,6 +84,7 @@ class ItemFailures:
     def __init__(self, run: RangeCommits) -> None:
         self.run = run
         self.last_good: str | None = None  # the last key this try saw succeed
+        self.last_good_row: tuple | None = None  # its row, as it was delivered then
         self._lo: str | None = None
 
     # -- one chunk --------------------------------------------------------------------------------
@@ -97,13 +99,13 @@ class ItemFailures:
     def note_done(self, rows: Sequence[tuple], last: str, bad: set[str]) -> None:
         """Remember the last key of ``rows`` that succeeded (not in ``bad``): the next canary."""
         if not bad:
-            self.last_good = last
+            self.last_good, self.last_good_row = last, tuple(rows[-1])
             return
         arity = self.run.arity
         for row in reversed(rows):
             enc = encode_key(tuple(row[:arity]))
             if enc not in bad:
-                self.last_good = enc
+                self.last_good, self.last_good_row = enc, tuple(row)
                 return
 
     def interpret(self, chunk: Chunk, result: Any) -> tuple[dict[str, str], list[str]]:
@@ -202,13 +204,21 @@ class ItemFailures:
 
     def _canary(self, attempt: int) -> bool | None:
         """Process a key known to succeed alone: True if it did, False if it failed, None when
-        there is no such key (or it is gone)."""
+        there is no such key (or it is gone).
+
+        The canary is read again (its current values); when it no longer matches ``where`` (a
+        processor that moves each row out of the filter: ``UPDATE ... SET status = 'DONE'``)
+        the last key this try saw succeed is probed with its row as it was delivered then. The
+        probe re-processes a row the processor accepted before, which at-least-once allows (the
+        processor is idempotent anyway); the row is never re-read without ``where``."""
         key = self._canary_key()
         if key is None:
             return None
-        rows = self.run.source.fetch_keys([key])
+        rows: Sequence[tuple] = self.run.source.fetch_keys([key])
+        if not rows and key == self.last_good and self.last_good_row is not None:
+            rows = [self.last_good_row]
         if not rows:
-            self.last_good = None
+            self.last_good = self.last_good_row = None
             return None
         probe = self._probe(rows, attempt)
         ok = not probe.whole and not probe.failed
