@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -269,7 +270,11 @@ class ItemFailures:
     def drain(self, heart: Heartbeat) -> bool:
         """Items that failed on their own get further attempts once the cursor reached ``hi``;
         after ``max_item_attempts`` they are dead-lettered. The range completes when none is
-        left. Returns True when a stop request ended the passes (every wait is interruptible)."""
+        left. Returns True when a stop request ended the passes (every wait is interruptible),
+        or the pacer did, as between the main loop's chunks: before each pass the stream's pause,
+        throttle, health and the time budget are consulted (``RangeRun._pace``; the run then
+        commits, releases and returns ``yielded``, the items still waiting for retry), and a
+        pause seen while waiting for a pass ends the wait."""
         run, stop = self.run, self.run.ctx.stop
         attempt, passes = 0, 0
         while run.state.retries > 0 and not run.state.complete:
@@ -281,9 +286,8 @@ class ItemFailures:
                 break
             passes += 1
             first_attempts = min(e[1] for e in entries)
-            if stop.wait(
-                min(run.o.backoff_max, run.o.item_retry_delay * 2 ** (first_attempts - 1))
-            ):
+            delay = min(run.o.backoff_max, run.o.item_retry_delay * 2 ** (first_attempts - 1))
+            if self._wait(delay) or not run._pace():
                 return True
             try:
                 rows, failed, skipped = self._retry_pass(entries, passes + 1)
@@ -302,6 +306,20 @@ class ItemFailures:
             attempt = 0
             self._commit_pass(passes, entries, rows, failed, skipped)
         return False
+
+    def _wait(self, seconds: float) -> bool:
+        """Wait before a retry pass: True when a stop request ended it. It also ends (False)
+        once the pacer has seen a pause (looked at every ``control_poll_seconds``), for
+        ``RangeRun._pace`` to say so."""
+        run = self.run
+        paused = run.pacer.watch.paused if run.pacer is not None else None
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if run.ctx.stop.wait(min(left, run.o.control_poll_seconds)):
+                return True
+            if paused is not None and paused.is_set():
+                return False
+        return run.ctx.stop.is_set()
 
     def _commit_pass(
         self,
