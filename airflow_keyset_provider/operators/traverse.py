@@ -295,10 +295,9 @@ class TraverseRangeOperator(BaseOperator):
         budget: float | None,
         by_timeout: bool,
     ) -> RangeResult | RoundPullResult:
-        """One traversal of the range from its committed cursor, within ``budget`` seconds
-        (``max_task_seconds``, or less when ``execution_timeout`` comes first: ``by_timeout``,
-        see ``traverse_timeout``); defers (``NoReturn``) when the range is held by another live
-        owner. The task state store gets the range's final state whatever happens."""
+        """One traversal from the committed cursor within ``budget`` s (``traverse_timeout``);
+        defers (``NoReturn``) when a live owner holds the range. The task state store gets the
+        range's final state whatever happens."""
         key = list(self.key) if not isinstance(self.key, str) else self.key
         with airflow_errors():
             processor = load_processor(self.processor)

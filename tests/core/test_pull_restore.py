@@ -57,3 +57,53 @@ def test_a_range_finished_before_a_restore_and_reopened_by_it_is_run_again(
     assert max(seen.seen.values()) == 2
     totals = t.close_round(rnd.round_id)
     assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
+
+
+def test_a_restore_between_ranges_reopens_a_finished_range_and_the_loop_runs_it(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    """As above, but Redis loses everything between two ranges: range 1 is complete (and
+    mirrored) when the loop asks for the next unclaimed range; that read finds the round gone and
+    the loop restores it from the mirror itself (not a range's run). Range 0 comes back at its
+    mirrored cursor 190; the loop must forget that it had finished it and run it again."""
+    keys = list(range(1, 401))
+    analyzed_events(pg_engine, keys)
+    t = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
+    t.checkpoint_seconds = 0
+    rnd = t.plan(max_ranges=2, start_key=0, end_key=400)
+    seen = Deliveries()
+
+    def rename(old: str, new: str) -> None:
+        with pg_engine.begin() as c:
+            c.exec_driver_sql(f"ALTER TABLE {old} RENAME TO {new}")
+
+    def proc(chunk: Any) -> None:
+        seen.record("w", chunk)
+        first_time = seen.seen[chunk.keys[0]] == 1
+        if chunk.keys[0] == 191 and first_time:  # range 0's completion is not mirrored
+            rename("keyset_checkpoints", "keyset_checkpoints_away")
+        if chunk.keys[0] == 201 and first_time:
+            rename("keyset_checkpoints_away", "keyset_checkpoints")
+
+    lost: list[bool] = []
+    next_unclaimed = t.store.next_unclaimed_of
+
+    def losing_next_unclaimed(round_id: str) -> Any:
+        if not lost and seen.seen[400]:  # range 1 is done: Redis restarts without persistence
+            lost.append(True)
+            for key in list(redis_client.scan_iter(f"{key_prefix}:*")):
+                redis_client.delete(key)
+        return next_unclaimed(round_id)
+
+    t.store.next_unclaimed_of = losing_next_unclaimed  # type: ignore[method-assign]
+    res = t.traverse_round(
+        rnd.round_id,
+        proc,
+        options=TraverseOptions(owner_lineage="w", chunk_size=10),
+        split=False,
+    )
+    assert lost and res.finished
+    assert set(seen.seen) == set(keys)
+    assert sorted(k for k, n in seen.seen.items() if n > 1) == list(range(191, 201))
+    totals = t.close_round(rnd.round_id)
+    assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
