@@ -16,6 +16,7 @@ module's length.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -39,6 +40,7 @@ from airflow_keyset_provider.core import (
     load_processor,
 )
 from airflow_keyset_provider.core.options import TraverseOptions
+from airflow_keyset_provider.core.run.range_run import BUDGET
 from airflow_keyset_provider.hooks.keyset import KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
 from airflow_keyset_provider.operators.traverse_pull import (
@@ -54,6 +56,7 @@ from airflow_keyset_provider.operators.traverse_state import (
     range_state_mirror,
 )
 from airflow_keyset_provider.operators.traverse_task import RangeTask
+from airflow_keyset_provider.operators.traverse_timeout import execution_budget, timed_out
 from airflow_keyset_provider.operators.traverse_waits import log_yield, resume_trigger
 from airflow_keyset_provider.triggers.keyset import ResumeEvent
 
@@ -114,6 +117,9 @@ class TraverseRangeOperator(BaseOperator):
     this try's ``rows_read``/``chunks``/``seconds``). Fails the try if the range is not complete
     (dependency kept failing, lease lost, kill requested): the next try resumes from the cursor.
     ``on_kill`` asks the traversal to commit the chunk in hand, release the lease and return.
+    ``execution_timeout`` becomes a time budget that ends a chunk boundary before Airflow's alarm
+    (``traverse_timeout``): the try then fails as timed out with everything it processed
+    committed.
 
     The task never waits in its worker slot for something outside it: when the stream is paused
     (``airflow-keyset pause``), when its range is held by another live owner for longer than
@@ -248,6 +254,7 @@ class TraverseRangeOperator(BaseOperator):
         self._traversal: KeysetTraversal | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
+        started = time.monotonic()  # Airflow's execution_timeout counts from about here
         range_id = (
             int(self.range_id)
             if isinstance(self.range_id, str) and self.range_id.isdigit()
@@ -262,6 +269,9 @@ class TraverseRangeOperator(BaseOperator):
         if not context.get("map_index_template"):
             # A mapped task's context carries the partial()'s template, which lacks our default.
             context["map_index_template"] = self.map_index_template or DEFAULT_MAP_INDEX_TEMPLATE
+        budget, by_timeout = execution_budget(
+            self.options.max_task_seconds, self.execution_timeout, started
+        )
         lineage = run_key(context)
         stream = self.stream or self.dag_id
         self.log.info(
@@ -271,7 +281,12 @@ class TraverseRangeOperator(BaseOperator):
             getattr(context["ti"], "try_number", "?"),
             lineage,
         )
-        res = self._traverse_range(context, stream, range_id, lineage)
+        res = self._traverse_range(context, stream, range_id, lineage, budget, by_timeout)
+        if res.yielded == BUDGET and by_timeout and self.execution_timeout is not None:
+            where = (
+                f"encoded cursor {res.cursor}" if isinstance(res, RangeResult) else "every range"
+            )
+            raise timed_out(f"round {self.round_id} {label}", self.execution_timeout, where)
         if res.yielded:
             self._defer(stream, range_id, res.yielded, res.retry_after)
         if isinstance(res, RoundPullResult):
@@ -279,11 +294,17 @@ class TraverseRangeOperator(BaseOperator):
         return self._report(res)
 
     def _traverse_range(
-        self, context: Context, stream: str, range_id: int, lineage: str
+        self,
+        context: Context,
+        stream: str,
+        range_id: int,
+        lineage: str,
+        budget: float | None,
+        by_timeout: bool,
     ) -> RangeResult | RoundPullResult:
-        """One traversal of the range from its committed cursor; defers (``NoReturn``) when the
-        range is held by another live owner. The task state store gets the range's final state
-        whatever happens."""
+        """One traversal from the committed cursor within ``budget`` s (``traverse_timeout``);
+        defers (``NoReturn``) when a live owner holds the range. The task state store gets the
+        range's final state whatever happens."""
         key = list(self.key) if not isinstance(self.key, str) else self.key
         with airflow_errors():
             processor = load_processor(self.processor)
@@ -308,7 +329,9 @@ class TraverseRangeOperator(BaseOperator):
             # An orphan of a dead supervisor stops within one chunk (core/run/supervision.py).
             watch = supervisor_watch(t.request_stop, f"round {self.round_id} range {range_id}")
             try:
-                options = dataclasses.replace(self.options, owner_lineage=lineage)
+                options = dataclasses.replace(
+                    self.options, owner_lineage=lineage, max_task_seconds=budget
+                )
                 res: RangeResult | RoundPullResult
                 try:
                     watch.start()
@@ -328,7 +351,7 @@ class TraverseRangeOperator(BaseOperator):
                         raise
                     self.log.info("%s; deferring until the lease is free", exc)
                     self._defer(stream, range_id, "lease")
-                if res.yielded:
+                if res.yielded and not (by_timeout and res.yielded == BUDGET):
                     log_yield(task, t, res.yielded, res.retry_after)
             finally:
                 watch.stop()

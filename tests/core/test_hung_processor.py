@@ -97,18 +97,28 @@ def test_a_slow_chunk_within_chunk_timeout_keeps_its_range(
     pg_engine, pg_schema_url, redis_url, key_prefix
 ):
     """A chunk that takes three leases but less than chunk_timeout keeps being heartbeaten: the
-    range completes in one try, nothing is replayed."""
+    range completes in one try, nothing is replayed. The chunk lasts until Redis shows the lease
+    renewed three leases past where it stood when the chunk started (an event, not a sleep)."""
     make_events(pg_engine, list(range(1, 41)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
     rnd = t.plan(max_ranges=1, start_key=0, end_key=40)
     rec = Recorder()
+    renewed: list[int] = []
+
+    def lease_until() -> int:
+        return int(t.store.range(rnd.round_id, 0)["lease_until"])
 
     def slow(chunk: Chunk) -> None:
         rec(chunk)
         if chunk.keys[0] == 21:
-            time.sleep(3)
+            first = lease_until()
+            limit = time.monotonic() + 60  # a heartbeat that stopped fails the test, not hangs
+            while lease_until() < first + 3 * 2000 and time.monotonic() < limit:
+                time.sleep(0.05)
+            renewed.append(lease_until() - first)
 
-    res = t.traverse(rnd.round_id, 0, slow, chunk_size=20, lease_seconds=1, chunk_timeout=30)
+    res = t.traverse(rnd.round_id, 0, slow, chunk_size=20, lease_seconds=2, chunk_timeout=30)
+    assert renewed and renewed[0] >= 3 * 2000, renewed
     assert res.complete and res.done == 40 and max(rec.seen.values()) == 1
     t.close()
 

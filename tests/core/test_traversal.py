@@ -415,8 +415,11 @@ def test_group_commit_widens_replay_to_one_group(
     rec = Recorder()
     advances = []
     original = t.store.advance
+    dead: list[bool] = []  # the process died: nothing of it runs any more
 
     def counting_advance(*args, **kwargs):
+        if dead:  # (a BaseException through the loop commits the processed group; a death not)
+            raise Crash("the process is gone")
         advances.append(args[4])
         return original(*args, **kwargs)
 
@@ -425,6 +428,7 @@ def test_group_commit_widens_replay_to_one_group(
     def crashing(chunk):
         rec(chunk)
         if len(rec.chunks) == 7:
+            dead.append(True)
             raise Crash("died inside the second group")
 
     with pytest.raises(Crash):
@@ -434,6 +438,7 @@ def test_group_commit_widens_replay_to_one_group(
     assert (
         len(advances) == 1 and t.range_status(rnd.round_id)[0]["cursor"] == 400
     )  # one group committed
+    dead.clear()  # a new process
     res = t.traverse(rnd.round_id, 0, rec, chunk_size=100, group_commit_chunks=4, owner_lineage="w")
     replayed = sorted(k for k, n in rec.seen.items() if n > 1)
     assert replayed == list(range(401, 701))  # up to one group (here 3 of its 4 chunks) replayed

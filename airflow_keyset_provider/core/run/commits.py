@@ -30,6 +30,7 @@ from .claim import mirror_coalesced
 from .state import CommittedRange
 
 if TYPE_CHECKING:
+    from ..pace.stream_control import Pacer
     from ..sql.source import SqlSource
     from .context import RunContext
     from .state import Heartbeat, ProgressLog
@@ -66,7 +67,13 @@ class RangeCommits:
     last_checkpoint: float
     splitter: SplitAnswerer
     heart: Heartbeat
+    pacer: Pacer | None  # the stream's pause, throttle and health (``core/pace``)
     released: bool = False  # the completing advance released the lease (nothing left to do)
+
+    def _pace(self) -> bool:
+        """Go on with the next chunk or item retry pass? ``RangeRun`` consults the pacer and the
+        time budget (False: commit, release, return with ``yielded`` set)."""
+        return True
 
     def _check_lease(self, heart: Heartbeat, what: str) -> None:
         if heart.lost.is_set():

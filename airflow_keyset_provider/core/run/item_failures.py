@@ -10,9 +10,10 @@ The rule (docs/contract.md, "Item failures and dependency failures"):
   dependency, the chunk is isolated:
 
   1. Canary: one key this range already processed successfully (the last one this try saw
-     succeed; else the highest of the range's first ``chunk_size`` committed keys that neither
-     waits for retry nor is dead) is processed alone again (at-least-once allows it). If it
-     fails, the dependency is down: an outage.
+     succeed, with its row as delivered then if it no longer matches ``where``; else the highest
+     of the range's first ``chunk_size`` committed keys that neither waits for retry nor is dead)
+     is processed alone again (at-least-once allows it). If it fails, the dependency is down: an
+     outage.
   2. If the canary succeeded and the processor named the failed items, they are item failures as
      named. If it raised, or there was no canary, the chunk is bisected: each half is processed
      on its own, a half that fails as a whole is halved again, down to single items. A part that
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -83,6 +85,7 @@ class ItemFailures:
     def __init__(self, run: RangeCommits) -> None:
         self.run = run
         self.last_good: str | None = None  # the last key this try saw succeed
+        self.last_good_row: tuple | None = None  # its row, as it was delivered then
         self._lo: str | None = None
 
     # -- one chunk --------------------------------------------------------------------------------
@@ -97,13 +100,13 @@ class ItemFailures:
     def note_done(self, rows: Sequence[tuple], last: str, bad: set[str]) -> None:
         """Remember the last key of ``rows`` that succeeded (not in ``bad``): the next canary."""
         if not bad:
-            self.last_good = last
+            self.last_good, self.last_good_row = last, tuple(rows[-1])
             return
         arity = self.run.arity
         for row in reversed(rows):
             enc = encode_key(tuple(row[:arity]))
             if enc not in bad:
-                self.last_good = enc
+                self.last_good, self.last_good_row = enc, tuple(row)
                 return
 
     def interpret(self, chunk: Chunk, result: Any) -> tuple[dict[str, str], list[str]]:
@@ -202,13 +205,21 @@ class ItemFailures:
 
     def _canary(self, attempt: int) -> bool | None:
         """Process a key known to succeed alone: True if it did, False if it failed, None when
-        there is no such key (or it is gone)."""
+        there is no such key (or it is gone).
+
+        The canary is read again (its current values); when it no longer matches ``where`` (a
+        processor that moves each row out of the filter: ``UPDATE ... SET status = 'DONE'``)
+        the last key this try saw succeed is probed with its row as it was delivered then. The
+        probe re-processes a row the processor accepted before, which at-least-once allows (the
+        processor is idempotent anyway); the row is never re-read without ``where``."""
         key = self._canary_key()
         if key is None:
             return None
-        rows = self.run.source.fetch_keys([key])
+        rows: Sequence[tuple] = self.run.source.fetch_keys([key])
+        if not rows and key == self.last_good and self.last_good_row is not None:
+            rows = [self.last_good_row]
         if not rows:
-            self.last_good = None
+            self.last_good = self.last_good_row = None
             return None
         probe = self._probe(rows, attempt)
         ok = not probe.whole and not probe.failed
@@ -259,7 +270,11 @@ class ItemFailures:
     def drain(self, heart: Heartbeat) -> bool:
         """Items that failed on their own get further attempts once the cursor reached ``hi``;
         after ``max_item_attempts`` they are dead-lettered. The range completes when none is
-        left. Returns True when a stop request ended the passes (every wait is interruptible)."""
+        left. Returns True when a stop request ended the passes (every wait is interruptible),
+        or the pacer did, as between the main loop's chunks: before each pass the stream's pause,
+        throttle, health and the time budget are consulted (``RangeRun._pace``; the run then
+        commits, releases and returns ``yielded``, the items still waiting for retry), and a
+        pause seen while waiting for a pass ends the wait."""
         run, stop = self.run, self.run.ctx.stop
         attempt, passes = 0, 0
         while run.state.retries > 0 and not run.state.complete:
@@ -271,9 +286,8 @@ class ItemFailures:
                 break
             passes += 1
             first_attempts = min(e[1] for e in entries)
-            if stop.wait(
-                min(run.o.backoff_max, run.o.item_retry_delay * 2 ** (first_attempts - 1))
-            ):
+            delay = min(run.o.backoff_max, run.o.item_retry_delay * 2 ** (first_attempts - 1))
+            if self._wait(delay) or not run._pace():
                 return True
             try:
                 rows, failed, skipped = self._retry_pass(entries, passes + 1)
@@ -292,6 +306,20 @@ class ItemFailures:
             attempt = 0
             self._commit_pass(passes, entries, rows, failed, skipped)
         return False
+
+    def _wait(self, seconds: float) -> bool:
+        """Wait before a retry pass: True when a stop request ended it. It also ends (False)
+        once the pacer has seen a pause (looked at every ``control_poll_seconds``), for
+        ``RangeRun._pace`` to say so."""
+        run = self.run
+        paused = run.pacer.watch.paused if run.pacer is not None else None
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if run.ctx.stop.wait(min(left, run.o.control_poll_seconds)):
+                return True
+            if paused is not None and paused.is_set():
+                return False
+        return run.ctx.stop.is_set()
 
     def _commit_pass(
         self,
@@ -317,34 +345,16 @@ class ItemFailures:
     def _retry_pass(
         self, entries: Sequence[tuple[str, int, str]], attempt: int
     ) -> tuple[Sequence[tuple], dict[str, str], list[str]]:
-        """Read the failed items again and hand them to the processor as one chunk (isolated like
-        any chunk when it fails as a whole)."""
+        """Read the failed items again and hand them to the processor as one chunk, isolated like
+        any chunk when it fails as a whole. The verdict is the isolation's: items that fail alone
+        while a probe succeeds (the canary, or a part) failed on their own and use up an attempt,
+        whatever their error says (a text that changes at every attempt, a request id in it, is
+        still the item's failure); when no probe succeeds it is an outage and no attempt is used."""
         rows = self.run.source.fetch_keys([e[0] for e in entries])
         if not rows:
             return rows, {}, []
         failed, skipped = self.process(rows, attempt)
-        self._check_pass_outage(entries, failed)
         return rows, failed, skipped
-
-    def _check_pass_outage(
-        self, entries: Sequence[tuple[str, int, str]], failed: dict[str, str]
-    ) -> None:
-        """A retry pass where (nearly) every item failed, and failed for a reason other than the
-        one it failed with before, is a dependency failure: it must not use up the items'
-        attempts. Items that are bad on their own keep failing for their own reasons and are still
-        dead-lettered. Dead letters being replayed are left out: a replay is an explicit retry,
-        its verdicts count."""
-        before = {enc: err for enc, _, err in entries if not err.startswith("replay of: ")}
-        failed = {enc: why for enc, why in failed.items() if enc in before}
-        if len(failed) < 2 or len(failed) <= self.run.o.outage_failure_ratio * len(before):
-            return
-        changed = sum(1 for enc, why in failed.items() if _stored(why) != before[enc])
-        if changed * 2 > len(failed):
-            raise RetryableError(
-                f"{len(failed)} of {len(before)} items failed again in a retry pass, {changed} of "
-                f"them for a new reason (first: {next(iter(failed.values()))}); treating it as a "
-                "dependency failure"
-            )
 
 
 def _resolutions(
@@ -372,11 +382,6 @@ def _norm(k: Any) -> Any:
 def _halves(rows: list[tuple]) -> list[list[tuple]]:
     mid = len(rows) // 2
     return [rows[:mid], rows[mid:]]
-
-
-def _stored(reason: str) -> str:
-    """An error reason as the store keeps it."""
-    return reason.replace("\n", " ")[:500]
 
 
 __all__ = ["IsolationStopped", "ItemFailures"]

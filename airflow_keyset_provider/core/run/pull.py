@@ -18,6 +18,10 @@
 
 Steps 3 to 5 repeat until nothing is left to claim, rescue or split; then the call returns
 (``RoundPullResult.finished``). A range held by another live owner is skipped, never waited for.
+A restore from the checkpoint mirror (by a range's run, or between ranges) may reopen any range
+of the round at its last mirrored cursor, one this call finished included: after a restore the
+call forgets what it learnt of the round (finished, seen complete, skipped, declined) and goes
+through the steps again.
 The owner splits at a chunk boundary above everything it read (``core/run/split.py``).
 
 **Coalescing** (when the call knows how many ``tasks`` share the round): ranges are cheap because
@@ -50,8 +54,7 @@ import random
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..chunk import Processor
 from ..errors import LeaseHeldError, RoundStateLostError
@@ -59,10 +62,11 @@ from ..options import TraverseOptions
 from ..pace.stream_control import make_pacer
 from ..rounds.progress import key_fraction
 from ..rounds.status import RangeState
+from .pull_result import RoundPullResult
 from .range_run import BUDGET
 from .split import SPLIT_MIN_CHUNKS
-from .state import HeartbeatThread, RangeResult
-from .traverse import check_range, run_restoring
+from .state import HeartbeatThread
+from .traverse import RESTORES, check_range, run_restoring
 
 if TYPE_CHECKING:
     from ..store.pull import RangeBrief
@@ -84,51 +88,6 @@ SPLIT_OWNER_CHECK_SECONDS = 1.0
 SPLIT_ANSWER_LEASES = 3
 _AGAIN = -1  # ``_split``: nothing claimed, read the briefs again
 _NEXT = "next unclaimed"
-
-
-@dataclass
-class RoundPullResult:
-    """What one ``traverse_round`` call did: the ranges it ran (their cumulative counters), the
-    splits it asked for, and why it returned."""
-
-    round_id: str
-    lineage: str
-    ranges: list[RangeResult] = field(default_factory=list)
-    splits_asked: int = 0  # split requests the owner answered or that timed out
-    splits_won: int = 0  # requests that gave this call a new range
-    yielded: str = ""  # "budget", "paused", "throttled", "unhealthy": call again later
-    retry_after: float = 0.0  # "throttled"/"unhealthy": seconds worth waiting
-    stopped: bool = False  # a stop was requested and honoured
-    seconds: float = 0.0
-
-    @property
-    def finished(self) -> bool:
-        """Nothing was left for this call to claim, rescue or split (the round may still have
-        ranges running elsewhere: the barrier is what says the round is complete)."""
-        return not self.yielded and not self.stopped
-
-    @property
-    def rows_read(self) -> int:
-        return sum(r.rows_read for r in self.ranges)
-
-    @property
-    def chunks(self) -> int:
-        return sum(r.chunks for r in self.ranges)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "round_id": self.round_id,
-            "mode": "pull",
-            "ranges": [r.range_id for r in self.ranges],
-            "ranges_completed": sum(1 for r in self.ranges if r.complete),
-            "ranges_coalesced": sum(r.coalesced for r in self.ranges),
-            "rows_read": self.rows_read,
-            "chunks": self.chunks,
-            "splits_asked": self.splits_asked,
-            "splits_won": self.splits_won,
-            "seconds": round(self.seconds, 3),
-            "yielded": self.yielded or None,
-        }
 
 
 def remaining_rows(b: RangeBrief) -> float | None:
@@ -178,19 +137,24 @@ class PullLoop:
         self.beats.start()
         try:
             self._check_round()
-            for _ in range(3):
+            for _ in range(RESTORES):
                 try:
-                    self._steps()
-                    break
+                    return self._steps_to_the_end()
                 except RoundStateLostError:
                     # lost between ranges (a range lost mid-way is restored by its run): put the
                     # round back from the mirror, if there is one, and go on
                     if not self.ctx.control.restore(self.round_id):
                         raise
+                    self._forget()
+            return self._steps_to_the_end()
         finally:
             self.pacer.stop()
             self.beats.stop()
             self.result.seconds = time.monotonic() - self.started
+
+    def _steps_to_the_end(self) -> RoundPullResult:
+        """``_steps``, then the call's log line and its result."""
+        self._steps()
         r = self.result
         log.info(
             "round %s: %s ran %d range(s) (%d rows read, %d split(s) asked, %d won)%s",
@@ -203,6 +167,17 @@ class PullLoop:
             f"; yielding ({r.yielded})" if r.yielded else "; nothing left for it",
         )
         return r
+
+    def _forget(self) -> None:
+        """After a restore from the mirror: every set built from the round's state before it
+        describes a state that is gone (a range this call finished may be open again, at its last
+        mirrored cursor). Drop them; the steps read the round again."""
+        log.warning("round %s: restored; this task reads the round again", self.round_id)
+        self.finished.clear()
+        self.seen_complete.clear()
+        self.skipped.clear()
+        self.declined.clear()
+        self.busy_since.clear()
 
     def _steps(self) -> None:
         for range_id in self._held():
@@ -300,6 +275,7 @@ class PullLoop:
                 beats=self.beats,
                 coalesce=coalesce,
                 pull=True,
+                on_restore=self._forget,
             )
         except LeaseHeldError:
             if self.ctx.stop.is_set():

@@ -164,6 +164,10 @@ class RangeRun(RangeCommits):
             self._flush()
             if self.items.drain(heart):
                 return self._stop_here()
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._flush_interrupted(exc)
+            raise
         finally:
             if self.pool is not None:
                 self.pool.shutdown(wait=True, cancel_futures=True)
@@ -284,6 +288,32 @@ class RangeRun(RangeCommits):
             g = self.group
             self._commit(self.read, g.done, g.skipped, failed=sorted(g.failed))
             g.reset()
+
+    def _flush_interrupted(self, exc: BaseException) -> None:
+        """A ``BaseException`` (Airflow's ``AirflowTaskTimeout`` from ``execution_timeout``, a
+        ``KeyboardInterrupt``) passes through the loop: commit the chunks processed so far (a
+        group not yet due) before it goes on. The chunk whose processor call it interrupted is
+        not in the group (not processed): the next try reads it again."""
+        if not self.group.chunks:
+            return
+        try:
+            self._flush()
+        except Exception:  # the interruption goes on; the uncommitted group is replayed
+            log.warning(
+                "round %s range %d: could not commit the processed chunks on %s",
+                self.round_id,
+                self.range_id,
+                type(exc).__name__,
+                exc_info=True,
+            )
+            return
+        log.info(
+            "round %s range %d: %s; committed through %s",
+            self.round_id,
+            self.range_id,
+            type(exc).__name__,
+            display_key(self.state.cursor, self.arity),
+        )
 
     def _tick(self, n_rows: int) -> None:
         s, g = self.state, self.group

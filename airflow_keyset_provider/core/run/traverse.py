@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from ..chunk import Processor
@@ -168,10 +169,14 @@ def run_restoring(
     options: TraverseOptions,
     *,
     checked: bool = False,
+    on_restore: Callable[[], None] | None = None,
     **run: Any,
 ) -> RangeResult:
     """``run_range`` after ``check_range`` (skipped when the caller ``checked`` the round and got
-    the id from the store), restoring a round Redis lost from the mirror."""
+    the id from the store), restoring a round Redis lost from the mirror. ``on_restore`` is
+    called after each restore, before the range runs again: a caller that keeps anything read
+    from the round's state (a pull loop's finished ranges) must drop it, the restore may have
+    reopened any range of the round."""
     for _ in range(RESTORES):
         try:
             if not checked:
@@ -182,6 +187,8 @@ def run_restoring(
                 raise
             ctx.metrics.incr("state.restored", tags=ctx.tags)
             checked = False
+            if on_restore is not None:
+                on_restore()
     check_range(ctx, round_id, range_id)
     return run_range(ctx, round_id, range_id, processor, options, **run)
 
