@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-10m clean
+.PHONY: demo test lint bench bench-10m ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ bench: $(STAMP)
 
 bench-10m: $(STAMP)
 	$(BIN)/python -m benchmarks --rows 10000000 $(BENCH_ARGS)
+
+# The Keyset page's bundle (ui/ -> airflow_keyset_provider/plugins/static/ui/, committed): only
+# needed after a change under ui/ (Node.js 20 and npm; tests/ui/test_ui_bundle.py says when).
+ui:
+	cd ui && npm ci --no-audit --no-fund && npm run build
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
