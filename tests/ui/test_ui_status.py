@@ -157,3 +157,20 @@ def test_a_run_whose_round_redis_lost_is_lost_not_unplanned(
         and "key prefix elsewhere" in other["absent_message"]
     )
 
+
+def test_keys_on_one_line_as_the_map_index_column_writes_them() -> None:
+    """``compact_key`` (traverse tasks' Map Index label; the page's ``compactKey`` applies the
+    same rule): composite columns joined by `` · ``, UTC timestamps with ``Z``."""
+    import datetime as dt
+
+    from airflow_keyset_provider.operators.traverse import compact_key
+
+    ten = dt.datetime(2024, 5, 1, 10, tzinfo=dt.UTC)
+    assert compact_key((ten, 41235)) == "2024-05-01T10:00:00Z · 41235"
+    assert (
+        compact_key(["2024-05-01T10:00:00.250000+00:00", "eu"])
+        == "2024-05-01T10:00:00.250000Z · eu"
+    )
+    assert compact_key(None) == "-inf" and compact_key(42) == "42"
+    other_zone = dt.datetime(2024, 5, 1, 10, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    assert compact_key(other_zone) == "2024-05-01T10:00:00+02:00"  # only UTC is shortened
