@@ -47,8 +47,9 @@ LAYOUT_JS = """(() => {
   const vscrollers = [...document.querySelectorAll('*')].filter(e => {
     const s = getComputedStyle(e);
     return ['auto', 'scroll'].includes(s.overflowY) && e.scrollHeight > e.clientHeight + 1;
-  }).map(e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + '.' + [...e.classList].slice(0, 2).join('.'));
-  if (root.scrollHeight > root.clientHeight + 1) vscrollers.push('document');
+  }).map(e => ({name: e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') + '.' + [...e.classList].slice(0, 2).join('.'),
+                 holdsPage: e !== app && e.contains(app)}));
+  if (root.scrollHeight > root.clientHeight + 1) vscrollers.push({name: 'document', holdsPage: true});
   const box = e => e.getBoundingClientRect();
   return {
     view, pageScroll: root.scrollWidth, iframes: document.querySelectorAll('iframe').length,
@@ -66,8 +67,9 @@ LAYOUT_JS = """(() => {
 
 def assert_layout(layout: dict[str, Any], where: str) -> None:
     """No frame; the document never scrolls sideways and the page ends inside the view; each
-    table fits its own scroll container; clipped texts are one line and carry the whole text as
-    their title; exactly one element scrolls vertically (no double scrollbar)."""
+        table fits its own scroll container; clipped texts are one line and carry the whole text as
+        their title; exactly one element scrolls vertically, one that holds the page (Airflow's content
+    area or the document): no double scrollbar, and no scrollbar of the page's own."""
     assert layout["iframes"] == 0, f"{where}: the page is in a frame"
     view = layout["view"]
     assert layout["pageScroll"] <= view, f"{where}: the page scrolls sideways ({layout})"
@@ -79,7 +81,11 @@ def assert_layout(layout: dict[str, Any], where: str) -> None:
     for c in layout["clips"]:
         assert c["lines"] == 1 and c["height"] < 1.6 * c["lineHeight"], f"{where}: wraps {c}"
         assert c["title"] == c["text"], f"{where}: no tooltip with the whole text {c}"
-    assert len(layout["vscrollers"]) == 1, f"{where}: vertical scrollers {layout['vscrollers']}"
+    # One vertical scroller, and it is Airflow's (it holds the page), not one of the page's own.
+    scrollers = layout["vscrollers"]
+    assert len(scrollers) == 1 and scrollers[0]["holdsPage"], (
+        f"{where}: vertical scrollers {scrollers}"
+    )
 
 
 COLOURS_JS = """(() => {

@@ -184,6 +184,16 @@ def test_a_dag_runs_round_from_its_links_and_its_run_tab(
     assert shown["iframes"] == 0 and shown["rounds"] == [["r1", "closed"]], shown
     assert "planned by task plan: stream kt_native, round r1" in shown["text"]
 
+    # A traverse task instance's "Keyset range" tab: the same round, its range highlighted.
+    ti_route = f"dags/kt_native/runs/{run}/tasks/traverse/mapped/1/plugin/keyset-range?refresh=0"
+    open_in_airflow(chromium, srv.base_url, ti_route, token)
+    chromium.wait("document.querySelector('#keyset-app section.round')")
+    highlighted = chromium.evaluate(
+        "[...document.querySelectorAll('#keyset-app tr.range-row.highlighted')]"
+        ".map(tr => tr.dataset.range)"
+    )
+    assert highlighted == ["1"], highlighted
+
     # Another run: planned nothing (Airflow's record says so); no login: 401.
     code, _, body = get_no_redirect(srv, "/keyset/run/kt_native/no_such_run", token)
     assert code == 404 and b"Run no_such_run of DAG kt_native planned no keyset round" in body

@@ -288,7 +288,9 @@ def test_page_in_the_airflow_ui_light_and_dark_at_1280_and_1024(
                     "colours": chromium.evaluate(COLOURS_JS),
                     "brightness": mean_brightness(shot),
                 }
-    keep_screenshots(*shots)
+    measures = tmp_path / "keyset-ui-measures.json"
+    measures.write_text(json.dumps({f"{k[0]}-{k[1]}": v for k, v in seen.items()}, indent=1))
+    keep_screenshots(*shots, measures)
 
     assert dom["error"] == "", dom["error"]
     assert dom["stream"] == STREAM and dom["watermark"] == "100"
@@ -324,6 +326,8 @@ def test_page_in_the_airflow_ui_light_and_dark_at_1280_and_1024(
     assert re.fullmatch(rf"\(-inf, {stamp}\]", dom["composite"][0]), dom["composite"]
     assert re.fullmatch(rf"\({stamp}, 2024-05-01T14:00:00Z · 41270\]", dom["composite"][1])
     assert severe(console) == [], console
+    # No frame, so no "can escape its sandboxing" warning (nor any other about a sandbox).
+    assert not [e for e in console if "sandbox" in e.get("message", "")], console
 
     for (scheme, width), got in seen.items():
         assert_layout(got["layout"], f"{scheme} at {width} px")
