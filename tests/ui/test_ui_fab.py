@@ -219,7 +219,9 @@ def fab_api_server(redis_url: str) -> Iterator[FabServer]:
         for user, role in (("reader", ROLE), ("viewer", "Viewer"), ("editor", "User")):
             _cli(
                 env,
-                *("users", "create", "--username", user, "--password", passwords[user]),
+                # "--password=": a token_urlsafe password may start with "-" (1 in 64), which
+                # argparse would read as an option and refuse the command
+                *("users", "create", "--username", user, f"--password={passwords[user]}"),
                 *("--role", role, "--firstname", user, "--lastname", "test"),
                 *("--email", f"{user}@example.org"),
             )
