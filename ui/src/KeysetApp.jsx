@@ -76,7 +76,8 @@ function errorText(e) {
 }
 
 export default function KeysetApp({ dagId, runId, taskId, mapIndex }) {
-  const query = new URLSearchParams(window.location.search);
+  const search = window.location.search; // the Airflow UI re-renders the page when it changes
+  const query = new URLSearchParams(search);
   const only = { stream: query.get("stream"), round: query.get("round") };
   const refreshS = Number(query.get("refresh") ?? "15");
   const runScope = Boolean(dagId && runId);
@@ -98,8 +99,8 @@ export default function KeysetApp({ dagId, runId, taskId, mapIndex }) {
       gone = true;
       if (timer) clearTimeout(timer);
     };
-    // only.* come from the URL: a new URL remounts the page
-  }, [tick, runScope, dagId, runId, expanded, refreshS, reload]);
+    // `only` is read from `search`
+  }, [tick, search, runScope, dagId, runId, expanded, refreshS, reload]);
 
   const { data, error, ready, at } = view;
   return (
