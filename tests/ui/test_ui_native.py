@@ -193,6 +193,14 @@ def test_a_dag_runs_round_from_its_links_and_its_run_tab(
         ".map(tr => tr.dataset.range)"
     )
     assert highlighted == ["1"], highlighted
+    # The link a stopped range gives to its last task instance follows this installed UI's route
+    # (test_ui_page.py checks the page writes it so): it opens that task instance.
+    chromium.open(
+        f"{srv.base_url}/dags/kt_native/runs/{run}/tasks/traverse/mapped/1",
+        "document.body && document.body.innerText.includes('traverse')",
+        timeout=60,
+    )
+    assert "Page Not Found" not in chromium.evaluate("document.body.innerText")
 
     # Another run: planned nothing (Airflow's record says so); no login: 401.
     code, _, body = get_no_redirect(srv, "/keyset/run/kt_native/no_such_run", token)

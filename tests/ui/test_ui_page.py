@@ -288,6 +288,12 @@ def test_page_in_the_airflow_ui_light_and_dark_at_1280_and_1024(
                     "colours": chromium.evaluate(COLOURS_JS),
                     "brightness": mean_brightness(shot),
                 }
+                # The composite-key stream on its own (scrolled into view: after the page's shot).
+                part = tmp_path / f"keyset-ui-composite-{scheme}-{width}.png"
+                chromium.driver.find_element(
+                    "css selector", f'section.stream[data-stream="{COMPOSITE}"]'
+                ).screenshot(str(part))
+                shots.append(part)
     measures = tmp_path / "keyset-ui-measures.json"
     measures.write_text(json.dumps({f"{k[0]}-{k[1]}": v for k, v in seen.items()}, indent=1))
     keep_screenshots(*shots, measures)
