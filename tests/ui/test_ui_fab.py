@@ -56,6 +56,7 @@ from sqlalchemy.engine import make_url
 from airflow_keyset_provider.core import KeysetTraversal
 from airflow_keyset_provider.plugins.app import RESOURCE_NAME
 
+REPO = Path(__file__).resolve().parents[2]
 FAB_AUTH_MANAGER = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
 SERVER_START_TIMEOUT_S = 90
 CLI_TIMEOUT_S = 120
@@ -192,6 +193,8 @@ def fab_api_server(redis_url: str) -> Iterator[FabServer]:
             "AIRFLOW__KEYSET__REDIS_CONN_ID": "keyset_ui_redis",
             "AIRFLOW__KEYSET__KEY_PREFIX": prefix,
             "AIRFLOW_CONN_KEYSET_UI_REDIS": _redis_conn(redis_url),
+            # this checkout's provider first, as conftest.server_pythonpath does
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
         }
     )
     log = home / "api-server.log"
