@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint docs dist bench bench-10m clean
+.PHONY: demo test lint docs dist bench bench-10m ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,7 +39,7 @@ dist: $(STAMP)
 	rm -rf airflow_keyset_provider.egg-info
 	$(BIN)/twine check --strict dist/*
 	$(BIN)/python -m zipfile -l dist/*.whl > dist/wheel-contents.txt
-	for f in airflow_keyset_provider/py.typed airflow_keyset_provider/plugins/static/keyset.html licenses/LICENSE; do \
+	for f in airflow_keyset_provider/py.typed airflow_keyset_provider/plugins/static/ui/keyset-ui.js licenses/LICENSE; do \
 	  grep -q "$$f" dist/wheel-contents.txt || { echo "the wheel lacks $$f"; exit 1; }; done
 	rm dist/wheel-contents.txt
 
@@ -48,6 +48,11 @@ bench: $(STAMP)
 
 bench-10m: $(STAMP)
 	$(BIN)/python -m benchmarks --rows 10000000 $(BENCH_ARGS)
+
+# The Keyset page's bundle (ui/ -> airflow_keyset_provider/plugins/static/ui/, committed): only
+# needed after a change under ui/ (Node.js 20 and npm; tests/ui/test_ui_bundle.py says when).
+ui:
+	cd ui && npm ci --no-audit --no-fund && npm run build
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist docs/_build

@@ -16,6 +16,7 @@ module's length.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
@@ -27,7 +28,6 @@ from airflow_keyset_provider.common import (
     DEFAULT_MAP_INDEX_TEMPLATE,
     RANGE_LABEL_CONTEXT_KEY,
     airflow_errors,
-    key_label,
     run_key,
     supervisor_watch,
 )
@@ -39,6 +39,7 @@ from airflow_keyset_provider.core import (
     RoundPullResult,
     load_processor,
 )
+from airflow_keyset_provider.core.keys import to_json
 from airflow_keyset_provider.core.options import TraverseOptions
 from airflow_keyset_provider.core.run.range_run import BUDGET
 from airflow_keyset_provider.hooks.keyset import KeysetHook
@@ -102,6 +103,20 @@ def _traverse_options(arguments: Mapping[str, Any]) -> TraverseOptions:
                 f"resume_poll_seconds must be a positive number, got {resume_poll_seconds!r}"
             )
     return options
+
+
+_UTC_ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d(?::\d\d(?:\.\d+)?)?)\+00:00$")
+
+
+def compact_key(value: Any) -> str:
+    """A key on one line, as the Map Index column and the Keyset page show it (the page's
+    ``compactKey``, ``ui/src/format.js``): a composite key's columns joined by `` · ``, a UTC
+    timestamp ending in ``Z``: ``2024-05-01T10:00:00Z · 41235``; ``None`` (open end) ``-inf``.
+    Other keys read as ``key_label`` writes them (``42``, ``abc``)."""
+    if value is None:
+        return "-inf"
+    parts = value if isinstance(value, (list, tuple)) else [value]
+    return " · ".join(_UTC_ISO.sub(r"\1Z", str(to_json(v))) for v in parts)
 
 
 class TraverseRangeOperator(BaseOperator):
@@ -263,7 +278,7 @@ class TraverseRangeOperator(BaseOperator):
         label = (
             pull_label(self._task())
             if self.pull
-            else f"range {range_id} ({key_label(self.lo)}, {key_label(self.hi)}]"
+            else f"range {range_id} ({compact_key(self.lo)}, {compact_key(self.hi)}]"
         )
         context[RANGE_LABEL_CONTEXT_KEY] = label  # type: ignore[literal-required]
         if not context.get("map_index_template"):

@@ -1,22 +1,28 @@
-"""The FastAPI app behind the Airflow UI page: one HTML page and a read-only JSON API.
+"""The FastAPI app behind the Airflow UI page: the page's bundle and a read-only JSON API.
 
 Mounted by the Airflow API server under ``/keyset`` (see ``keyset.py``); imported only there, on
 the first request, so other Airflow processes that load plugins never import FastAPI or the API
-server's security module because of this provider.
+server's security module because of this provider. The page itself is a React app the Airflow UI
+renders (``react_apps``), built from ``ui/`` into ``static/ui/keyset-ui.js``.
 
 Routes (relative to the mount point)::
 
-    GET /                                        the page (HTML; fetches the routes below)
+    GET /                                        the page in the Airflow UI: a redirect to the
+                                                 UI route ``plugin/keyset`` with the same query
+                                                 (``?stream=..&round=..``: the extra links')
+    GET /static/keyset-ui.js                     the page's bundle (public, static: no data)
     GET /icon.svg                                navigation icon (public, static)
     GET /api/streams                             streams under the key prefix
     GET /api/streams/{stream}?closed=3           watermark, retention floor, open + recent rounds
     GET /api/streams/{stream}/rounds/{round_id}?dead=3
-                                                 one round: ranges, progress, lag, dead letters
-    GET /api/runs/{dag_id}/{run_id}              the rounds that DAG run's plan tasks planned
+                                                 one round: ranges, progress, lag, dead letters,
+                                                 why unfinished ranges stopped
+    GET /api/runs/{dag_id}/{run_id}              the rounds that DAG run planned, from Redis and
+                                                 from the run's XComs; lost or never planned
+                                                 (``runs.py``)
     GET /run/{dag_id}/{run_id}                   that run's round on the page: a redirect to
                                                  ``?stream=..&round=..`` (one round), a list
-                                                 (several), 404 (none); the DAG run's
-                                                 "Keyset round" tab embeds it
+                                                 (several), 404 saying why there is none
     POST /api/streams/{stream}/pause  {"reason"}  pause the stream (edit rights on DAGs)
     POST /api/streams/{stream}/resume             resume it (edit rights on DAGs)
 
@@ -58,8 +64,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..common import ROUND_XCOM_KEY
 from ..core.errors import ConfigurationError, StoreUnavailableError
+from . import runs
 from . import status as view
+from .keyset import BUNDLE_FILE, UI_ROUTE, URL_PREFIX
 
 #: The custom view name the auth manager is asked about (method ``GET``). SimpleAuthManager lets
 #: every role from viewer up see it; with another auth manager, grant read on this resource.
@@ -161,10 +170,6 @@ def _read(fn: Any, *args: Any) -> Any:
         ) from exc
 
 
-def _page_template() -> str:
-    return (resources.files(__package__) / "static" / "keyset.html").read_text(encoding="utf-8")
-
-
 def _unauthenticated_page(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
     page = str(request.url)
     try:
@@ -205,14 +210,26 @@ def _add_error_handler(app: FastAPI) -> None:
         )
 
 
-def _add_page_routes(app: FastAPI) -> None:
-    """The HTML page, its icon and the per-DAG-run redirect page."""
+def _ui_base(request: Request) -> str:
+    """The Airflow UI's base path: the mount point (``root_path``) without ``URL_PREFIX``."""
+    root = request.scope.get("root_path", "").rstrip("/")
+    return (root[: -len(URL_PREFIX)] if root.endswith(URL_PREFIX) else root) + "/"
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    def page(request: Request, _user: AuthorizedUser) -> HTMLResponse:
-        base = request.scope.get("root_path", "").rstrip("/") + "/"
-        text = _page_template().replace("__BASE_HREF__", html.escape(base, quote=True))
-        return HTMLResponse(text, headers={"Cache-Control": "no-store"})
+
+def _add_page_routes(app: FastAPI) -> None:
+    """The page (a redirect into the Airflow UI), its bundle, its icon, the per-run redirect."""
+
+    @app.get("/", include_in_schema=False)
+    def page(request: Request, _user: AuthorizedUser) -> Response:
+        query = request.url.query
+        target = f"{_ui_base(request)}plugin/{UI_ROUTE}" + (f"?{query}" if query else "")
+        return RedirectResponse(target, status_code=307)
+
+    @app.get(f"/static/{BUNDLE_FILE}", include_in_schema=False)
+    def bundle() -> Response:
+        js = (resources.files(__package__) / "static" / "ui" / BUNDLE_FILE).read_bytes()
+        # The bundle URL carries the sources' hash (keyset.BUNDLE_URL), so a new build is a new URL.
+        return Response(js, media_type="text/javascript", headers={"Cache-Control": "max-age=3600"})
 
     @app.get("/icon.svg", include_in_schema=False)
     def icon() -> Response:
@@ -220,8 +237,8 @@ def _add_page_routes(app: FastAPI) -> None:
         return Response(svg, media_type="image/svg+xml", headers={"Cache-Control": "max-age=3600"})
 
     @app.get("/run/{dag_id}/{run_id}", include_in_schema=False)
-    def run_page(request: Request, dag_id: str, run_id: str, _user: AuthorizedUser) -> Response:
-        return _run_page(request, dag_id, run_id)
+    def run_page(request: Request, dag_id: str, run_id: str, user: AuthorizedUser) -> Response:
+        return _run_page(request, dag_id, run_id, user)
 
 
 def _add_api_routes(app: FastAPI) -> None:
@@ -259,10 +276,46 @@ def _add_api_routes(app: FastAPI) -> None:
         return _read(view.round_view, stream, round_id, dead)
 
     @app.get("/api/runs/{dag_id}/{run_id}")
-    def run_rounds(dag_id: str, run_id: str, _user: AuthorizedUser) -> dict[str, Any]:
-        _, prefix = settings()
-        rounds = _read(view.rounds_of_run, dag_id, run_id)
-        return {"dag_id": dag_id, "run_id": run_id, "key_prefix": prefix, "rounds": rounds}
+    def run_rounds(dag_id: str, run_id: str, user: AuthorizedUser) -> dict[str, Any]:
+        out: dict[str, Any] = _read(
+            runs.run_view, dag_id, run_id, planned_by_airflow(user, dag_id, run_id)
+        )
+        return out
+
+
+def planned_by_airflow(user: BaseUser, dag_id: str, run_id: str) -> list[dict[str, Any]] | None:
+    """The rounds the run's plan tasks recorded in Airflow's metadata database (their XCom
+    ``keyset_round``); None when the user may not read the DAG's XComs (then only Redis tells)."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        DagAccessEntity,
+        DagDetails,
+    )
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    if not get_auth_manager().is_authorized_dag(
+        method="GET", access_entity=DagAccessEntity.XCOM, details=DagDetails(id=dag_id), user=user
+    ):
+        return None
+    query = select(XComModel).where(
+        XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.key == ROUND_XCOM_KEY
+    )
+    out = []
+    with create_session() as session:
+        for row in session.scalars(query):
+            value = XComModel.deserialize_value(row)
+            if isinstance(value, dict) and value.get("round_id") and value.get("stream"):
+                out.append(
+                    {
+                        "stream": str(value["stream"]),
+                        "round_id": str(value["round_id"]),
+                        "key_prefix": value.get("key_prefix"),
+                        "task_id": row.task_id,
+                        "map_index": None if row.map_index < 0 else row.map_index,
+                    }
+                )
+    return sorted(out, key=lambda p: (p["task_id"], p["map_index"] or -1))
 
 
 def _page_url(request: Request, stream: str, round_id: str) -> str:
@@ -271,21 +324,17 @@ def _page_url(request: Request, stream: str, round_id: str) -> str:
     return f"{base}?{urlencode({'stream': stream, 'round': round_id}, quote_via=quote)}"
 
 
-def _run_page(request: Request, dag_id: str, run_id: str) -> Response:
+def _run_page(request: Request, dag_id: str, run_id: str, user: BaseUser) -> Response:
     """One round: redirect to it on the page; several (one per plan task): a list of links;
-    none: 404 naming the run and the key prefix that was searched."""
-    _, prefix = settings()
-    rounds = _read(view.rounds_of_run, dag_id, run_id)
+    none: 404 saying why (``runs.run_view``: never planned, lost, another key prefix)."""
+    found = _read(runs.run_view, dag_id, run_id, planned_by_airflow(user, dag_id, run_id))
+    rounds = found["rounds"]
     if len(rounds) == 1:
         r = rounds[0]
         return RedirectResponse(_page_url(request, r["stream"], r["round_id"]), status_code=307)
     esc = html.escape
     if not rounds:
-        body = (
-            f"<p>No keyset round was planned by run <code>{esc(run_id)}</code> of DAG "
-            f"<code>{esc(dag_id)}</code> under the key prefix <code>{esc(prefix)}</code> "
-            "(<code>[keyset] key_prefix</code>).</p>"
-        )
+        body = f"<p>{esc(found['absent_message'])}</p>"
         return HTMLResponse(_small_page(body), status_code=status.HTTP_404_NOT_FOUND)
     items = "".join(
         f'<li><a href="{esc(_page_url(request, r["stream"], r["round_id"]), quote=True)}">'

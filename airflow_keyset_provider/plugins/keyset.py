@@ -2,10 +2,12 @@
 
 - ``fastapi_apps``: the page and its read-only JSON API, mounted by the API server at
   ``URL_PREFIX`` (``/keyset``) and protected by Airflow's own authentication (see ``app.py``).
-- ``external_views``: a navigation entry under *Browse* that embeds ``keyset/`` (relative to the
-  UI's base URL, so it works behind a path prefix) at the UI route ``/plugin/keyset``; and a
-  "Keyset round" tab on every DAG run (destination ``dag_run``) that embeds
-  ``keyset/run/{DAG_ID}/{RUN_ID}``: the round that run's plan task planned (see ``app.py``).
+- ``react_apps`` (Airflow 3.1+): the page itself, a React app the Airflow UI loads from
+  ``BUNDLE_URL`` (relative to the UI's base URL, so it works behind a path prefix) and renders in
+  its own layout, no iframe: a navigation entry under *Browse* at the UI route ``/plugin/keyset``,
+  a "Keyset round" tab on every DAG run (destination ``dag_run``: the rounds that run planned)
+  and a "Keyset range" tab on every task instance (``task_instance``: the same, its range
+  highlighted). The bundle is built from ``ui/`` (``make ui``) and shipped in the wheel.
 
 Every Airflow process that loads plugins imports this module (schedulers and task runners too),
 so it stays cheap: the FastAPI app is built on its first request, inside the API server only.
@@ -14,6 +16,7 @@ so it stays cheap: the FastAPI app is built on its first request, inside the API
 from __future__ import annotations
 
 import threading
+from importlib import resources
 from typing import Any
 
 # The Task SDK class is the one providers use (as apache-airflow-providers-common-compat does).
@@ -22,6 +25,25 @@ from airflow.sdk.plugins_manager import AirflowPlugin
 URL_PREFIX = "/keyset"
 UI_ROUTE = "keyset"
 RUN_UI_ROUTE = "keyset-run"
+TASK_UI_ROUTE = "keyset-range"
+BUNDLE_FILE = "keyset-ui.js"
+#: The names the bundle registers itself under (``ui/src/main.jsx`` APP_NAMES): Airflow renders
+#: ``globalThis[<app name>]``.
+REACT_APP_NAMES = ("Keyset traversals", "Keyset round", "Keyset range")
+
+
+def _bundle_url() -> str:
+    """``keyset/static/keyset-ui.js?v=<sources' hash>``: a rebuilt bundle is a new URL, so no
+    browser keeps an old one from its cache."""
+    try:
+        digest = (resources.files(__package__) / "static" / "ui" / "SOURCE_SHA256").read_text()
+    except OSError:
+        digest = ""
+    return f"{URL_PREFIX.lstrip('/')}/static/{BUNDLE_FILE}?v={digest.strip()[:12]}"
+
+
+BUNDLE_URL = _bundle_url()
+ICON = "keyset/icon.svg"
 
 
 class LazyApp:
@@ -54,21 +76,28 @@ class KeysetPlugin(AirflowPlugin):
     fastapi_apps = [
         {"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "Keyset traversals"},
     ]
-    external_views = [
+    react_apps = [
         {
-            "name": "Keyset traversals",
-            "href": "keyset/",
+            "name": REACT_APP_NAMES[0],
+            "bundle_url": BUNDLE_URL,
             "url_route": UI_ROUTE,
             "destination": "nav",
             "category": "browse",
-            "icon": "keyset/icon.svg",
+            "icon": ICON,
         },
         {
-            "name": "Keyset round",
-            "href": "keyset/run/{DAG_ID}/{RUN_ID}",
+            "name": REACT_APP_NAMES[1],
+            "bundle_url": BUNDLE_URL,
             "url_route": RUN_UI_ROUTE,
             "destination": "dag_run",
-            "icon": "keyset/icon.svg",
+            "icon": ICON,
+        },
+        {
+            "name": REACT_APP_NAMES[2],
+            "bundle_url": BUNDLE_URL,
+            "url_route": TASK_UI_ROUTE,
+            "destination": "task_instance",
+            "icon": ICON,
         },
     ]
 

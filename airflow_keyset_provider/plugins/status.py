@@ -22,6 +22,12 @@ needs and a terminal table does not:
   page shows counts only; ``progress_basis`` tells the page which case it is.
 - **dead letters**: per range, the count and the newest ``dead_limit`` entries (key, error,
   attempts, time).
+- **why an unfinished range stopped** (``stopped``, on ranges of an open round that are lagging or
+  have items waiting for a retry): what the store records, nothing more. The engine keeps no
+  "stop reason" on a range; it keeps the ``lineage`` of the task instance that held it last (an
+  Airflow ``dag/run/task[/map_index]``, kept when a range is released unfinished) and, per item
+  waiting for a retry, its attempts and last error. ``stopped.last_task`` is that lineage parsed
+  (``None`` outside Airflow), ``stopped.retry_errors`` up to ``RETRY_ERRORS_SHOWN`` of those items.
 """
 
 from __future__ import annotations
@@ -45,6 +51,10 @@ from ..core.store.reads import stream_names
 HEARTBEATS_PER_LEASE = 3
 #: A range is lagging when its heartbeat is older than this many expected intervals.
 LAG_FACTOR = 2.0
+#: Items waiting for a retry shown per stopped range (key, attempts, last error).
+RETRY_ERRORS_SHOWN = 3
+#: Stopped ranges of one round whose lineage and retries are read (a bounded number of reads).
+STOPPED_READ_LIMIT = 64
 
 _SUMMARY_KEYS = (
     "round_id",
@@ -53,6 +63,8 @@ _SUMMARY_KEYS = (
     "round_key",
     "created_at",
     "closed_at",
+    "start_key",
+    "end_key",
     "start_label",
     "end_label",
     "n_ranges",
@@ -169,7 +181,62 @@ def round_view(
         r["dead_letters"] = (
             _dead_letters(ctl, round_id, r["range_id"], rnd.arity, dead_limit) if r["dead"] else []
         )
+    _add_stopped(ctl, round_id, rnd.arity, out["ranges"])
     return out
+
+
+def parse_lineage(lineage: str) -> dict[str, Any] | None:
+    """An owner lineage ``<dag_id>/<run_id>/<task_id>[/<map_index>]`` (``common.run_key``) as
+    ``dag_id``, ``run_id``, ``task_id``, ``map_index`` (None when not mapped); None for ''
+    (a traversal outside Airflow) or anything else. Dag and task ids hold no ``/``."""
+    parts = lineage.split("/")
+    if len(parts) < 3 or not all(parts):
+        return None
+    map_index = None
+    if len(parts) >= 4 and parts[-1].isdigit():
+        map_index = int(parts.pop())
+    return {
+        "dag_id": parts[0],
+        "run_id": "/".join(parts[1:-1]),
+        "task_id": parts[-1],
+        "map_index": map_index,
+    }
+
+
+def _add_stopped(ctl: StreamControl, round_id: str, arity: int, rows: list[dict[str, Any]]) -> None:
+    """``stopped`` on each unfinished range that lags or has items waiting for a retry (see the
+    module docstring); None on the others. One pipelined read of the lineages, one HSCAN per range
+    with retries; at most ``STOPPED_READ_LIMIT`` ranges."""
+    for r in rows:
+        r["stopped"] = None
+    wanted = [
+        r for r in rows if r["state"] != RangeState.COMPLETE and (r["lagging"] or r["retries"])
+    ][:STOPPED_READ_LIMIT]
+    if not wanted:
+        return
+    store = ctl.store
+    pipe = store.client.pipeline(transaction=False)
+    for r in wanted:
+        pipe.hget(store.range_key(round_id, r["range_id"]), "lineage")
+    for r, lineage in zip(wanted, pipe.execute(), strict=True):
+        text = lineage.decode() if isinstance(lineage, bytes) else lineage or ""
+        retries = (
+            store.retry_entries(round_id, r["range_id"], RETRY_ERRORS_SHOWN) if r["retries"] else []
+        )
+        r["stopped"] = {
+            "last_task": parse_lineage(text),
+            "retry_errors": [
+                {"key_label": _label(key, arity), "attempts": attempts, "error": error}
+                for key, attempts, error in retries
+            ],
+        }
+
+
+def _label(encoded: str, arity: int) -> str:
+    try:
+        return display_key(encoded, arity)
+    except Exception:  # a malformed entry is still worth showing
+        return encoded
 
 
 def _with_lag(rnd: RoundStatus) -> list[dict[str, Any]]:
@@ -222,14 +289,9 @@ def _dead_letters(
 ) -> list[dict[str, Any]]:
     out = []
     for d in ctl.store.dead_letters(round_id, range_id, limit):
-        enc = str(d.get("key") or "")
-        try:
-            label = display_key(enc, arity)
-        except Exception:  # a malformed entry is still worth showing
-            label = enc
         out.append(
             {
-                "key_label": label,
+                "key_label": _label(str(d.get("key") or ""), arity),
                 "error": str(d.get("error") or ""),
                 "attempts": int(d.get("attempts") or 0),
                 "at": iso_ms(d.get("at_ms")),

@@ -70,7 +70,7 @@ def test_the_decorator_example_cancels_stale_orders_with_a_reason(
 REFUSE_TRIGGER = """
 CREATE FUNCTION refuse_frozen() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.id IN (101, 1202, 1203, 2499) THEN
+    IF NEW.id IN (101, 1202, 1203, 2498) THEN
         RAISE EXCEPTION USING MESSAGE = 'order ' || NEW.id || ' is frozen by compliance';
     END IF;
     RETURN NEW;
@@ -100,7 +100,7 @@ def test_the_flagship_scenario_dead_letters_the_rows_a_trigger_refuses(
 
     dr = module.dag.test()
     assert dr.state == "success", states(dr)
-    frozen = {101, 1202, 1203, 2499}
+    frozen = {101, 1202, 1203, 2498}
     pending = [i for i, s in status.items() if s == "PENDING"]
     totals = xcom(dr, "cancel_stale.barrier")
     assert (totals["done"], totals["skipped"], totals["dead"]) == (len(pending) - 4, 0, 4)

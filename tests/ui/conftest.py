@@ -135,6 +135,16 @@ def _redis_conn(redis_url: str) -> str:
     )
 
 
+#: The checkout under test. The API server's processes import the provider from here first: an
+#: editable install of another checkout in the same venv must not serve its plugin instead.
+REPO = Path(__file__).resolve().parents[2]
+
+
+def server_pythonpath(env: dict[str, str]) -> str:
+    """``PYTHONPATH`` for an Airflow subprocess: this checkout, then what the caller had."""
+    return os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+
+
 def _stop(proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
     """Stop a process this harness started (and its children: it leads its own session)."""
     if proc.poll() is not None:
@@ -197,6 +207,7 @@ def ui_api_server(redis_url: str, ui_key_prefix: str) -> Iterator[ApiServer]:
             "AIRFLOW__KEYSET__REDIS_CONN_ID": "keyset_ui_redis",
             "AIRFLOW__KEYSET__KEY_PREFIX": ui_key_prefix,
             "AIRFLOW_CONN_KEYSET_UI_REDIS": _redis_conn(redis_url),
+            "PYTHONPATH": server_pythonpath(env),
         }
     )
     log = home / "api-server.log"

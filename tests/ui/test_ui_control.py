@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import sqlalchemy as sa
+from keyset_page import open_in_airflow
 
 from airflow_keyset_provider.core import KeysetTraversal
 
@@ -102,7 +103,7 @@ def test_page_shows_pause_governor_and_health_with_buttons_for_editors(
         health_key,
         mapping={"healthy": "0", "reason": "replication lag 42 s > 30 s", "checked_at": "1"},
     )
-    page = f"{srv.base_url}/keyset/?refresh=0&stream={stream}"
+    page = f"plugin/keyset?refresh=0&stream={stream}"
     js = f"""(() => {{
         const s = document.querySelector('section.stream[data-stream="{stream}"]');
         const c = s && s.querySelector('.control');
@@ -114,9 +115,7 @@ def test_page_shows_pause_governor_and_health_with_buttons_for_editors(
             ("viewer", None, False),
             ("editor", srv.editor_password, True),
         ):
-            chromium.open(f"{srv.base_url}/keyset/icon.svg", "true")
-            chromium.set_cookie("_token", srv.token(user, password))
-            chromium.open(page, "document.body && document.body.dataset.ready === '1'")
+            open_in_airflow(chromium, srv.base_url, page, srv.token(user, password))
             shown = chromium.evaluate(js)
             assert shown is not None, f"{user}: no control bar"
             assert shown["badges"] == ["paused", "throttled", "unhealthy"], shown

@@ -10,7 +10,8 @@ Scenario (what a FAB admin does, step by step, and what each user then gets):
    its own views and Airflow declare, and nothing declares the plugin's custom view.
 2. The permission ``can_read`` on ``Keyset`` is created once through FAB's security manager
    (``create_permission``, the snippet in docs/howto-monitoring.md); the same ``add-perms`` then
-   succeeds.
+   succeeds; so does ``-r Plugins -a can_read`` (the Airflow UI lists plugin pages through
+   ``/api/v2/plugins``, which needs it; FAB's ``Viewer`` has it).
 3. ``airflow users create``: ``reader`` (role ``KeysetReader`` only), ``viewer`` (FAB's built-in
    ``Viewer``), ``editor`` (``User``, then ``airflow users add-role`` ``KeysetReader``: ``users
    create`` takes one role).
@@ -18,7 +19,8 @@ Scenario (what a FAB admin does, step by step, and what each user then gets):
    for ``/keyset/api/streams``, a stream, the page, and pause/resume:
    reader 200 everywhere it reads, 403 on pause (no DAG edit); viewer 403 (``Viewer`` has no
    ``can_read`` on ``Keyset``); editor reads and pauses/resumes (``User`` may edit DAGs);
-   no credential 401. Headless Chromium then renders the page as ``reader``.
+   no credential 401. Headless Chromium then renders the page as ``reader``, inside the
+   Airflow UI (the plugin's React app).
 
 Skipped, with the reason, when the FAB provider cannot be imported, except under
 ``KEYSET_REQUIRE_SERVICES=1`` (CI), where that fails.
@@ -48,15 +50,18 @@ from typing import Any
 import _services
 import pytest
 import sqlalchemy as sa
+from keyset_page import open_in_airflow
 from sqlalchemy.engine import make_url
 
 from airflow_keyset_provider.core import KeysetTraversal
 from airflow_keyset_provider.plugins.app import RESOURCE_NAME
 
+REPO = Path(__file__).resolve().parents[2]
 FAB_AUTH_MANAGER = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
 SERVER_START_TIMEOUT_S = 90
 CLI_TIMEOUT_S = 120
 ROLE = "KeysetReader"
+PLUGINS_RESOURCE = "Plugins"
 STREAM = "ui-fab"
 #: Creates the FAB permission (action + resource) once; ``airflow roles add-perms`` needs it.
 CREATE_PERMISSION = f"""
@@ -188,6 +193,8 @@ def fab_api_server(redis_url: str) -> Iterator[FabServer]:
             "AIRFLOW__KEYSET__REDIS_CONN_ID": "keyset_ui_redis",
             "AIRFLOW__KEYSET__KEY_PREFIX": prefix,
             "AIRFLOW_CONN_KEYSET_UI_REDIS": _redis_conn(redis_url),
+            # this checkout's provider first, as conftest.server_pythonpath does
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
         }
     )
     log = home / "api-server.log"
@@ -209,10 +216,15 @@ def fab_api_server(redis_url: str) -> Iterator[FabServer]:
         )
         assert created.returncode == 0, created.stderr[-2000:]
         _cli(env, "roles", "add-perms", ROLE, "-r", RESOURCE_NAME, "-a", "can_read")
+        # The Airflow UI learns of plugin pages from /api/v2/plugins, which needs this (Viewer
+        # and every role above it have it): without it the page's route is a 404 in the UI.
+        _cli(env, "roles", "add-perms", ROLE, "-r", PLUGINS_RESOURCE, "-a", "can_read")
         for user, role in (("reader", ROLE), ("viewer", "Viewer"), ("editor", "User")):
             _cli(
                 env,
-                *("users", "create", "--username", user, "--password", passwords[user]),
+                # "--password=": a token_urlsafe password may start with "-" (1 in 64), which
+                # argparse would read as an option and refuse the command
+                *("users", "create", "--username", user, f"--password={passwords[user]}"),
                 *("--role", role, "--firstname", user, "--lastname", "test"),
                 *("--email", f"{user}@example.org"),
             )
@@ -310,12 +322,16 @@ def test_fab_role_needs_can_read_on_the_keyset_view(
 def test_fab_reader_page_renders_in_headless_chromium(
     fab_api_server: FabServer, chromium: Any
 ) -> None:
+    """The reader (``can_read`` on ``Keyset`` only) gets the page in the Airflow UI, its data
+    loaded: no error box, the key prefix the server reads named."""
     srv = fab_api_server
-    chromium.open(f"{srv.base_url}/keyset/", "document.body !== null")
-    chromium.set_cookie("_token", srv.token("reader"))
-    chromium.open(f"{srv.base_url}/keyset/", "document.body && document.body.dataset.ready === '1'")
-    text = chromium.evaluate("document.body.innerText")
-    assert "not authorized" not in text.lower(), text[:500]
+    open_in_airflow(chromium, srv.base_url, "plugin/keyset?refresh=0", srv.token("reader"))
+    shown = chromium.evaluate(
+        "({text: document.querySelector('#keyset-app').innerText,"
+        " error: !!document.querySelector('#keyset-app #error')})"
+    )
+    assert not shown["error"] and "not authorized" not in shown["text"].lower(), shown
+    assert f"key prefix {srv.key_prefix}" in shown["text"], shown
 
 
 def test_docs_show_the_steps_this_module_runs() -> None:
@@ -324,3 +340,4 @@ def test_docs_show_the_steps_this_module_runs() -> None:
     assert CREATE_PERMISSION.strip() in doc
     assert f"airflow roles add-perms {ROLE} -r {RESOURCE_NAME} -a can_read" in doc
     assert f"airflow roles create {ROLE}" in doc
+    assert f"airflow roles add-perms {ROLE} -r {PLUGINS_RESOURCE} -a can_read" in doc

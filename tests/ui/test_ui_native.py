@@ -20,8 +20,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import _services
 import redis
 import sqlalchemy as sa
+from keyset_page import open_in_airflow
 from sqlalchemy.engine import make_url
 
 from airflow_keyset_provider.core import KeysetTraversal
@@ -114,9 +116,20 @@ def run_native_dag(srv: Any, pg_url: str, pg_schema: str, redis_url: str) -> str
     return str(result["run_id"])
 
 
+RUN_TAB_JS = """(() => {
+    const app = document.querySelector('#keyset-app');
+    return {iframes: document.querySelectorAll('iframe').length, text: app.innerText,
+            rounds: [...app.querySelectorAll('section.round')].map(r => [r.dataset.round, r.dataset.state]),
+            lost: [...app.querySelectorAll('.round-lost')].map(e => e.innerText)};
+})()"""
+
+
 def test_a_dag_runs_round_from_its_links_and_its_run_tab(
-    airflow_api_server: Any, pg_url: str, pg_schema: str, redis_url: str
+    airflow_api_server: Any, chromium: Any, pg_url: str, pg_schema: str, redis_url: str
 ) -> None:
+    """A real run's round through its extra links, the API and its "Keyset round" tab (the React
+    app in the Airflow UI); then Redis loses the stream: the tab says the round was lost (the
+    run's XCom says it was planned), not that none was planned."""
     srv = airflow_api_server
     run_id = run_native_dag(srv, pg_url, pg_schema, redis_url)
     token = srv.token()
@@ -134,30 +147,82 @@ def test_a_dag_runs_round_from_its_links_and_its_run_tab(
         assert code == 200, body
         assert json.loads(body)["extra_links"] == {"Keyset round": page}, (task, body)
 
-    # The plugin lists the DAG run tab; its href has the UI's placeholders.
+    # The plugin lists the DAG run tab and the task instance tab, React apps of one bundle.
     code, _, body = srv.http("GET", "/api/v2/plugins", headers=auth)
     assert code == 200, body
     plugin = next(p for p in json.loads(body)["plugins"] if p["name"] == "keyset")
-    tab = next(v for v in plugin["external_views"] if v["destination"] == "dag_run")
-    assert tab["name"] == "Keyset round" and tab["href"] == "keyset/run/{DAG_ID}/{RUN_ID}"
+    tab = next(v for v in plugin["react_apps"] if v["destination"] == "dag_run")
+    assert (tab["name"], tab["url_route"]) == ("Keyset round", "keyset-run")
 
-    # What the tab embeds (the UI fills the placeholders with encodeURIComponent).
+    # /keyset/run/... (the former tab, kept for links) leads to the round on the page.
     code, headers, body = get_no_redirect(srv, f"/keyset/run/kt_native/{run}", token)
     assert code == 307, body
     assert headers["location"] == page
     code, _, body = srv.http("GET", f"/keyset/api/runs/kt_native/{run}", headers=auth)
     assert code == 200, body
-    assert json.loads(body)["rounds"] == [
-        {"stream": "kt_native", "round_id": "r1", "task_id": "plan", "map_index": None}
+    found = json.loads(body)
+    assert found["rounds"] == [
+        {
+            "stream": "kt_native",
+            "round_id": "r1",
+            "task_id": "plan",
+            "map_index": None,
+            "known_from": "redis",
+            "in_redis": True,
+            "lost_message": None,
+        }
     ]
-    # The redirect target is the page, and the round it names is readable.
+    assert (found["planned_known"], found["absent_reason"]) == (True, None)
     code, _, body = srv.http("GET", "/keyset/api/streams/kt_native/rounds/r1", headers=auth)
     assert code == 200 and json.loads(body)["state"] == "closed", body
 
-    # Another run: 404 naming it; no login: 401.
+    # The run's tab in the Airflow UI shows the round, in Airflow's layout (no frame).
+    tab_route = f"dags/kt_native/runs/{run}/plugin/keyset-run?refresh=0"
+    open_in_airflow(chromium, srv.base_url, tab_route, token)
+    chromium.wait("document.querySelector('#keyset-app section.round')")
+    shown = chromium.evaluate(RUN_TAB_JS)
+    assert shown["iframes"] == 0 and shown["rounds"] == [["r1", "closed"]], shown
+    assert "planned by task plan: stream kt_native, round r1" in shown["text"]
+
+    # A traverse task instance's "Keyset range" tab: the same round, its range highlighted.
+    ti_route = f"dags/kt_native/runs/{run}/tasks/traverse/mapped/1/plugin/keyset-range?refresh=0"
+    open_in_airflow(chromium, srv.base_url, ti_route, token)
+    chromium.wait("document.querySelector('#keyset-app section.round')")
+    highlighted = chromium.evaluate(
+        "[...document.querySelectorAll('#keyset-app tr.range-row.highlighted')]"
+        ".map(tr => tr.dataset.range)"
+    )
+    assert highlighted == ["1"], highlighted
+    # The link a stopped range gives to its last task instance follows this installed UI's route
+    # (test_ui_page.py checks the page writes it so): it opens that task instance.
+    chromium.open(
+        f"{srv.base_url}/dags/kt_native/runs/{run}/tasks/traverse/mapped/1",
+        "document.body && document.body.innerText.includes('traverse')",
+        timeout=60,
+    )
+    assert "Page Not Found" not in chromium.evaluate("document.body.innerText")
+
+    # Another run: planned nothing (Airflow's record says so); no login: 401.
     code, _, body = get_no_redirect(srv, "/keyset/run/kt_native/no_such_run", token)
-    assert code == 404 and b"no_such_run" in body, body
+    assert code == 404 and b"Run no_such_run of DAG kt_native planned no keyset round" in body
     assert srv.http("GET", f"/keyset/run/kt_native/{run}")[0] == 401
+
+    # Redis loses the stream (everything under the key prefix): lost, not "never planned".
+    _services.delete_prefix(redis_url, srv.key_prefix)
+    code, _, body = srv.http("GET", f"/keyset/api/runs/kt_native/{run}", headers=auth)
+    assert code == 200, body
+    [lost] = json.loads(body)["rounds"]
+    assert (lost["known_from"], lost["in_redis"]) == ("airflow", False), lost
+    said = (
+        "Redis has lost round r1 of stream kt_native, which task plan of this run planned "
+        "(its XCom keyset_round)"
+    )
+    assert lost["lost_message"].startswith(said), lost
+    open_in_airflow(chromium, srv.base_url, tab_route, token)
+    chromium.wait("document.querySelector('#keyset-app .round-lost')")
+    shown = chromium.evaluate(RUN_TAB_JS)
+    assert shown["lost"] and shown["lost"][0].startswith(said), shown
+    assert "No keyset round was planned" not in shown["text"] and shown["rounds"] == []
 
 
 def test_rounds_of_run_finds_the_runs_plan_tasks_only(

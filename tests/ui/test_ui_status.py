@@ -71,9 +71,106 @@ def test_round_view_from_redis(
     assert r1["lag_reason"].startswith("stale owner: last heartbeat")
     assert r2["lag_reason"] == "no owner: never claimed" and r2["progress"] == 0.0
     assert view["lagging"] == 3 and all(r["dead_letters"] == [] for r in view["ranges"])
+    # Outside Airflow no lineage is recorded: what stopped them is only the lag rule.
+    assert all(r["stopped"] == {"last_task": None, "retry_errors": []} for r in view["ranges"])
 
     summary = status.stream_view(redis_client, key_prefix, "s")
     assert [(r["round_id"], r["state"], r["lagging"]) for r in summary["rounds"]] == [
         (rnd.round_id, "open", 3)
     ]
     assert [s["stream"] for s in status.streams(redis_client, key_prefix)] == ["s"]
+
+
+def test_owner_lineages_parse_into_task_instances() -> None:
+    """``<dag_id>/<run_id>/<task_id>[/<map_index>]`` (``common.run_key``), '' outside Airflow."""
+    assert status.parse_lineage("d/manual__2026-01-01T00:00:00+00:00/traverse/7") == {
+        "dag_id": "d",
+        "run_id": "manual__2026-01-01T00:00:00+00:00",
+        "task_id": "traverse",
+        "map_index": 7,
+    }
+    assert status.parse_lineage("d/r/plan") == {
+        "dag_id": "d",
+        "run_id": "r",
+        "task_id": "plan",
+        "map_index": None,
+    }
+    assert status.parse_lineage("") is None and status.parse_lineage("d//t") is None
+
+
+def test_a_run_whose_round_redis_lost_is_lost_not_unplanned(
+    sqlite_url: str, redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """``runs.run_view``: a round Redis holds is shown; once Redis lost the stream, the run's
+    XCom record makes it *lost* (with what to do), and without any record of it the words say
+    it was not planned, or that nothing can tell (no XCom readable)."""
+    from airflow_keyset_provider.plugins.runs import run_view
+
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+        conn.execute(sa.text("INSERT INTO t VALUES (:k)"), [{"k": i} for i in range(1, 21)])
+    engine.dispose()
+    t = KeysetTraversal(
+        sqlite_url, table="t", key="k", redis_url=redis_url, stream="d", key_prefix=key_prefix
+    )
+    try:
+        t.plan(max_ranges=1, round_key="d/run1/plan")
+    finally:
+        t.close()
+    xcom = [
+        {
+            "stream": "d",
+            "round_id": "r1",
+            "key_prefix": key_prefix,
+            "task_id": "plan",
+            "map_index": None,
+        }
+    ]
+    held = run_view(redis_client, key_prefix, "d", "run1", xcom)
+    assert [(r["round_id"], r["known_from"], r["in_redis"]) for r in held["rounds"]] == [
+        ("r1", "redis", True)
+    ]
+    assert held["absent_reason"] is None
+
+    for key in redis_client.scan_iter(f"{key_prefix}:*"):  # Redis loses the stream
+        redis_client.delete(key)
+    lost = run_view(redis_client, key_prefix, "d", "run1", xcom)
+    [r] = lost["rounds"]
+    assert (r["known_from"], r["in_redis"]) == ("airflow", False)
+    assert r["lost_message"].startswith(
+        "Redis has lost round r1 of stream d, which task plan of this run planned"
+    )
+    assert "re-plan the round or restore it from its checkpoint mirror" in r["lost_message"]
+
+    never = run_view(redis_client, key_prefix, "d", "run1", [])
+    assert never["rounds"] == [] and never["absent_reason"] == "never-planned"
+    assert "planned no keyset round" in never["absent_message"]
+    unknown = run_view(redis_client, key_prefix, "d", "run1", None)
+    assert unknown["absent_reason"] == "unknown"
+    assert "Redis lost the stream's state" in unknown["absent_message"]
+    other = run_view(
+        redis_client, key_prefix, "d", "run1", [{**xcom[0], "key_prefix": "elsewhere"}]
+    )
+    assert (
+        other["absent_reason"] == "other-prefix"
+        and "key prefix elsewhere" in other["absent_message"]
+    )
+
+
+def test_keys_on_one_line_as_the_map_index_column_writes_them() -> None:
+    """``compact_key`` (traverse tasks' Map Index label; the page's ``compactKey`` applies the
+    same rule): composite columns joined by `` · ``, UTC timestamps with ``Z``."""
+    import datetime as dt
+
+    from airflow_keyset_provider.operators.traverse import compact_key
+
+    ten = dt.datetime(2024, 5, 1, 10, tzinfo=dt.UTC)
+    assert compact_key((ten, 41235)) == "2024-05-01T10:00:00Z · 41235"
+    assert (
+        compact_key(["2024-05-01T10:00:00.250000+00:00", "eu"])
+        == "2024-05-01T10:00:00.250000Z · eu"
+    )
+    assert compact_key(None) == "-inf" and compact_key(42) == "42"
+    other_zone = dt.datetime(2024, 5, 1, 10, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    assert compact_key(other_zone) == "2024-05-01T10:00:00+02:00"  # only UTC is shortened
