@@ -1,6 +1,6 @@
 """The named states of rounds and ranges: the only values the store writes in a ``state`` field.
 
-The Lua scripts (``store_scripts.py``) spell the same strings. ``status.py`` (the status model
+The Lua scripts (``core/store/lua/*.lua``) spell the same strings. ``status.py`` (the status model
 that reads them) re-exports these names, so ``from airflow_keyset_provider.core.rounds.status import
 RangeState`` keeps working.
 """

@@ -37,7 +37,7 @@ one costs a fresh burst or a fresh probe, never a cursor), so a ``volatile-*`` e
 never evicts the others; ``allkeys-*`` could, and ``check_eviction_policy`` refuses it.
 
 Small state (issue #11: a 4,096-range round stays under 1 MB, ``tests/core/
-test_redis_footprint.py``; the rules in ``store_layout.py``): a range is created with lo, hi,
+test_redis_footprint.py``; the rules in ``layout.py``): a range is created with lo, hi,
 cursor, state, dead and retries only; the scripts and the readers fill every other field in with
 its default ('' or 0; a missing cursor is hi once complete, else lo). When its owner releases a
 complete range, the hash is written anew with lo, hi, state, retries, dead, completed_ms and its
@@ -82,12 +82,12 @@ State changes that are *not* a Lua script, and why each is still safe::
     mirrored_coalescing HDEL of a range's 'unmirrored' mark, after the mirror recorded the
                        ranges it absorbed; clearing it late only mirrors them once more
 
-The module: ``store_reads.py`` holds the key names and the reads (``StoreReads``),
-``store_pull.py`` what tasks that pull ranges need (next unclaimed range, briefs, split requests
-and the owner's split), this module the other writes (``CursorStore``), ``store_results.py``
-their named results (``Claim``, ``Advanced``, ``Closed``, ...: re-exported here),
-``store_server.py`` the connection and the eviction-policy check, ``store_scripts.py`` the Lua
-scripts. Only these modules touch the Redis client or build a key: the rest of the package names
+The module: ``reads.py`` holds the key names and the reads (``StoreReads``), ``pull.py``
+what tasks that pull ranges need (next unclaimed range, briefs, split requests and the owner's
+split), this module the other writes (``CursorStore``), ``results.py`` their named results
+(``Claim``, ``Advanced``, ``Closed``, ...: re-exported here), ``server.py`` the connection and
+the eviction-policy check, ``scripts.py`` the loader of the Lua scripts (one file each in
+``lua/``, shared fragments in ``lua/includes/``). Only these modules touch the Redis client or build a key: the rest of the package names
 keys with the ``*_key`` properties and runs its own scripts (pause, rate budget, health) through
 ``store.script(source)``, which registers them on the store's client (EVALSHA, reloaded on
 NOSCRIPT). This docstring is the one place the key layout and the reasons behind it are written

@@ -1,5 +1,5 @@
 """The cursor store's part for tasks that pull ranges and split stragglers (``CursorStore``
-inherits it; the key layout and the other writes are in ``store.py``).
+inherits it; the key layout and the other writes are in ``cursor_store.py``).
 
 A round may have many more ranges than tasks: a task claims ``next_unclaimed`` ranges until none
 is left, then asks the live owner of the range with the most work left to split it. The split is

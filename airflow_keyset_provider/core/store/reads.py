@@ -1,6 +1,6 @@
 """The cursor store's key layout and its reads (``CursorStore`` adds the scripted writes).
 
-One stream's keys all share the hash tag ``{<stream>}`` (the layout is in ``store.py``'s
+One stream's keys all share the hash tag ``{<stream>}`` (the layout is in ``cursor_store.py``'s
 docstring). Reads never write; a missing hash raises ``RoundStateLostError`` (or
 ``RoundNotFoundError`` for an id never handed out), never reads as "nothing left to do".
 """
