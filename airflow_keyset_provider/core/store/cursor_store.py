@@ -13,6 +13,8 @@ Key layout (``P`` is the key prefix, ``ks`` by default; ``S`` the stream)::
     P:{S}:chained                   string  id of the open round that started at the watermark
     P:{S}:by_key                    hash    idempotency key (e.g. Airflow run id) -> round id
     P:{S}:ahead                     hash    closed rounds above a gap: round id -> "start|end"
+    P:{S}:released                  list    call ids of the last 1,024 steps that released a
+                                            complete range (a second run of one is recognised)
     P:{S}:round:R                   hash    start, end, n_ranges, state, chained, source, totals;
                                             pull mode: next (hint counter), skip:<I> (first id
                                             after the run range I coalesced), held:<lineage>
@@ -107,9 +109,9 @@ from typing import Any
 
 import redis
 
-from ..errors import LeaseHeldError, RoundStateLostError
+from ..errors import LeaseHeldError, RoundStateLostError, StoreUnavailableError
 from .pull import RangePull
-from .reads import _s, glob_literal
+from .reads import _s, call_id, glob_literal
 from .results import (
     Advanced,
     Claim,
@@ -239,6 +241,7 @@ class CursorStore(RangePull):
     ) -> tuple[str, bool]:
         """Save a new round atomically; returns ``(round_id, created)``. If the idempotency key or
         the stream's open chained round already has a round, returns that one unchanged."""
+        call = call_id()
         for _ in range(3):
             round_id = f"r{int(self.client.incr(self.seq_key))}"
             keys = [self.round_key(round_id), self.open_key, self.chained_key, self.by_key_key]
@@ -251,10 +254,11 @@ class CursorStore(RangePull):
                 end,
                 source,
                 arity,
+                call,
             ]
             for lo, hi in bounds:
                 args += [lo, hi]
-            res = self._call(self._create, keys, args)
+            res = self._create_call(round_id, keys, args)
             if _s(res[0]) != "taken":
                 return _s(res[1]), _s(res[0]) == "created"
             top = self.highest_round_number()
@@ -271,6 +275,20 @@ class CursorStore(RangePull):
             "nothing was written. Another client may be resetting it: check what writes "
             f"{self.seq_key!r}."
         )
+
+    def _create_call(self, round_id: str, keys: list[str], args: list[Any]) -> Any:
+        """CREATE_ROUND; when Redis does not answer, the round may exist (a lost reply after
+        redis-py's retries): the error names it, for an explicit plan has no other handle."""
+        try:
+            return self._call(self._create, keys, args)
+        except StoreUnavailableError as exc:
+            raise StoreUnavailableError(
+                f"stream {self.stream!r}: Redis did not answer while round {round_id} was being "
+                f"created ({exc.__cause__}); it may exist. Planning again with the same "
+                "round_key (or a chained plan) returns it; an explicit plan without a round_key "
+                f"does not: check `airflow-keyset rounds` and close or delete {round_id} if it "
+                "is there."
+            ) from exc.__cause__
 
     def highest_round_number(self) -> int:
         """The highest round number with a key in Redis (SCAN over the stream's round keys, on
@@ -324,7 +342,15 @@ class CursorStore(RangePull):
         res = self._call(
             self._claim,
             keys,
-            [token, lineage, lease_ms, range_id, "1" if pull else "", "1" if mirror else ""],
+            [
+                token,
+                lineage,
+                lease_ms,
+                range_id,
+                "1" if pull else "",
+                "1" if mirror else "",
+                call_id(),
+            ],
         )
         return claim_result(self._where(round_id, range_id), token, res)
 
@@ -362,12 +388,13 @@ class CursorStore(RangePull):
         answering)."""
         fence = [token, expected, new, done, skipped, lease_ms, max_item_attempts, dead_cap]
         args = _advance_args([*fence, f"{round_id}:{range_id}"], resolved, failed)
-        args.append("1" if release else "")
+        args += ["1" if release else "", call_id()]
         keys = [
             self.range_key(round_id, range_id),
             self.retry_key(round_id, range_id),
             self.dead_key(round_id, range_id),
             self.events_channel,
+            self.released_key,
         ]
         res = self._call(self._advance, keys, args)
         return advance_result(
@@ -375,7 +402,13 @@ class CursorStore(RangePull):
         )
 
     def release(self, round_id: str, range_id: int, token: str) -> bool:
-        return bool(self._call(self._release, [self.range_key(round_id, range_id)], [token]))
+        return bool(
+            self._call(
+                self._release,
+                [self.range_key(round_id, range_id), self.released_key],
+                [token, call_id()],
+            )
+        )
 
     def requeue_dead(self, round_id: str, range_id: int, limit: int) -> int:
         """Move up to ``limit`` dead letters back to the retry set; returns how many. Raises
@@ -385,7 +418,7 @@ class CursorStore(RangePull):
             self.dead_key(round_id, range_id),
             self.retry_key(round_id, range_id),
         ]
-        res = self._call(self._requeue, keys, [limit])
+        res = self._call(self._requeue, keys, [limit, call_id()])
         status = _s(res[0])
         if status == "lost":
             raise RoundStateLostError(f"{self._where(round_id, range_id)} has no state")
@@ -417,7 +450,7 @@ class CursorStore(RangePull):
             for r in ranges
         ]
         # cjson turns an empty {} into an array, harmless here: pairs() over it does nothing
-        whole, rewritten = self._call(self._restore, keys, [json.dumps(info), *docs])
+        whole, rewritten = self._call(self._restore, keys, [call_id(), json.dumps(info), *docs])
         return bool(int(whole) or int(rewritten))
 
     def refresh_totals(self, round_id: str) -> None:

@@ -9,6 +9,7 @@
 -- ARGV[6] '1' = the caller keeps a checkpoint mirror: a claim that absorbs ranges marks this
 --         range 'unmirrored' = how many, until the mirror has recorded them (any later owner's
 --         checkpoint then carries them: CursorStore.mirrored_coalescing clears the mark)
+-- ARGV[7] call id (unique per call, '' = none)
 -- Coalescing (pull mode): KEYS[5..] range hash, retry hash, dead list of the ranges that follow
 -- this one by id. While the round is open, each of them that is
 -- fresh (pending, never claimed, nothing committed, no retries or dead letters) and starts where
@@ -20,6 +21,12 @@
 -- Returns {'lost'} (round missing or range not intact) | {'complete', cursor, done, skipped, dead}
 --       | {'held', owner, ms left}
 --       | {'ok', cursor, epoch, done, skipped, dead, takeover, retries, lo, hi, absorbed}
+-- Safe to run twice (redis-py sends it again when the reply is lost): an 'ok' claim writes
+-- 'call' = '<call id>|<takeover>|<absorbed>' in the range hash, so a second run with that id,
+-- while this token still owns the range, writes nothing and returns the same 'ok' (the epoch
+-- is not raised again, the takeover and the ranges absorbed are still reported, so the caller
+-- mirrors them). 'complete' compacts a dead owner's fields at most once and 'held' writes
+-- nothing: their second run decides afresh, to the same answer.
 --!include now.lua
 
 --!include intact.lua
@@ -28,6 +35,18 @@
 
 if redis.call('EXISTS', KEYS[1]) == 0 or not intact(KEYS[2], KEYS[3], KEYS[4]) then
   return {'lost'}
+end
+local call = ARGV[7] or ''
+if call ~= '' then
+  local seen = redis.call('HMGET', KEYS[2], 'call', 'owner')
+  local head = call .. '|'
+  if seen[1] and seen[2] == ARGV[1] and string.sub(seen[1], 1, #head) == head then
+    local t, a = string.match(string.sub(seen[1], #head + 1), '^(%d+)|(%d+)$')
+    local s = fields(KEYS[2], 'cursor', 'epoch', 'done', 'skipped', 'dead', 'lo', 'hi')
+    local retries = redis.call('HLEN', KEYS[3])
+    return {'ok', s[1], tonumber(s[2]), s[3], s[4], s[5], tonumber(t), retries, s[6], s[7],
+      tonumber(a)}
+  end
 end
 local r = fields(KEYS[2], 'state', 'owner', 'lineage', 'lease_until', 'cursor',
   'done', 'skipped', 'dead', 'epoch', 'lo', 'hi')
@@ -56,7 +75,7 @@ if ARGV[5] == '1' and ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'held:' .. 
 local hi, absorbed = r[11], 0
 if #KEYS > 4 and redis.call('HGET', KEYS[1], 'state') == 'open' then
   for j = 5, #KEYS - 2, 3 do
-    -- fresh and intact in two calls (a missing field is at its default, store_layout.py): its
+    -- fresh and intact in two calls (a missing field is at its default, layout.py): its
     -- counts are 0 and its retry hash and dead list do not exist
     local c = redis.call('HMGET', KEYS[j], 'lo', 'hi', 'state', 'owner', 'cursor', 'claimed_ms',
       'retries', 'dead')
@@ -87,6 +106,9 @@ if #KEYS > 4 and redis.call('HGET', KEYS[1], 'state') == 'open' then
     local nxt = tonumber(redis.call('HGET', KEYS[1], 'next') or '0')
     if nxt > tonumber(ARGV[4]) and nxt < after then redis.call('HSET', KEYS[1], 'next', after) end
   end
+end
+if call ~= '' then
+  redis.call('HSET', KEYS[2], 'call', call .. '|' .. takeover .. '|' .. absorbed)
 end
 return {'ok', r[5], epoch, r[6], r[7], r[8], takeover, redis.call('HLEN', KEYS[3]), r[10], hi,
   absorbed}

@@ -11,6 +11,9 @@
 --         that overlaps it; n_ranges: end not reached)
 --       | {'incomplete', range ids...} | {'closed', done, skipped, dead, watermark}
 --       (idempotent once closed: the stored totals and the current watermark, '' if none)
+-- Safe to run twice: the second run finds the round closed and returns {'closed', ...} with the
+-- totals the first stored and the watermark now (only ever moved forward); the refusals write
+-- nothing.
 --!include now.lua
 
 --!include intact.lua

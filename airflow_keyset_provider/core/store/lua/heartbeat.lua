@@ -2,6 +2,8 @@
 -- Extend the lease, only for the current owner and only while the lease is still valid.
 -- KEYS[1] range hash  ARGV[1] owner token  ARGV[2] lease ms
 -- Returns 1 (extended) or 0 (this token no longer owns the range: stop).
+-- Safe to run twice: it sets the lease to now + lease ms for the same owner; the second run
+-- only extends it from a later now, as the next heartbeat would.
 --!include now.lua
 
 local r = redis.call('HMGET', KEYS[1], 'owner', 'lease_until')

@@ -6,6 +6,7 @@
 -- ARGV[F+3..] the range id of each key, in order
 -- Returns {'lost', id} (a range has no state) | {'ok', now, id, values..., id, values..., ...}
 -- (missing fields as '').
+-- Read-only: safe to run twice.
 --!include now.lua
 
 local f = tonumber(ARGV[2])

@@ -2,6 +2,7 @@
 -- Recompute a round's done/skipped/dead totals from its ranges (after a dead-letter replay).
 -- KEYS[1] round hash  KEYS[2..] range hashes
 -- Returns {done, skipped, dead}, or {} when the round or a range is missing (nothing written).
+-- Safe to run twice: the totals are recomputed from the ranges, not added to.
 --!include fields.lua
 --!include compact.lua
 

@@ -4,15 +4,25 @@
 -- retry hash or dead list evicted or deleted on its own); an intact range is left as it is.
 -- KEYS[1] round hash  KEYS[2] open set  KEYS[3] chained id  KEYS[4] by_key hash  KEYS[5] seq
 -- then per range: range hash, retry hash, dead list
--- ARGV[1] round info (JSON)  ARGV[2..] one JSON document per range (all values strings)
+-- ARGV[1] call id (unique per call, '' = none)  ARGV[2] round info (JSON)
+-- ARGV[3..] one JSON document per range (all values strings)
 -- Owners of rewritten ranges are cleared (every old token is fenced out); running -> pending;
 -- 'merged_into' (a range coalesced into another at claim time) is kept.
 -- Returns {round rewritten 0/1, ranges rewritten}; {0, 0} means nothing was written.
+-- Safe to run twice: a restore that wrote anything keeps 'restore_call' = '<call id>|<round
+-- rewritten>|<ranges rewritten>' in the round hash, so its second run writes nothing and
+-- returns the same counts (not {0, 0}, which would read as "the mirror could not help").
 
 --!include intact.lua
 
+local call = ARGV[1]
+if call ~= '' then
+  local seen = redis.call('HGET', KEYS[1], 'restore_call') or ''
+  local w, n = string.match(seen, '^' .. call .. '|(%d)|(%d+)$')
+  if w then return {tonumber(w), tonumber(n)} end
+end
 local whole = redis.call('EXISTS', KEYS[1]) == 0
-local info = cjson.decode(ARGV[1])
+local info = cjson.decode(ARGV[2])
 if whole then
   for k, v in pairs(info) do redis.call('HSET', KEYS[1], k, v) end
   if info.state ~= 'closed' then
@@ -28,10 +38,10 @@ if whole then
   end
 end
 local rewritten = 0
-for i = 1, #ARGV - 1 do
+for i = 1, #ARGV - 2 do
   local rk, tk, dk = KEYS[3 + 3 * i], KEYS[4 + 3 * i], KEYS[5 + 3 * i]
   if whole or not intact(rk, tk, dk) then
-    local d = cjson.decode(ARGV[i + 1])
+    local d = cjson.decode(ARGV[i + 2])
     local state = d.state
     if state == 'running' then state = 'pending' end
     redis.call('DEL', rk, tk, dk)
@@ -52,5 +62,9 @@ for i = 1, #ARGV - 1 do
     rewritten = rewritten + 1
   end
 end
-if whole then return {1, rewritten} end
-return {0, rewritten}
+local w = 0
+if whole then w = 1 end
+if call ~= '' and (w == 1 or rewritten > 0) then
+  redis.call('HSET', KEYS[1], 'restore_call', call .. '|' .. w .. '|' .. rewritten)
+end
+return {w, rewritten}

@@ -1,9 +1,10 @@
 
 -- An atomic read of ranges for the mirror and the status readers (a batch of ranges per call,
--- ``store_reads.READ_BATCH``): each range hash, its retry hash (entries, or only its size) and
+-- ``reads.READ_BATCH``): each range hash, its retry hash (entries, or only its size) and
 -- its dead list (letters, or only its length).
 -- KEYS per range: range hash, retry hash, dead list   ARGV[1] '1' = entries, '0' = sizes only
 -- Returns per range {hash as a flat list, retry (flat list or size), dead (list or length)}.
+-- Read-only: safe to run twice.
 local out = {}
 for j = 1, #KEYS, 3 do
   if ARGV[1] == '1' then

@@ -3,6 +3,7 @@
 -- Returns {'pending'} (asked, the owner is live and has not reached a chunk boundary yet)
 --       | {'ok', new range id} | {'no'} (declined, or the request is moot: the range completed,
 --         its owner released it or its lease ran out, or another request replaced this one)
+-- Safe to run twice: it writes nothing.
 --!include now.lua
 
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'lease_until', 'split_req', 'split_answer')

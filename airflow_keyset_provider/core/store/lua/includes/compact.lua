@@ -2,7 +2,7 @@
 -- CLAIM, layout.py): DROP always goes, DROP_ZERO goes when it is 0. Written anew because a hash
 -- that once held a long value keeps Redis's large encoding when fields are only deleted.
 
-local DROP = {owner = '1', lineage = '1', lease_until = '1', heartbeat_ms = '1', cursor = '1', epoch = '1', claimed_ms = '1', split_req = '1', split_req_ms = '1', split_answer = '1', split_from = '1', created_ms = '1'}
+local DROP = {owner = '1', lineage = '1', lease_until = '1', heartbeat_ms = '1', cursor = '1', epoch = '1', claimed_ms = '1', split_req = '1', split_req_ms = '1', split_req_call = '1', call = '1', split_answer = '1', split_from = '1', created_ms = '1'}
 local DROP_ZERO = {done = '1', skipped = '1', takeovers = '1', chunks = '1'}
 local function compact(key)
   local h = redis.call('HGETALL', key)
