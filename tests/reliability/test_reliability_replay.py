@@ -70,9 +70,9 @@ def _retry_pass(args: tuple[Any, ...]) -> bool:
 
 
 def _round(
-    tmp_path: Path, redis_url: str, prefix: str, fault: dict[str, Any] | None
+    tmp_path: Path, redis_url: str, prefix: str, fault: dict[str, Any] | None, ranges: int = 2
 ) -> tuple[Any, list[int], Counter, rf.FaultPlan]:
-    """One round of the 100 keys in two ranges (chunks of 25, 3 attempts), with ``fault`` (the
+    """One round of the 100 keys in ``ranges`` ranges (chunks of 25, 3 attempts), with ``fault`` (the
     kwargs of ``FaultPlan.fail`` plus ``attr``, the store's script) under the client: the totals,
     the dead-lettered keys, the deliveries per key and the plan."""
     plan = rf.FaultPlan()
@@ -82,7 +82,7 @@ def _round(
     if fault:
         fault = dict(fault)
         plan.fail(fault.pop("kind"), sha=rf.sha_of(t.store, fault.pop("attr")), **fault)
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=ranges)
     proc = BadItems()
     for r in rnd.ranges:
         t.traverse(
@@ -104,16 +104,18 @@ def json_key(letter: dict[str, Any]) -> int:
 
 
 @pytest.mark.parametrize("kind", [rf.LOST_REPLY, rf.LOST_REPLY_TIMEOUT, rf.RESET])
-@pytest.mark.parametrize("nth", [1, 2], ids=["first-pass", "dead-letter-pass"])
+@pytest.mark.parametrize("nth", [1, 2, 4], ids=["first-pass", "dead-letter-pass", "releasing-pass"])
 def test_a_retry_pass_whose_reply_is_lost_is_counted_once(
     tmp_path: Path, redis_url: str, key_prefix: str, kind: str, nth: int
 ) -> None:
-    """The second retry pass dead-letters the keys that failed 3 times: before the fix its
-    replay dead-lettered them again (dead=55 of 30 bad keys); the first pass's replay counted an
-    attempt the processor never made (keys dead after 2 deliveries)."""
-    _, _, baseline, _ = _round(tmp_path / "a", redis_url, key_prefix, None)
+    """One range: four retry passes (25 keys failing, 25, then the last chunk's 5 twice). The
+    second dead-letters the keys that failed 3 times: before the fix its replay dead-lettered
+    them again (dead=55 of 30 bad keys); the first pass's replay counted an attempt the
+    processor never made (keys dead after 2 deliveries); the last one's replay, after it had
+    released the range, was refused as not the owner (``LeaseLostError``)."""
+    _, _, baseline, _ = _round(tmp_path / "a", redis_url, key_prefix, None, ranges=1)
     fault = {"kind": kind, "attr": "_advance", "where": _retry_pass, "nth": nth}
-    totals, dead, seen, plan = _round(tmp_path / "b", redis_url, key_prefix, fault)
+    totals, dead, seen, plan = _round(tmp_path / "b", redis_url, key_prefix, fault, ranges=1)
     assert plan.count() == 1, plan.faulted
     assert (totals.done, totals.skipped, totals.dead) == (70, 0, 30)
     assert sorted(dead) == sorted(BAD), "a key dead-lettered twice"

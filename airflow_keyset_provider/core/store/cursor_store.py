@@ -52,6 +52,15 @@ count, and every script that reads a range (claim, advance, requeue, close, the 
 checks both. A piece lost on its own reads as lost (``RoundStateLostError``), which the mirror
 restores (only the pieces that are not intact) or the caller reports; never as complete.
 
+Lost replies: redis-py retries a command after ``ConnectionError``/``TimeoutError``, and the
+error may come after Redis ran it, so every script here is safe to run twice (each header in
+``lua/`` says why). Most take a call id (``reads.call_id``, one per call) and keep it in the hash
+they change (``call`` on a range, ``create_call``/``next_call``/``restore_call`` on a round,
+``split_req_call`` for a split request; a step that releases a complete range compacts it and
+records its id in ``released`` instead): a second run of the same call writes nothing and
+answers what the first answered. ``StoreUnavailableError`` therefore never says "nothing was
+written" (``tests/reliability/test_reliability_replay*.py``).
+
 Why owner tokens (the timeline ``redis.lock`` taught us)::
 
     t0  worker A claims range 3 (token a1, epoch 1, lease 60 s), reads chunk (100, 200]
@@ -68,7 +77,7 @@ Leases are measured on the Redis server's clock (``TIME``), never on a worker's.
 State changes that are *not* a Lua script, and why each is still safe::
 
     create_round       INCR seq before the script: a single atomic command; an id the script
-                       then does not use is burnt, never reused. If the counter was lost, the
+                       then does not use (or a retried INCR) is burnt, never reused. If the counter was lost, the
                        script refuses an id whose round or range hash exists ('taken'); the
                        counter is then raised past every round of the stream (SCAN) and the
                        next id is tried: a live round is never overwritten
