@@ -136,12 +136,17 @@ class FaultPlan:
         return sum(1 for w, _ in self.faulted if not what or w == what)
 
 
-def random_chooser(rng: random.Random, p: float, kinds: tuple[str, ...] = (LOST_REPLY,)):
+def random_chooser(
+    rng: random.Random,
+    p: float,
+    kinds: tuple[str, ...] = (LOST_REPLY,),
+    spare: frozenset[str] = frozenset(),
+) -> Callable[[str, str], str | None]:
     """A ``FaultPlan.chooser``: each EVALSHA (and each INCR / HSETNX) fails with probability
-    ``p``, with a kind drawn from ``kinds``."""
+    ``p``, with a kind drawn from ``kinds``; the scripts whose SHA is in ``spare`` never fail."""
 
     def choose(name: str, sha: str) -> str | None:
-        if name not in ("EVALSHA", "INCR", "HSETNX"):
+        if name not in ("EVALSHA", "INCR", "HSETNX") or sha in spare:
             return None
         return rng.choice(kinds) if rng.random() < p else None
 
