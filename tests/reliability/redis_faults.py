@@ -2,7 +2,7 @@
 
 ``faulty_client(url, plan)`` is a ``redis.Redis`` whose connections are ``FaultyConnection``: each
 command a connection sends is matched against ``plan`` (``FaultPlan``), by command name
-(``"INCR"``) or by script SHA (an ``EVALSHA`` of that script), counting matching calls, and the
+(``"INCRBY"``: redis-py sends INCR as INCRBY) or by script SHA (an ``EVALSHA`` of that script), counting matching calls, and the
 chosen call fails in one of these ways:
 
 - ``LOST_REPLY``: the command is sent, the server runs it, its reply is read and dropped, and the
@@ -142,11 +142,11 @@ def random_chooser(
     kinds: tuple[str, ...] = (LOST_REPLY,),
     spare: frozenset[str] = frozenset(),
 ) -> Callable[[str, str], str | None]:
-    """A ``FaultPlan.chooser``: each EVALSHA (and each INCR / HSETNX) fails with probability
+    """A ``FaultPlan.chooser``: each EVALSHA (and each INCRBY / HSETNX) fails with probability
     ``p``, with a kind drawn from ``kinds``; the scripts whose SHA is in ``spare`` never fail."""
 
     def choose(name: str, sha: str) -> str | None:
-        if name not in ("EVALSHA", "INCR", "HSETNX") or sha in spare:
+        if name not in ("EVALSHA", "INCRBY", "HSETNX") or sha in spare:
             return None
         return rng.choice(kinds) if rng.random() < p else None
 
@@ -163,6 +163,10 @@ class FaultyConnection(Connection):
         self._between: Callable[[], None] | None = None
 
     def send_command(self, *args: Any, **kwargs: Any) -> None:
+        if self._sock is None:
+            # connect first: the handshake (HELLO, CLIENT SETINFO, SELECT) goes through
+            # send_command and read_response too, and must not take this call's fault
+            self.connect()
         self._fault, self._between = (
             self.fault_plan.decide(args) if self.fault_plan else (None, None)
         )

@@ -17,6 +17,7 @@ import pytest
 import redis
 import redis_faults as rf
 
+from airflow_keyset_provider.core.errors import StoreUnavailableError
 from airflow_keyset_provider.core.keys import encode_key
 from airflow_keyset_provider.core.store.cursor_store import Claim, Closed, CursorStore
 
@@ -242,3 +243,17 @@ def test_restore_reports_what_it_rewrote(faulty: tuple[CursorStore, rf.FaultPlan
     assert store.restore_round(info, ranges)
     assert store.range(rid, 1)["lo"] == _k(1)
     assert not store.restore_round(info, ranges), "a new call finds the round intact"
+
+
+def test_a_plan_whose_retries_run_out_names_the_round_it_may_have_created(
+    faulty: tuple[CursorStore, rf.FaultPlan],
+) -> None:
+    """Every attempt's reply is lost (the first created the round): the error does not say
+    "nothing was written"; it names the round, which exists."""
+    store, plan = faulty
+    _lose(store, plan, "_create", times=4)  # the first run and redis-py's 3 retries
+    with pytest.raises(StoreUnavailableError) as err:
+        _plan(store)
+    assert "round r1" in str(err.value) and "may exist" in str(err.value)
+    assert "nothing was written" not in str(err.value)
+    assert store.open_rounds() == ["r1"]

@@ -252,7 +252,7 @@ class CursorStore(RangePull):
         the stream's open chained round already has a round, returns that one unchanged."""
         call = call_id()
         for _ in range(3):
-            round_id = f"r{int(self.client.incr(self.seq_key))}"
+            round_id = f"r{self._next_round_number()}"
             keys = [self.round_key(round_id), self.open_key, self.chained_key, self.by_key_key]
             keys += [self.range_key(round_id, i) for i in range(len(bounds))]
             args: list[Any] = [
@@ -285,6 +285,16 @@ class CursorStore(RangePull):
             f"{self.seq_key!r}."
         )
 
+    def _next_round_number(self) -> int:
+        """INCR of the round counter (a retried INCR burns an id, never reuses one)."""
+        try:
+            return int(self.client.incr(self.seq_key))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(
+                f"stream {self.stream!r}: Redis did not answer while a round id was taken "
+                f"({exc}); no round was created yet (an id may be burnt). Plan again."
+            ) from exc
+
     def _create_call(self, round_id: str, keys: list[str], args: list[Any]) -> Any:
         """CREATE_ROUND; when Redis does not answer, the round may exist (a lost reply after
         redis-py's retries): the error names it, for an explicit plan has no other handle."""
@@ -295,8 +305,8 @@ class CursorStore(RangePull):
                 f"stream {self.stream!r}: Redis did not answer while round {round_id} was being "
                 f"created ({exc.__cause__}); it may exist. Planning again with the same "
                 "round_key (or a chained plan) returns it; an explicit plan without a round_key "
-                f"does not: check `airflow-keyset rounds` and close or delete {round_id} if it "
-                "is there."
+                f"does not: check `airflow-keyset status {self.stream}` and remove {round_id} "
+                f"with `airflow-keyset reset-round {self.stream} {round_id}` if it is there."
             ) from exc.__cause__
 
     def highest_round_number(self) -> int:

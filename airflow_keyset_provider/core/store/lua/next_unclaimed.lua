@@ -7,7 +7,8 @@
 --       | {'ok', id, n_ranges} (id >= n_ranges: every range was handed out once).
 -- Safe to run twice: handing out an id writes 'next_call' = '<call id>|<id>' in the round hash,
 -- so its second run hands out the same id again and moves the counter no further (no id is
--- skipped: a skipped one would wait for a rescue).
+-- skipped). A new call after one whose every retry failed is not that call: it hands out the
+-- next id, and the one the lost call took waits, unclaimed, for a pulling task's rescue.
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'lost'} end
 if redis.call('HGET', KEYS[1], 'state') ~= 'open' then return {'closed'} end
 local call = ARGV[1] or ''
