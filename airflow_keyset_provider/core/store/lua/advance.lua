@@ -39,7 +39,7 @@ local f = tonumber(ARGV[11 + 2 * n])
 local call = ARGV[13 + 2 * n + 2 * f] or ''
 local seen = redis.call('HMGET', KEYS[1], 'call', 'owner', 'state')
 if call ~= '' and (seen[1] == call
-    or (seen[3] == 'complete' and (seen[2] or '') == '' and released(KEYS[5], call))) then
+    or (seen[3] == 'complete' and (seen[2] or '') == '' and released_call(KEYS[5], call))) then
   local s = fields(KEYS[1], 'cursor', 'done', 'skipped', 'dead', 'retries', 'state', 'owner')
   local released = 0
   if s[6] == 'complete' and s[7] == '' then released = 1 end
@@ -109,7 +109,7 @@ local split_req = redis.call('HGET', KEYS[1], 'split_req') or ''
 local released = 0
 if state == 'complete' and ARGV[12 + 2 * n + 2 * f] == '1' and split_req == '' then
   compact(KEYS[1])
-  if call ~= '' then remember(KEYS[5], call) end
+  if call ~= '' then remember_released(KEYS[5], call) end
   released = 1
 end
 return {'ok', new, done, skipped, dead, retries, state, split_req, released}

@@ -16,14 +16,14 @@
 local call = ARGV[2] or ''
 local r = redis.call('HMGET', KEYS[1], 'owner', 'state', 'call')
 local ownerless = (r[1] or '') == ''
-if call ~= '' and (r[3] == call or (r[2] == 'complete' and ownerless and released(KEYS[2], call)))
-then
+if call ~= '' and (r[3] == call
+    or (r[2] == 'complete' and ownerless and released_call(KEYS[2], call))) then
   return 1
 end
 if r[1] ~= ARGV[1] then return 0 end
 if r[2] == 'complete' then
   compact(KEYS[1])
-  if call ~= '' then remember(KEYS[2], call) end
+  if call ~= '' then remember_released(KEYS[2], call) end
 else
   redis.call('HDEL', KEYS[1], 'owner', 'lease_until')
   redis.call('HSET', KEYS[1], 'state', 'pending')
