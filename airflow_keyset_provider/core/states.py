@@ -1,6 +1,7 @@
 """The named states of rounds and ranges: the only values the store writes in a ``state`` field.
 
-The Lua scripts (``core/store/scripts.py``) spell the same strings. ``core/rounds/status.py`` (the status model
+The Lua scripts (``core/store/lua/*.lua``) spell the same strings. ``core/rounds/status.py`` (the
+status model
 that reads them) re-exports these names, so ``from airflow_keyset_provider.core.rounds.status import
 RangeState`` keeps working.
 """

@@ -1,4 +1,4 @@
-"""Coalescing at claim time (``CLAIM`` with ``coalesce=m``, ``core/store/scripts_range.py``), on
+"""Coalescing at claim time (``CLAIM`` with ``coalesce=m``, ``core/store/lua/claim.lua``), on
 real Redis.
 
 The invariant: a claim absorbs only ranges that nobody ever worked on (pending, never claimed,

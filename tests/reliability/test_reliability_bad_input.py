@@ -34,8 +34,10 @@ from airflow_keyset_provider.core import (
     load_processor,
 )
 
-# range-hash fields a claim + release may legitimately touch
+# range-hash fields a claim + release may legitimately touch ("call": the call id that makes a
+# second run of the claim or the release, after a lost reply, answer as the first did)
 CLAIM_FIELDS = {
+    "call",
     "owner",
     "lineage",
     "epoch",

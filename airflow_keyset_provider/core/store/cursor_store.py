@@ -14,6 +14,8 @@ Key layout (``P`` is the key prefix, ``ks`` by default; ``S`` the stream)::
     P:{S}:chained                   string  id of the open round that started at the watermark
     P:{S}:by_key                    hash    idempotency key (e.g. Airflow run id) -> round id
     P:{S}:ahead                     hash    closed rounds above a gap: round id -> "start|end"
+    P:{S}:released                  list    call ids of the last 1,024 steps that released a
+                                            complete range (a second run of one is recognised)
     P:{S}:round:R                   hash    start, end, n_ranges, state, chained, source, totals;
                                             pull mode: next (hint counter), skip:<I> (first id
                                             after the run range I coalesced), held:<lineage>
@@ -39,7 +41,7 @@ one costs a fresh burst or a fresh probe, never a cursor), so a ``volatile-*`` e
 never evicts the others; ``allkeys-*`` could, and ``check_eviction_policy`` refuses it.
 
 Small state (issue #11: a 4,096-range round stays under 1 MB, ``tests/core/
-test_redis_footprint.py``; the rules in ``store_layout.py``): a range is created with lo, hi,
+test_redis_footprint.py``; the rules in ``layout.py``): a range is created with lo, hi,
 cursor, state, dead and retries only; the scripts and the readers fill every other field in with
 its default ('' or 0; a missing cursor is hi once complete, else lo). When its owner releases a
 complete range, the hash is written anew with lo, hi, state, retries, dead, completed_ms and its
@@ -51,6 +53,15 @@ retry hash) and ``dead`` (= LLEN of its dead list), changed in the same script a
 count, and every script that reads a range (claim, advance, requeue, close, the status read)
 checks both. A piece lost on its own reads as lost (``RoundStateLostError``), which the mirror
 restores (only the pieces that are not intact) or the caller reports; never as complete.
+
+Lost replies: redis-py retries a command after ``ConnectionError``/``TimeoutError``, and the
+error may come after Redis ran it, so every script here is safe to run twice (each header in
+``lua/`` says why). Most take a call id (``reads.call_id``, one per call) and keep it in the hash
+they change (``call`` on a range, ``create_call``/``next_call``/``restore_call`` on a round,
+``split_req_call`` for a split request; a step that releases a complete range compacts it and
+records its id in ``released`` instead): a second run of the same call writes nothing and
+answers what the first answered. ``StoreUnavailableError`` therefore never says "nothing was
+written" (``tests/reliability/test_reliability_replay*.py``).
 
 Why owner tokens (the timeline ``redis.lock`` taught us)::
 
@@ -68,7 +79,7 @@ Leases are measured on the Redis server's clock (``TIME``), never on a worker's.
 State changes that are *not* a Lua script, and why each is still safe::
 
     create_round       INCR seq before the script: a single atomic command; an id the script
-                       then does not use is burnt, never reused. If the counter was lost, the
+                       then does not use (or a retried INCR) is burnt, never reused. If the counter was lost, the
                        script refuses an id whose round or range hash exists ('taken'); the
                        counter is then raised past every round of the stream (SCAN) and the
                        next id is tried: a live round is never overwritten
@@ -84,12 +95,12 @@ State changes that are *not* a Lua script, and why each is still safe::
     mirrored_coalescing HDEL of a range's 'unmirrored' mark, after the mirror recorded the
                        ranges it absorbed; clearing it late only mirrors them once more
 
-The module: ``store_reads.py`` holds the key names and the reads (``StoreReads``),
-``store_pull.py`` what tasks that pull ranges need (next unclaimed range, briefs, split requests
-and the owner's split), this module the other writes (``CursorStore``), ``store_results.py``
-their named results (``Claim``, ``Advanced``, ``Closed``, ...: re-exported here),
-``store_server.py`` the connection and the eviction-policy check, ``store_scripts.py`` the Lua
-scripts. Only these modules touch the Redis client or build a key: the rest of the package names
+The module: ``reads.py`` holds the key names and the reads (``StoreReads``), ``pull.py``
+what tasks that pull ranges need (next unclaimed range, briefs, split requests and the owner's
+split), this module the other writes (``CursorStore``), ``results.py`` their named results
+(``Claim``, ``Advanced``, ``Closed``, ...: re-exported here), ``server.py`` the connection and
+the eviction-policy check, ``scripts.py`` the loader of the Lua scripts (one file each in
+``lua/``, shared fragments in ``lua/includes/``). Only these modules touch the Redis client or build a key: the rest of the package names
 keys with the ``*_key`` properties and runs its own scripts (pause, rate budget, health) through
 ``store.script(source)``, which registers them on the store's client (EVALSHA, reloaded on
 NOSCRIPT). This docstring is the one place the key layout and the reasons behind it are written
@@ -109,9 +120,9 @@ from typing import Any
 
 import redis
 
-from ..errors import LeaseHeldError, RoundStateLostError
+from ..errors import LeaseHeldError, RoundStateLostError, StoreUnavailableError
 from .pull import RangePull
-from .reads import _s, glob_literal
+from .reads import _s, call_id, glob_literal
 from .results import (
     Advanced,
     Claim,
@@ -262,8 +273,9 @@ class CursorStore(RangePull):
     ) -> tuple[str, bool]:
         """Save a new round atomically; returns ``(round_id, created)``. If the idempotency key or
         the stream's open chained round already has a round, returns that one unchanged."""
+        call = call_id()
         for _ in range(3):
-            round_id = f"r{int(self.client.incr(self.seq_key))}"
+            round_id = f"r{self._next_round_number()}"
             keys = [self.round_key(round_id), self.open_key, self.chained_key, self.by_key_key]
             keys += [self.range_key(round_id, i) for i in range(len(bounds))]
             args: list[Any] = [
@@ -274,10 +286,11 @@ class CursorStore(RangePull):
                 end,
                 source,
                 arity,
+                call,
             ]
             for lo, hi in bounds:
                 args += [lo, hi]
-            res = self._call(self._create, keys, args)
+            res = self._create_call(round_id, keys, args)
             if _s(res[0]) != "taken":
                 return _s(res[1]), _s(res[0]) == "created"
             top = self.highest_round_number()
@@ -294,6 +307,30 @@ class CursorStore(RangePull):
             "nothing was written. Another client may be resetting it: check what writes "
             f"{self.seq_key!r}."
         )
+
+    def _next_round_number(self) -> int:
+        """INCR of the round counter (a retried INCR burns an id, never reuses one)."""
+        try:
+            return int(self.client.incr(self.seq_key))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StoreUnavailableError(
+                f"stream {self.stream!r}: Redis did not answer while a round id was taken "
+                f"({exc}); no round was created yet (an id may be burnt). Plan again."
+            ) from exc
+
+    def _create_call(self, round_id: str, keys: list[str], args: list[Any]) -> Any:
+        """CREATE_ROUND; when Redis does not answer, the round may exist (a lost reply after
+        redis-py's retries): the error names it, for an explicit plan has no other handle."""
+        try:
+            return self._call(self._create, keys, args)
+        except StoreUnavailableError as exc:
+            raise StoreUnavailableError(
+                f"stream {self.stream!r}: Redis did not answer while round {round_id} was being "
+                f"created ({exc.__cause__}); it may exist. Planning again with the same "
+                "round_key (or a chained plan) returns it; an explicit plan without a round_key "
+                f"does not: check `airflow-keyset status {self.stream}` and remove {round_id} "
+                f"with `airflow-keyset reset-round {self.stream} {round_id}` if it is there."
+            ) from exc.__cause__
 
     def highest_round_number(self) -> int:
         """The highest round number with a key in Redis (SCAN over the stream's round keys, on
@@ -347,7 +384,15 @@ class CursorStore(RangePull):
         res = self._call(
             self._claim,
             keys,
-            [token, lineage, lease_ms, range_id, "1" if pull else "", "1" if mirror else ""],
+            [
+                token,
+                lineage,
+                lease_ms,
+                range_id,
+                "1" if pull else "",
+                "1" if mirror else "",
+                call_id(),
+            ],
         )
         return claim_result(self._where(round_id, range_id), token, res)
 
@@ -385,12 +430,13 @@ class CursorStore(RangePull):
         answering)."""
         fence = [token, expected, new, done, skipped, lease_ms, max_item_attempts, dead_cap]
         args = _advance_args([*fence, f"{round_id}:{range_id}"], resolved, failed)
-        args.append("1" if release else "")
+        args += ["1" if release else "", call_id()]
         keys = [
             self.range_key(round_id, range_id),
             self.retry_key(round_id, range_id),
             self.dead_key(round_id, range_id),
             self.events_channel,
+            self.released_key,
         ]
         res = self._call(self._advance, keys, args)
         return advance_result(
@@ -398,7 +444,13 @@ class CursorStore(RangePull):
         )
 
     def release(self, round_id: str, range_id: int, token: str) -> bool:
-        return bool(self._call(self._release, [self.range_key(round_id, range_id)], [token]))
+        return bool(
+            self._call(
+                self._release,
+                [self.range_key(round_id, range_id), self.released_key],
+                [token, call_id()],
+            )
+        )
 
     def requeue_dead(self, round_id: str, range_id: int, limit: int) -> int:
         """Move up to ``limit`` dead letters back to the retry set; returns how many. Raises
@@ -408,7 +460,7 @@ class CursorStore(RangePull):
             self.dead_key(round_id, range_id),
             self.retry_key(round_id, range_id),
         ]
-        res = self._call(self._requeue, keys, [limit])
+        res = self._call(self._requeue, keys, [limit, call_id()])
         status = _s(res[0])
         if status == "lost":
             raise RoundStateLostError(f"{self._where(round_id, range_id)} has no state")
@@ -440,7 +492,7 @@ class CursorStore(RangePull):
             for r in ranges
         ]
         # cjson turns an empty {} into an array, harmless here: pairs() over it does nothing
-        whole, rewritten = self._call(self._restore, keys, [json.dumps(info), *docs])
+        whole, rewritten = self._call(self._restore, keys, [call_id(), json.dumps(info), *docs])
         return bool(int(whole) or int(rewritten))
 
     def refresh_totals(self, round_id: str) -> None:

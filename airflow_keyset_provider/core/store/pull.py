@@ -1,5 +1,5 @@
 """The cursor store's part for tasks that pull ranges and split stragglers (``CursorStore``
-inherits it; the key layout and the other writes are in ``store.py``).
+inherits it; the key layout and the other writes are in ``cursor_store.py``).
 
 A round may have many more ranges than tasks: a task claims ``next_unclaimed`` ranges until none
 is left, then asks the live owner of the range with the most work left to split it. The split is
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RoundStateLostError
-from .reads import StoreReads, _s
+from .reads import StoreReads, _s, call_id
 from .scripts import NEXT_UNCLAIMED, OPEN_BRIEFS, REQUEST_SPLIT, SPLIT, SPLIT_ANSWER
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ class RangePull(StoreReads):
 
     def next_unclaimed_of(self, round_id: str) -> tuple[int, int] | None:
         """``next_unclaimed`` with the round's ``n_ranges`` read in the same step."""
-        res = self._call(self._next, [self.round_key(round_id)], [])
+        res = self._call(self._next, [self.round_key(round_id)], [call_id()])
         status = _s(res[0])
         if status == "lost":
             raise self._missing_round(round_id)
@@ -196,7 +196,7 @@ class RangePull(StoreReads):
         ``'asked'`` | ``'busy'`` (another requester's request younger than ``stale_ms`` is
         pending) | ``'not_running'`` (claim it instead) | ``'closed'`` | ``'lost'``."""
         keys = [self.round_key(round_id), self.range_key(round_id, range_id)]
-        return _s(self._call(self._ask_split, keys, [requester, stale_ms]))
+        return _s(self._call(self._ask_split, keys, [requester, stale_ms, call_id()]))
 
     def split_answer(self, round_id: str, range_id: int, requester: str) -> str | None:
         """None while the request is pending; else the new range id (a string) or ``'no'``."""
@@ -212,6 +212,7 @@ class RangePull(StoreReads):
         the pending request. Returns None when refused (not the owner, lease expired, round not
         open, ``at`` not strictly inside ``(cursor, hi)``) or declined; nothing is written then.
         Raises ``RoundStateLostError`` when the round or the range lost state."""
+        call = call_id()  # one per split ('moved' wrote nothing: the next try keeps it)
         for _ in range(20):
             n = int(self.round_info(round_id)["n_ranges"])
             keys = [
@@ -220,7 +221,7 @@ class RangePull(StoreReads):
                 *self._range_keys(round_id, n),
                 self.events_channel,
             ]
-            res = self._call(self._split, keys, [token, at or "", n, range_id])
+            res = self._call(self._split, keys, [token, at or "", n, range_id, call])
             status = _s(res[0])
             if status == "ok":
                 return int(_s(res[1]))

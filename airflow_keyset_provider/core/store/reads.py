@@ -1,6 +1,6 @@
 """The cursor store's key layout and its reads (``CursorStore`` adds the scripted writes).
 
-One stream's keys all share the hash tag ``{<stream>}`` (the layout is in ``store.py``'s
+One stream's keys all share the hash tag ``{<stream>}`` (the layout is in ``cursor_store.py``'s
 docstring). Reads never write; a missing hash raises ``RoundStateLostError`` (or
 ``RoundNotFoundError`` for an id never handed out), never reads as "nothing left to do".
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +45,12 @@ def _s(v: Any) -> str:
 def _pairs(flat: list[Any]) -> dict[str, str]:
     """A flat HGETALL reply from a script (``[k1, v1, k2, v2, ...]``) as a dict."""
     return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def call_id() -> str:
+    """A fresh id for one script call (64 random bits, hex): the scripts that keep it answer a
+    second run of the same call (redis-py's retry after a lost reply) with the first outcome."""
+    return secrets.token_hex(8)
 
 
 def glob_literal(text: str) -> str:
@@ -90,12 +97,21 @@ class StoreReads:
         return self.client.register_script(source)
 
     def _call(self, script: Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run a registered script; an unreachable Redis raises ``StoreUnavailableError``."""
+        """Run a registered script; an unreachable Redis raises ``StoreUnavailableError``.
+
+        A ``ConnectionError`` or ``TimeoutError`` does not say whether the script ran: the reply
+        may have been lost after the server ran it (redis-py's ``Retry`` then sends the call
+        again, on the client's connection, before it gives up). Every state-changing script of
+        the store is safe to run twice (each header says why: most carry a call id, ``call_id``,
+        and answer a second run of the same call with its first outcome), so neither redis-py's
+        retry nor a caller repeating the step can count or write anything twice."""
         try:
             return script(keys=list(keys), args=list(args))
-        except redis.ConnectionError as exc:
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(
-                f"Redis is unreachable ({exc}); nothing was written. Check the Redis connection."
+                f"Redis did not answer ({exc}); the step may or may not have been written (a "
+                "lost reply). Every store step is safe to repeat: check the Redis connection "
+                "and run it again."
             ) from exc
 
     @property
@@ -132,6 +148,12 @@ class StoreReads:
     @property
     def ahead_key(self) -> str:
         return f"{self.base}:ahead"
+
+    @property
+    def released_key(self) -> str:
+        """The call ids of the stream's last steps that released a complete range (capped list,
+        ``lua/includes/released.lua``): how a second run of such a step is recognised."""
+        return f"{self.base}:released"
 
     @property
     def control_key(self) -> str:

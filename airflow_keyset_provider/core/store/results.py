@@ -1,8 +1,8 @@
 """The cursor store's named results, and how a script's reply becomes one (or a named error).
 
-``CursorStore`` (``store.py``) returns these; ``store.py`` re-exports them, so
+``CursorStore`` (``cursor_store.py``) returns these and re-exports them, so
 ``from airflow_keyset_provider.core.store.cursor_store import Claim`` keeps working. Each parser reads one Lua
-script's reply in the shape its header in ``store_scripts.py`` documents.
+script's reply in the shape its header in ``lua/<name>.lua`` documents.
 """
 
 from __future__ import annotations

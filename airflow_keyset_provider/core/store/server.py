@@ -1,8 +1,8 @@
 """The Redis server under the cursor store: connecting to it, and refusing one that may evict.
 
-``store.py`` re-exports ``connect_redis`` and ``CLUSTER_SCHEMES`` and calls
+``cursor_store.py`` re-exports ``connect_redis`` and ``CLUSTER_SCHEMES`` and calls
 ``check_eviction_policy`` from ``CursorStore.check_eviction_policy`` (the reason no stream key
-has a TTL is in ``store.py``'s docstring).
+has a TTL is in ``cursor_store.py``'s docstring).
 """
 
 from __future__ import annotations
