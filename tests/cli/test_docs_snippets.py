@@ -164,6 +164,7 @@ RUN_BY_TESTS = {
 RUN_ELSEWHERE = {
     "dags/nightly_event_redispatch.py": "tests/airflow/test_example_dags.py",
     "dags/order_timeout_cancel.py": "tests/airflow/test_example_dags.py",
+    "dags/cancel_stale_orders.py": "tests/airflow/test_decorator.py and tests/scheduler/test_decorator_scheduler.py",
     "dags/downstream_on_round.py": "tests/airflow/test_downstream_example.py and "
     "tests/scheduler/test_downstream_assets.py",
 }
