@@ -122,6 +122,8 @@ class StreamControl:
         # records may land in either order)
         n = max([int(info.get("n_ranges") or 0), *(int(r["range_id"]) + 1 for r in ranges)])
         info = {**info, "n_ranges": str(n)}
+        for r in end_split_parents(round_id, ranges):  # written back: the mirror is a partition
+            self.mirror.save_range(self.stream, round_id, int(r["range_id"]), r)  # type: ignore[union-attr]
         if self.store.restore_round(info, ranges):
             arity = self._arity(info)
             log.warning(
@@ -395,6 +397,35 @@ class StreamControl:
                 "reset_round deletes the round's cursors and dead letters; pass confirm=True"
             )
         return self.store.delete_round(round_id)
+
+
+def end_split_parents(round_id: str, ranges: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Make the mirrored ranges of a round a partition again where a split's record is missing:
+    a range the mirror holds as it was before a split (its older, higher ``hi``) beside the
+    range that split created (``split_from``, recorded by its own owner) would overlap it. A
+    range's ``lo`` never changes and its ``hi`` only moves down with each split it makes, and
+    the split's new range starts above its cursor, so the parent ends where the new range
+    starts. Changes ``ranges`` in place; returns the ranges it changed (to write back)."""
+    by_id = {int(r["range_id"]): r for r in ranges}
+    changed: dict[int, dict[str, Any]] = {}
+    for child in sorted(ranges, key=lambda r: r["lo"]):
+        parent = by_id.get(int(child.get("split_from") or -1))
+        if child.get("merged_into") or child["lo"] == child["hi"]:
+            continue  # coalesced into another range since: its bounds are not the split's
+        if parent is None or not (parent["lo"] < child["lo"] < parent["hi"]):
+            continue
+        if parent["cursor"] > child["lo"] or parent["state"] == RangeState.COMPLETE:
+            continue  # not the split's parent as this range knows it: leave both as recorded
+        log.warning(
+            "round %s range %s ends where range %s, split from it, starts (the checkpoint "
+            "mirror missed the split's record)",
+            round_id,
+            parent["range_id"],
+            child["range_id"],
+        )
+        parent["hi"] = child["lo"]
+        changed[int(parent["range_id"])] = parent
+    return list(changed.values())
 
 
 def list_streams(client: Any, prefix: str) -> list[StreamStatus]:

@@ -26,6 +26,42 @@ from ..errors import ConfigurationError
 
 _ROUND, _WATERMARK = -1, -2
 
+#: A range's mark for a split the mirror has not recorded yet (the SPLIT script writes it when
+#: the owner keeps a mirror): ``unmirrored_split:<new range id>`` = ``"<at> <hi before>"``.
+SPLIT_MARK = "unmirrored_split:"
+
+
+def split_marks(doc: dict[str, Any]) -> dict[int, tuple[str, str]]:
+    """The splits of this range (a range document as ``snapshot_range`` reads it) that the
+    mirror has not recorded: new range id -> ``(lo, hi)`` of the new range as the split made it."""
+    out = {}
+    for name, value in doc.items():
+        if name.startswith(SPLIT_MARK):
+            lo, _, hi = str(value).partition(" ")
+            out[int(name[len(SPLIT_MARK) :])] = (lo, hi)
+    return out
+
+
+def split_range_doc(parent: dict[str, Any], range_id: int, lo: str, hi: str) -> dict[str, Any]:
+    """The range ``range_id`` as the split of ``parent`` created it: pending, unowned, nothing
+    committed (a restore from it delivers every key of it again: at-least-once)."""
+    zero = {f: "0" for f in ("epoch", "done", "skipped", "dead", "takeovers", "chunks", "retries")}
+    return {
+        **zero,
+        "range_id": str(range_id),
+        "lo": lo,
+        "hi": hi,
+        "cursor": lo,
+        "state": "pending",
+        "owner": "",
+        "lineage": "",
+        "lease_until": "0",
+        "heartbeat_ms": "0",
+        "split_from": str(parent["range_id"]),
+        "retry": {},
+        "dead_letters": [],
+    }
+
 
 class CheckpointMirror:
     """The table ``keyset_checkpoints`` (created if missing): one row per stream/round/range."""
@@ -55,6 +91,9 @@ class CheckpointMirror:
             self._created = True
 
     def _upsert(self, rows: list[dict[str, Any]]) -> None:
+        """Write ``rows`` (insert or replace) in one transaction; with them, for each range
+        document that carries split marks (``split_marks``), the new range as the split made it
+        unless the mirror already has that range (a later record of it is never replaced)."""
         if not rows:
             return
         self._ensure()
@@ -68,8 +107,26 @@ class CheckpointMirror:
         stmt = stmt.on_conflict_do_update(
             index_elements=["stream", "round_id", "range_id"], set_={"doc": stmt.excluded.doc}
         )
+        missed = self._missed_splits(rows)
         with self.engine.begin() as conn:
             conn.execute(stmt, rows)
+            if missed:
+                conn.execute(insert(self.table).on_conflict_do_nothing(), missed)
+
+    def _missed_splits(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows of the new ranges that the splits marked on ``rows``' ranges created, except
+        those ``rows`` write themselves."""
+        written = {(r["round_id"], r["range_id"]) for r in rows}
+        out = []
+        for row in rows:
+            if row["range_id"] < 0:
+                continue
+            doc = json.loads(row["doc"])
+            for rid, (lo, hi) in split_marks(doc).items():
+                if (row["round_id"], rid) not in written:
+                    new = split_range_doc(doc, rid, lo, hi)
+                    out.append({**row, "range_id": rid, "doc": json.dumps(new)})
+        return out
 
     # ---- writing -----------------------------------------------------------------------------
     def save_round(
