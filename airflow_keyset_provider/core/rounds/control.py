@@ -39,6 +39,7 @@ from ..pace.stream_control import ControlState, StreamSwitch
 from ..store.cursor_store import Closed, CursorStore, Gap, Unrecoverable
 from ..store.reads import stream_names
 from .mirror import CheckpointMirror
+from .regressions import closed_by_mirror, end_split_parents, reconcile
 from .status import RangeState, RangeStatus, RoundState, RoundStatus, StreamStatus
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -160,18 +161,11 @@ class StreamControl:
         return read()
 
     def recover_stream(self) -> None:
-        """If Redis lost the stream (no round counter) but the mirror knows it, put back the
-        watermark and every round that was still open."""
-        if self.mirror is None or self.store.round_counter() is not None:
-            return
-        # round ids are never reused: the counter resumes after the highest mirrored round
-        self.store.init_round_counter(self.mirror.max_round_number(self.stream))
-        wm = self.mirror.load_watermark(self.stream)
-        if wm is not None and self.store.restore_watermark(wm):
-            log.warning("stream %s: watermark restored from the checkpoint mirror", self.stream)
-        for info in self.mirror.rounds(self.stream):
-            if info.get("state") != RoundState.CLOSED:
-                self.restore(info["id"])
+        """If Redis lost the stream (no round counter), or went back in time (a failover to a
+        lagging replica), but the mirror knows it: put back the watermark, the round counter
+        and the rounds Redis lost (``core/rounds/regressions.py``)."""
+        if self.mirror is not None:
+            reconcile(self)
 
     def _mirror_round(self, round_id: str) -> None:
         if self.mirror is not None:
@@ -329,6 +323,7 @@ class StreamControl:
         """A read-only look at the round (the barrier polls it). A round Redis lost, wholly or in
         part, is restored from the checkpoint mirror first, exactly as ``close_round`` does;
         without a mirror that loss raises ``RoundStateLostError``."""
+        closed_by_mirror(self, round_id)  # a close Redis lost is not done twice
         return self.restoring(round_id, lambda: self._check_round(round_id))
 
     def _check_round(self, round_id: str) -> RoundCheck:
@@ -347,6 +342,7 @@ class StreamControl:
         move the watermark forward. Idempotent. Raises ``RoundIncompleteError`` (with the lagging
         ranges) otherwise, ``RetentionError`` for an unrecoverable round and
         ``RoundStateLostError`` if Redis lost the round (and no mirror could restore it)."""
+        closed_by_mirror(self, round_id)  # a close Redis lost is not done twice
         res = self.restoring(round_id, lambda: self.store.close_round(round_id))
         info = self.store.round_info(round_id)
         arity = self._arity(info)
@@ -397,35 +393,6 @@ class StreamControl:
                 "reset_round deletes the round's cursors and dead letters; pass confirm=True"
             )
         return self.store.delete_round(round_id)
-
-
-def end_split_parents(round_id: str, ranges: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Make the mirrored ranges of a round a partition again where a split's record is missing:
-    a range the mirror holds as it was before a split (its older, higher ``hi``) beside the
-    range that split created (``split_from``, recorded by its own owner) would overlap it. A
-    range's ``lo`` never changes and its ``hi`` only moves down with each split it makes, and
-    the split's new range starts above its cursor, so the parent ends where the new range
-    starts. Changes ``ranges`` in place; returns the ranges it changed (to write back)."""
-    by_id = {int(r["range_id"]): r for r in ranges}
-    changed: dict[int, dict[str, Any]] = {}
-    for child in sorted(ranges, key=lambda r: r["lo"]):
-        parent = by_id.get(int(child.get("split_from") or -1))
-        if child.get("merged_into") or child["lo"] == child["hi"]:
-            continue  # coalesced into another range since: its bounds are not the split's
-        if parent is None or not (parent["lo"] < child["lo"] < parent["hi"]):
-            continue
-        if parent["cursor"] > child["lo"] or parent["state"] == RangeState.COMPLETE:
-            continue  # not the split's parent as this range knows it: leave both as recorded
-        log.warning(
-            "round %s range %s ends where range %s, split from it, starts (the checkpoint "
-            "mirror missed the split's record)",
-            round_id,
-            parent["range_id"],
-            child["range_id"],
-        )
-        parent["hi"] = child["lo"]
-        changed[int(parent["range_id"])] = parent
-    return list(changed.values())
 
 
 def list_streams(client: Any, prefix: str) -> list[StreamStatus]:

@@ -191,6 +191,30 @@ class CheckpointMirror:
             ).scalars()
             return [json.loads(d) for d in docs]
 
+    def round_state(self, stream: str, round_id: str) -> str | None:
+        """The state the mirror last recorded for the round (None: it never saw the round)."""
+        self._ensure()
+        t = self.table
+        with self.engine.connect() as conn:
+            doc = conn.execute(
+                sa.select(t.c.doc).where(
+                    t.c.stream == stream, t.c.round_id == round_id, t.c.range_id == _ROUND
+                )
+            ).scalar()
+        return None if doc is None else json.loads(doc).get("state")
+
+    def drop_ranges(self, stream: str, round_id: str, first: int) -> None:
+        """Forget the round's ranges numbered ``first`` and up (Redis lost the splits that made
+        them: ``core/rounds/regressions.py``)."""
+        self._ensure()
+        t = self.table
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.delete(t).where(
+                    t.c.stream == stream, t.c.round_id == round_id, t.c.range_id >= first
+                )
+            )
+
     def load_watermark(self, stream: str) -> str | None:
         self._ensure()
         t = self.table
