@@ -223,8 +223,16 @@ class Trial:
 
 
 def run_trial(url: str, stream: str, n_keys: int, rng: random.Random) -> Outcome:
-    """One trial: the failover at two random events of the driver's run."""
-    trial = Trial(url, stream, n_keys)
+    """One trial: 2-4 chained rounds of 1-4 ranges, chunks of 10-40 keys; the replica cut off at
+    a random event and the primary killed at the same or a later one."""
+    trial = Trial(
+        url,
+        stream,
+        n_keys,
+        rounds=rng.randint(2, 4),
+        ranges=rng.randint(1, 4),
+        chunk=rng.choice([10, 20, 40]),
+    )
     total = trial.events_estimate()
     cut = rng.randint(1, total)
     kill = min(cut + rng.randint(0, total // 2), total)

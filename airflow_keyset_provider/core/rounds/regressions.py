@@ -18,6 +18,8 @@ Redis forgot; each kind of regression is either restored from it or is only a re
 - **an open round the mirror has with more ranges than Redis** (a split Redis lost): Redis's
   ranges are a partition of the round, the mirror's extra ranges are not part of it any more; the
   mirror is rewritten from Redis and its extra rows dropped, so a later restore is a partition.
+- **an open round the mirror never recorded** (the plan's mirror write failed, so the plan
+  raised; this is its retry): recorded now, before the plan returns it.
 - **a range whose cursor is behind the mirror's checkpoint, or that reverted from complete to
   incomplete**: the keys in between are delivered again (at-least-once) and counted again, so the
   totals are exact at the close. Not restored: intact state in Redis is never overwritten while
@@ -136,6 +138,8 @@ def reconcile(ctl: StreamControl) -> None:
             top,
         )
     open_ids = set(ctl.store.open_rounds())
+    for rid in sorted(open_ids - {i["id"] for i in rounds}):
+        _mirror_unmirrored(ctl, rid)
     for info in rounds:
         rid, closed = info["id"], info.get("state") == RoundState.CLOSED
         lost = _number(rid) > counter and ctl.store.round_state(rid) is None  # never heard of
@@ -149,6 +153,18 @@ def reconcile(ctl: StreamControl) -> None:
             else:
                 _drop_lost_splits(ctl, rid, int(info.get("n_ranges") or 0))
     watermark_forward(ctl)
+
+
+def _mirror_unmirrored(ctl: StreamControl, round_id: str) -> None:
+    """An open round the mirror never recorded (its plan's mirror write failed; the plan raised
+    and this is its retry): record it now, or a Redis loss would leave it unrecoverable."""
+    ctl._mirror_round(round_id)
+    log.warning(
+        "round %s of stream %s: the checkpoint mirror had no record of it (its plan's mirror "
+        "write failed); recorded now",
+        round_id,
+        ctl.stream,
+    )
 
 
 def _drop_lost_splits(ctl: StreamControl, round_id: str, mirrored_n: int) -> None:
