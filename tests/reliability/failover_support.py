@@ -199,6 +199,8 @@ class Trial:
         finally:
             with contextlib.suppress(Exception):
                 t.close()
+            if t.mirror is not None:
+                t.mirror.engine.dispose()  # no pool left open per trial
 
     def finish(self, redis_url: str, out: Outcome) -> None:
         """What is left of the stream on the promoted replica: every round closed?"""
@@ -220,6 +222,8 @@ class Trial:
                 out.watermark_short = True
         finally:
             t.close()
+            if t.mirror is not None:
+                t.mirror.engine.dispose()
 
 
 def run_trial(url: str, stream: str, n_keys: int, rng: random.Random) -> Outcome:

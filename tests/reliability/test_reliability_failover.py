@@ -116,6 +116,7 @@ def test_a_close_redis_lost_is_not_done_twice_nor_the_watermark_moved_back(
     assert t.store.round_info(rnd.round_id)["closed_ms"] == closed_ms
     assert t.store.watermark() == wm
     t.close()
+    t.mirror.engine.dispose()
 
 
 def test_rounds_redis_never_saw_are_restored_and_no_round_id_is_handed_out_twice(
@@ -159,6 +160,7 @@ def test_rounds_redis_never_saw_are_restored_and_no_round_id_is_handed_out_twice
     assert t.close_round("r3").done == 100
     assert t.plan(max_ranges=2, end_key=300, round_key="run3").round_id == "r4"
     t.close()
+    t.mirror.engine.dispose()
 
 
 def test_a_split_redis_lost_leaves_the_mirror_a_partition(
@@ -200,3 +202,4 @@ def test_a_split_redis_lost_leaves_the_mirror_a_partition(
     totals = t.close_round(rnd.round_id)
     assert (totals.done, totals.skipped, totals.dead) == (300, 0, 0)
     t.close()
+    t.mirror.engine.dispose()

@@ -179,6 +179,7 @@ class Run:
             t.close()
             _services.delete_prefix(self.redis_url, self.prefix)
             self.client.close()
+            self.mirror.engine.dispose()  # each world's own pool: never left open
 
 
 @pytest.fixture
@@ -256,3 +257,4 @@ def test_a_plan_whose_mirror_write_failed_is_mirrored_by_its_retry(
     finally:
         t.close()
         _services.delete_prefix(redis_url, run.prefix)
+        run.mirror.engine.dispose()

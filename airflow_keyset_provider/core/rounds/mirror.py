@@ -11,6 +11,11 @@ the commit, from the commit's own result). Restoring therefore moves a range *ba
 checkpoint: the keys committed after it are delivered again (at-least-once, at most
 ``checkpoint_seconds`` worth of chunks per range) and the counters are exact again once they are
 re-counted. Nothing is ever restored as complete that the mirror did not record as complete.
+
+A split the mirror missed (its record failed) is carried by the range's later records: the split
+marks the range in Redis (``split_marks``) until the mirror has it, and every write of a marked
+range also writes the new range as the split made it, unless the mirror already has a record of
+that range. A round restored from the mirror is therefore a partition whatever write failed.
 """
 
 from __future__ import annotations

@@ -95,7 +95,11 @@ def closed_by_mirror(ctl: StreamControl, round_id: str) -> bool:
     closed, restore it closed (and the watermark forward). True when it did."""
     if ctl.mirror is None or ctl.store.round_state(round_id) == RoundState.CLOSED:
         return False
-    if ctl.mirror.round_state(ctl.stream, round_id) != RoundState.CLOSED:
+    try:
+        if ctl.mirror.round_state(ctl.stream, round_id) != RoundState.CLOSED:
+            return False
+    except Exception as exc:  # the mirror is a safety net: its outage must not stop a barrier
+        log.warning("round %s: could not compare it with the checkpoint mirror: %s", round_id, exc)
         return False
     if not restore_closed(ctl, round_id):
         return False
