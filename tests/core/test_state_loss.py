@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from core_support import traversal
+from test_pull import Deliveries, RedisLoss, analyzed_events
 
 from airflow_keyset_provider import ChunkResult
 from airflow_keyset_provider.core import (
@@ -14,6 +16,7 @@ from airflow_keyset_provider.core import (
     RetentionError,
     RoundIncompleteError,
     RoundStateLostError,
+    TraverseOptions,
 )
 
 
@@ -166,3 +169,151 @@ def test_retention_past_a_cursor_makes_the_round_unrecoverable(
         t.close_round(rnd.round_id)
     assert t.watermark() is None  # never reported complete, the watermark did not move
     assert t.range_status(rnd.round_id)[0]["cursor"] == 750
+
+
+# ---- a split the checkpoint mirror missed (issue #18, item 3) ----------------------------------
+
+
+class Killed(BaseException):
+    """The worker's process dies (an Airflow kill): nothing of the run's own cleanup is owed."""
+
+
+def _mirror_away(engine: sa.Engine) -> None:
+    with engine.begin() as c:
+        c.exec_driver_sql("ALTER TABLE keyset_checkpoints RENAME TO keyset_checkpoints_away")
+
+
+def _mirror_back(engine: sa.Engine) -> None:
+    with engine.begin() as c:
+        c.exec_driver_sql("ALTER TABLE keyset_checkpoints_away RENAME TO keyset_checkpoints")
+
+
+def test_a_split_the_mirror_missed_is_carried_by_the_ranges_later_checkpoints(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client, caplog
+):
+    """Double fault: the mirror is down (its table renamed away) when the owner of the round's
+    one range splits it at its median, and back for the later checkpoints, which write the shrunken
+    range; then Redis loses everything. The split's mark on the range (written by the split
+    itself) makes each of those checkpoints carry the new range too, so the round restored from
+    the mirror is a partition: it closes with exact totals and every key is delivered."""
+    keys = list(range(1, 1001))
+    analyzed_events(pg_engine, keys)
+    t = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
+    t.checkpoint_seconds = 0
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=1000)
+    ghost = traversal(pg_schema_url, redis_url, key_prefix)
+    seen = Deliveries()
+    redis_loss = RedisLoss(redis_client, key_prefix, at=301)
+
+    def proc(chunk: Any) -> None:
+        seen.record("w", chunk)
+        if chunk.keys[0] == 101:  # the mirror goes away; an idle task asks for a split
+            _mirror_away(pg_engine)
+            assert ghost.store.request_split(rnd.round_id, 0, "ghost#1") == "asked"
+        if chunk.keys[0] == 111:  # the split was answered after the last commit: mirror back
+            _mirror_back(pg_engine)
+        redis_loss(chunk)  # Redis restarts without persistence
+
+    caplog.set_level("WARNING", logger="airflow_keyset_provider")
+    res = t.traverse_round(
+        rnd.round_id, proc, options=TraverseOptions(owner_lineage="w", chunk_size=10), tasks=1
+    )
+    assert "did not record the split" in caplog.text
+    assert "restored from the checkpoint mirror" in caplog.text
+    assert redis_loss.done and res.finished
+    status = t.control.round_status(rnd.round_id)
+    assert status.n_ranges == 2 and status.ranges[0].hi == status.ranges[1].lo
+    assert set(seen.seen) == set(keys)
+    totals = t.close_round(rnd.round_id)
+    assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
+    ghost.close()
+    t.close()
+
+
+def test_a_split_whose_owner_died_before_mirroring_is_carried_by_the_next_owner(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    """The owner splits with the mirror down and dies at its next chunk (a kill: nothing of its
+    own cleanup runs past the raise). The mark stays on the range in Redis, so the owner that
+    takes the range over (another process, nothing in its memory) carries the new range with
+    its first checkpoint; Redis then loses everything, and the round restored from the mirror is
+    a partition: every key delivered, exact totals."""
+    keys = list(range(1, 1001))
+    analyzed_events(pg_engine, keys)
+    t = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
+    t.checkpoint_seconds = 0
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=1000)
+    ghost = traversal(pg_schema_url, redis_url, key_prefix)
+    seen = Deliveries()
+
+    def dying(chunk: Any) -> None:
+        seen.record("w1", chunk)
+        if chunk.keys[0] == 101:
+            _mirror_away(pg_engine)
+            assert ghost.store.request_split(rnd.round_id, 0, "ghost#1") == "asked"
+        if chunk.keys[0] == 111:
+            raise Killed()
+
+    with pytest.raises(Killed):
+        t.traverse_round(
+            rnd.round_id, dying, options=TraverseOptions(owner_lineage="w1", chunk_size=10), tasks=1
+        )
+    _mirror_back(pg_engine)
+    assert t.store.round_info(rnd.round_id)["n_ranges"] == "2"
+    redis_client.hset(t.store.range_key(rnd.round_id, 0), "lease_until", 0)  # its lease ran out
+    redis_loss = RedisLoss(redis_client, key_prefix, at=301)
+
+    def proc(chunk: Any) -> None:
+        seen.record("w2", chunk)
+        redis_loss(chunk)
+
+    t2 = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
+    t2.checkpoint_seconds = 0
+    res = t2.traverse_round(
+        rnd.round_id,
+        proc,
+        options=TraverseOptions(owner_lineage="w2", chunk_size=10),
+        first_range=0,  # the dead owner's range first, before range 1 (no coalescing)
+    )
+    assert next(r for w, r, _ in seen.order if w == "w2") == 0
+    assert redis_loss.done and res.finished
+    assert set(seen.seen) == set(keys)
+    totals = t2.close_round(rnd.round_id)
+    assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
+    for x in (ghost, t, t2):
+        x.close()
+
+
+def test_a_restore_ends_a_parent_the_mirror_holds_from_before_its_split(
+    pg_engine, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    """Range 1 was split into range 2 with the mirror down, its owner died before any later
+    record of it, and range 2's own owner checkpointed it: the mirror holds range 1 as it was
+    before the split, overlapping range 2. The restore ends range 1 where range 2 starts (and
+    writes that back to the mirror), so the round is a partition and closes with exact totals."""
+    keys = list(range(1, 1001))
+    analyzed_events(pg_engine, keys)
+    t = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
+    t.checkpoint_seconds = 0
+    rnd = t.plan(max_ranges=2, start_key=0, end_key=1000)
+    lo1, hi1 = t.store.range(rnd.round_id, 1)["lo"], t.store.range(rnd.round_id, 1)["hi"]
+    c = t.store.claim(rnd.round_id, 1, "w#dead", "w", 60_000)
+    at = t.source.encode([800])
+    assert c.cursor == lo1 and t.store.split(rnd.round_id, 1, "w#dead", at) == 2
+    two = t.store.snapshot_range(rnd.round_id, 2)
+    t.mirror.save_range(t.stream, rnd.round_id, 2, two)  # range 2's own record
+    _flush_prefix(redis_client, key_prefix)  # range 1's split record never reached the mirror
+    assert t.control.restore(rnd.round_id)
+    ranges = {
+        r.range_id: (r.lo_encoded, r.hi_encoded) for r in t.control.range_status(rnd.round_id)
+    }
+    assert ranges[1] == (lo1, at) and ranges[2] == (at, hi1)
+    assert t.mirror.load_round(t.stream, rnd.round_id)[1][1]["hi"] == at  # written back
+    seen = Deliveries()
+    res = t.traverse_round(
+        rnd.round_id, lambda ch: seen.record("w", ch), options=TraverseOptions(chunk_size=50)
+    )
+    assert res.finished and set(seen.seen) == set(keys) and max(seen.seen.values()) == 1
+    totals = t.close_round(rnd.round_id)
+    assert (totals.done, totals.skipped, totals.dead) == (len(keys), 0, 0)
+    t.close()

@@ -39,6 +39,7 @@ from ..pace.stream_control import ControlState, StreamSwitch
 from ..store.cursor_store import Closed, CursorStore, Gap, Unrecoverable
 from ..store.reads import stream_names
 from .mirror import CheckpointMirror
+from .regressions import closed_by_mirror, end_split_parents, reconcile
 from .status import RangeState, RangeStatus, RoundState, RoundStatus, StreamStatus
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -122,6 +123,8 @@ class StreamControl:
         # records may land in either order)
         n = max([int(info.get("n_ranges") or 0), *(int(r["range_id"]) + 1 for r in ranges)])
         info = {**info, "n_ranges": str(n)}
+        for r in end_split_parents(round_id, ranges):  # written back: the mirror is a partition
+            self.mirror.save_range(self.stream, round_id, int(r["range_id"]), r)  # type: ignore[union-attr]
         if self.store.restore_round(info, ranges):
             arity = self._arity(info)
             log.warning(
@@ -158,22 +161,16 @@ class StreamControl:
         return read()
 
     def recover_stream(self) -> None:
-        """If Redis lost the stream (no round counter) but the mirror knows it, put back the
-        watermark, the fingerprint of the key it is encoded with, and every round that was still
-        open."""
-        if self.mirror is None or self.store.round_counter() is not None:
+        """If Redis lost the stream (no round counter), or went back in time (a failover to a
+        lagging replica), but the mirror knows it: put back the watermark, the fingerprint of the
+        key it is encoded with, the round counter and the rounds Redis lost
+        (``core/rounds/regressions.py``)."""
+        if self.mirror is None:
             return
-        # round ids are never reused: the counter resumes after the highest mirrored round
-        self.store.init_round_counter(self.mirror.max_round_number(self.stream))
-        wm = self.mirror.load_watermark(self.stream)
-        if wm is not None and self.store.restore_watermark(wm):
-            log.warning("stream %s: watermark restored from the checkpoint mirror", self.stream)
+        reconcile(self)
         key = self.mirror.load_key_fingerprint(self.stream)
         if key is not None:  # the key that watermark is encoded with (core/rounds/stream_key.py)
-            self.store.record_key_fingerprint(key)
-        for info in self.mirror.rounds(self.stream):
-            if info.get("state") != RoundState.CLOSED:
-                self.restore(info["id"])
+            self.store.record_key_fingerprint(key)  # SET NX: never overwrites
 
     def _mirror_round(self, round_id: str) -> None:
         if self.mirror is not None:
@@ -331,6 +328,7 @@ class StreamControl:
         """A read-only look at the round (the barrier polls it). A round Redis lost, wholly or in
         part, is restored from the checkpoint mirror first, exactly as ``close_round`` does;
         without a mirror that loss raises ``RoundStateLostError``."""
+        closed_by_mirror(self, round_id)  # a close Redis lost is not done twice
         return self.restoring(round_id, lambda: self._check_round(round_id))
 
     def _check_round(self, round_id: str) -> RoundCheck:
@@ -349,6 +347,7 @@ class StreamControl:
         move the watermark forward. Idempotent. Raises ``RoundIncompleteError`` (with the lagging
         ranges) otherwise, ``RetentionError`` for an unrecoverable round and
         ``RoundStateLostError`` if Redis lost the round (and no mirror could restore it)."""
+        closed_by_mirror(self, round_id)  # a close Redis lost is not done twice
         res = self.restoring(round_id, lambda: self.store.close_round(round_id))
         info = self.store.round_info(round_id)
         arity = self._arity(info)

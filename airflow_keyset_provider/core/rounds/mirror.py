@@ -18,6 +18,11 @@ Every statement the mirror issues runs with a statement timeout and a lock timeo
 (``core/pace/sql_timeouts.py``): ``timeout_seconds`` (30 s by default; a traversal narrows it to
 its ``chunk_timeout`` and lease with ``bounded``), so a mirror write that waits on a lock fails
 (a range's checkpoint then logs it and goes on) instead of holding the range's loop and lease.
+
+A split the mirror missed (its record failed) is carried by the range's later records: the split
+marks the range in Redis (``split_marks``) until the mirror has it, and every write of a marked
+range also writes the new range as the split made it, unless the mirror already has a record of
+that range. A round restored from the mirror is therefore a partition whatever write failed.
 """
 
 from __future__ import annotations
@@ -34,6 +39,42 @@ from ..errors import ConfigurationError
 from ..pace.sql_timeouts import bounded_connection
 
 _ROUND, _WATERMARK, _KEY = -1, -2, -3
+
+#: A range's mark for a split the mirror has not recorded yet (the SPLIT script writes it when
+#: the owner keeps a mirror): ``unmirrored_split:<new range id>`` = ``"<at> <hi before>"``.
+SPLIT_MARK = "unmirrored_split:"
+
+
+def split_marks(doc: dict[str, Any]) -> dict[int, tuple[str, str]]:
+    """The splits of this range (a range document as ``snapshot_range`` reads it) that the
+    mirror has not recorded: new range id -> ``(lo, hi)`` of the new range as the split made it."""
+    out = {}
+    for name, value in doc.items():
+        if name.startswith(SPLIT_MARK):
+            lo, _, hi = str(value).partition(" ")
+            out[int(name[len(SPLIT_MARK) :])] = (lo, hi)
+    return out
+
+
+def split_range_doc(parent: dict[str, Any], range_id: int, lo: str, hi: str) -> dict[str, Any]:
+    """The range ``range_id`` as the split of ``parent`` created it: pending, unowned, nothing
+    committed (a restore from it delivers every key of it again: at-least-once)."""
+    zero = {f: "0" for f in ("epoch", "done", "skipped", "dead", "takeovers", "chunks", "retries")}
+    return {
+        **zero,
+        "range_id": str(range_id),
+        "lo": lo,
+        "hi": hi,
+        "cursor": lo,
+        "state": "pending",
+        "owner": "",
+        "lineage": "",
+        "lease_until": "0",
+        "heartbeat_ms": "0",
+        "split_from": str(parent["range_id"]),
+        "retry": {},
+        "dead_letters": [],
+    }
 
 
 class CheckpointMirror:
@@ -87,6 +128,9 @@ class CheckpointMirror:
             self._created = True
 
     def _upsert(self, rows: list[dict[str, Any]]) -> None:
+        """Write ``rows`` (insert or replace) in one transaction; with them, for each range
+        document that carries split marks (``split_marks``), the new range as the split made it
+        unless the mirror already has that range (a later record of it is never replaced)."""
         if not rows:
             return
         self._ensure()
@@ -100,8 +144,26 @@ class CheckpointMirror:
         stmt = stmt.on_conflict_do_update(
             index_elements=["stream", "round_id", "range_id"], set_={"doc": stmt.excluded.doc}
         )
+        missed = self._missed_splits(rows)
         with self._connect() as conn:
             conn.execute(stmt, rows)
+            if missed:
+                conn.execute(insert(self.table).on_conflict_do_nothing(), missed)
+
+    def _missed_splits(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows of the new ranges that the splits marked on ``rows``' ranges created, except
+        those ``rows`` write themselves."""
+        written = {(r["round_id"], r["range_id"]) for r in rows}
+        out = []
+        for row in rows:
+            if row["range_id"] < 0:
+                continue
+            doc = json.loads(row["doc"])
+            for rid, (lo, hi) in split_marks(doc).items():
+                if (row["round_id"], rid) not in written:
+                    new = split_range_doc(doc, rid, lo, hi)
+                    out.append({**row, "range_id": rid, "doc": json.dumps(new)})
+        return out
 
     # ---- writing -----------------------------------------------------------------------------
     def save_round(
@@ -170,6 +232,30 @@ class CheckpointMirror:
                 sa.select(t.c.doc).where(t.c.stream == stream, t.c.range_id == _ROUND)
             ).scalars()
             return [json.loads(d) for d in docs]
+
+    def round_state(self, stream: str, round_id: str) -> str | None:
+        """The state the mirror last recorded for the round (None: it never saw the round)."""
+        self._ensure()
+        t = self.table
+        with self._connect() as conn:
+            doc = conn.execute(
+                sa.select(t.c.doc).where(
+                    t.c.stream == stream, t.c.round_id == round_id, t.c.range_id == _ROUND
+                )
+            ).scalar()
+        return None if doc is None else json.loads(doc).get("state")
+
+    def drop_ranges(self, stream: str, round_id: str, first: int) -> None:
+        """Forget the round's ranges numbered ``first`` and up (Redis lost the splits that made
+        them: ``core/rounds/regressions.py``)."""
+        self._ensure()
+        t = self.table
+        with self._connect() as conn:
+            conn.execute(
+                sa.delete(t).where(
+                    t.c.stream == stream, t.c.round_id == round_id, t.c.range_id >= first
+                )
+            )
 
     def load_watermark(self, stream: str) -> str | None:
         self._ensure()

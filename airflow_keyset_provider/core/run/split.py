@@ -29,6 +29,7 @@ import redis
 
 from ..errors import KeysetError, RoundStateLostError
 from ..keys import display_key, encode_key
+from ..rounds.mirror import split_marks
 
 if TYPE_CHECKING:
     from .commits import RangeCommits
@@ -56,7 +57,8 @@ class Splitter:
         run = self.run
         at, left, why = self._choose() if self.enabled else (None, 0, "not in a pull loop")
         try:
-            new_id = run.store.split(run.round_id, run.range_id, run.token, at)
+            mirror = run.ctx.mirror is not None  # the split is marked until mirrored
+            new_id = run.store.split(run.round_id, run.range_id, run.token, at, mirror=mirror)
         except RoundStateLostError:
             raise
         except (KeysetError, redis.RedisError) as exc:
@@ -114,20 +116,29 @@ class Splitter:
     def _mirror(self, new_id: int) -> None:
         """With a checkpoint mirror: the round's info (its grown ``n_ranges``), this range (its
         new ``hi``) and the new range, in one transaction of the mirror, so a round restored
-        from it is still a partition (a mirror write that fails is logged, as checkpoints are)."""
+        from it is still a partition; then the split's mark goes (``mirrored_split``). A mirror
+        write that fails is logged, as checkpoints are; the mark stays on the range in Redis
+        (the SPLIT script wrote it with the split), so every later record of this range, by this
+        owner or the next, carries the new range as the split made it, unless the mirror has a
+        record of it already (``CheckpointMirror``): the shrunken range alone beside the
+        mirror's older record would leave the new range's keys out of a restored round."""
         run = self.run
         mirror = run.ctx.mirror
         if mirror is None:
             return
         try:
             info = run.store.round_info(run.round_id)
-            docs = run.store.snapshot_ranges(run.round_id, [run.range_id, new_id])
+            docs = run.store.snapshot_ranges(run.round_id, [run.range_id])
+            # this split and any earlier one of this range the mirror missed (their marks)
+            splits = sorted({new_id, *split_marks(docs[0])})
+            docs += run.store.snapshot_ranges(run.round_id, splits)
             # a coalescing of this range that the mirror missed goes with it (its mark)
             missed = int(docs[0].get("unmirrored") or 0)
             if missed:
                 first = run.range_id + 1
                 docs += run.store.snapshot_ranges(run.round_id, range(first, first + missed))
             mirror.save_round(run.ctx.stream, run.round_id, info, docs)
+            run.store.mirrored_split(run.round_id, run.range_id, splits)
             if missed:
                 run.store.mirrored_coalescing(run.round_id, run.range_id)
         except RoundStateLostError:

@@ -17,6 +17,7 @@ the partition holds again; ``next_unclaimed`` jumps over what a claim absorbed (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -206,11 +207,15 @@ class RangePull(StoreReads):
             return None
         return _s(res[1]) if status == "ok" else "no"
 
-    def split(self, round_id: str, range_id: int, token: str, at: str | None) -> int | None:
+    def split(
+        self, round_id: str, range_id: int, token: str, at: str | None, mirror: bool = False
+    ) -> int | None:
         """Run by the range's owner between chunks: split at ``at`` (a real key above every key
         this owner has read, below ``hi``) and return the new range's id; ``at=None`` declines
         the pending request. Returns None when refused (not the owner, lease expired, round not
         open, ``at`` not strictly inside ``(cursor, hi)``) or declined; nothing is written then.
+        ``mirror``: the caller keeps a checkpoint mirror; the split marks the range
+        ``unmirrored_split:<new id>`` until ``mirrored_split``.
         Raises ``RoundStateLostError`` when the round or the range lost state."""
         call = call_id()  # one per split ('moved' wrote nothing: the next try keeps it)
         for _ in range(20):
@@ -221,7 +226,8 @@ class RangePull(StoreReads):
                 *self._range_keys(round_id, n),
                 self.events_channel,
             ]
-            res = self._call(self._split, keys, [token, at or "", n, range_id, call])
+            args = [token, at or "", n, range_id, call, "1" if mirror else ""]
+            res = self._call(self._split, keys, args)
             status = _s(res[0])
             if status == "ok":
                 return int(_s(res[1]))
@@ -240,6 +246,12 @@ class RangePull(StoreReads):
             f"round {round_id} of stream {self.stream!r}: 20 splits in a row took the next range "
             "id first; nothing was split"
         )
+
+    def mirrored_split(self, round_id: str, range_id: int, new_ids: Sequence[int]) -> None:
+        """The checkpoint mirror has recorded these splits of the range: clear their marks."""
+        if new_ids:
+            fields = [f"unmirrored_split:{i}" for i in new_ids]
+            self.client.hdel(self.range_key(round_id, range_id), *fields)
 
 
 __all__ = ["BRIEF_BATCH", "RangeBrief", "RangePull"]

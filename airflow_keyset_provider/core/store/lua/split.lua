@@ -8,6 +8,9 @@
 -- KEYS[5] new range hash  KEYS[6] new retry hash  KEYS[7] new dead list  KEYS[8] events channel
 -- ARGV[1] owner token  ARGV[2] at ('' = decline the request)  ARGV[3] new range id (= n_ranges
 -- as the caller read it)  ARGV[4] this range's id  ARGV[5] call id (unique per call, '' = none)
+-- ARGV[6] '1' = the caller keeps a checkpoint mirror: the range is marked
+-- 'unmirrored_split:<new id>' = '<at> <old hi>' until the mirror has recorded the split
+-- (``mirrored_split``); until then each mirror record of the range carries it
 -- Returns {'lost'} | {'not_owner', owner} | {'expired'} | {'closed'} (round not open)
 --       | {'declined'} | {'moved', n_ranges} (another split took that id: read n again)
 --       | {'bad_key', cursor, hi} | {'taken'} (the new range's keys exist) | {'ok', new id}
@@ -46,6 +49,7 @@ redis.call('HSET', KEYS[5], 'lo', at, 'hi', r[4], 'cursor', at, 'state', 'pendin
 local answer = ''
 if asked ~= '' then answer = asked .. '|' .. ARGV[3] end
 redis.call('HSET', KEYS[2], 'hi', at, 'split_req', '', 'split_answer', answer)
+if ARGV[6] == '1' then redis.call('HSET', KEYS[2], 'unmirrored_split:' .. ARGV[3], at .. ' ' .. r[4]) end
 if call ~= '' then redis.call('HSET', KEYS[2], 'call', call .. '|' .. ARGV[3]) end
 redis.call('HSET', KEYS[1], 'n_ranges', tonumber(ARGV[3]) + 1)
 redis.call('HINCRBY', KEYS[1], 'splits', 1)

@@ -1,0 +1,221 @@
+"""Redis went back in time: what a failover to a lagging replica leaves, and what the checkpoint
+mirror puts right.
+
+A replica promoted after its primary died misses the writes the primary acknowledged last: the
+Redis state the clients see next is intact (nothing reads as lost) but *older* than what was
+committed, and older than the mirror, which recorded those commits. The mirror then knows what
+Redis forgot; each kind of regression is either restored from it or is only a replay:
+
+- **a round the mirror has but Redis never heard of** (numbered above Redis's round counter): it
+  was planned (and maybe closed) on the lost primary. Restored from the mirror, open or closed, so
+  its idempotency key finds it again; the counter moves up past it, so no round id is handed out
+  twice (a second round ``rN`` would overwrite the first one's mirror rows).
+- **a round the mirror has closed but Redis has open** (its close was lost): restored as the
+  mirror closed it (its final ranges, totals and ``closed_ms``), so it never closes a second time;
+  its tasks find it closed.
+- **a watermark behind the mirror's**: moved forward to the mirror's (never backwards), so the
+  next chained round starts where the closed rounds end.
+- **an open round the mirror has with more ranges than Redis** (a split Redis lost): Redis's
+  ranges are a partition of the round, the mirror's extra ranges are not part of it any more; the
+  mirror is rewritten from Redis and its extra rows dropped, so a later restore is a partition.
+- **an open round the mirror never recorded** (the plan's mirror write failed, so the plan
+  raised; this is its retry): recorded now, before the plan returns it.
+- **a range whose cursor is behind the mirror's checkpoint, or that reverted from complete to
+  incomplete**: the keys in between are delivered again (at-least-once) and counted again, so the
+  totals are exact at the close. Not restored: intact state in Redis is never overwritten while
+  an owner may hold it.
+
+``reconcile`` runs where the engine looks at a stream as a whole (``StreamControl.recover_stream``:
+every plan); ``closed_by_mirror`` before a close and a barrier check.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from ..states import RangeState, RoundState
+from ..store.reads import _s
+
+if TYPE_CHECKING:
+    from .control import StreamControl
+
+log = logging.getLogger("airflow_keyset_provider")
+
+
+def _number(round_id: str) -> int:
+    return int(round_id[1:]) if round_id[1:].isdigit() else 0
+
+
+def forward(client: Any, key: str, value: str, numeric: bool = False) -> bool:
+    """Set ``key`` to ``value`` unless it already holds a value at or above it (a WATCH
+    transaction: a concurrent writer that moves it further wins). True if it was moved."""
+    with client.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(key)
+                cur = pipe.get(key)
+                if cur is not None:
+                    have: Any = int(_s(cur)) if numeric else _s(cur)
+                    if have >= (int(value) if numeric else value):
+                        pipe.unwatch()
+                        return False
+                pipe.multi()
+                pipe.set(key, value)
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                continue
+
+
+def restore_closed(ctl: StreamControl, round_id: str) -> bool:
+    """Put back a round as the mirror closed it (its Redis copy, open or missing, goes first).
+    False when the mirror does not hold it closed."""
+    doc = ctl.mirror.load_round(ctl.stream, round_id) if ctl.mirror else None
+    if doc is None or doc[0].get("state") != RoundState.CLOSED:
+        return False
+    info, ranges = doc
+    if ctl.store.round_state(round_id) is not None:
+        ctl.store.delete_round(round_id)
+    ctl.store.restore_round(info, ranges)
+    log.warning(
+        "round %s of stream %s: Redis has it open (or not at all) but the checkpoint mirror "
+        "recorded its close (Redis lost writes: a failover to a lagging replica?); restored as "
+        "closed from the mirror, so it never closes twice",
+        round_id,
+        ctl.stream,
+    )
+    return True
+
+
+def closed_by_mirror(ctl: StreamControl, round_id: str) -> bool:
+    """Before a close or a barrier check: if Redis has the round open but the mirror has it
+    closed, restore it closed (and the watermark forward). True when it did."""
+    if ctl.mirror is None or ctl.store.round_state(round_id) == RoundState.CLOSED:
+        return False
+    try:
+        if ctl.mirror.round_state(ctl.stream, round_id) != RoundState.CLOSED:
+            return False
+    except Exception as exc:  # the mirror is a safety net: its outage must not stop a barrier
+        log.warning("round %s: could not compare it with the checkpoint mirror: %s", round_id, exc)
+        return False
+    if not restore_closed(ctl, round_id):
+        return False
+    watermark_forward(ctl)
+    return True
+
+
+def watermark_forward(ctl: StreamControl) -> None:
+    wm = ctl.mirror.load_watermark(ctl.stream) if ctl.mirror else None
+    if wm is not None and forward(ctl.store.client, ctl.store.watermark_key, wm):
+        log.warning(
+            "stream %s: the watermark in Redis was behind the checkpoint mirror's (Redis lost "
+            "a close); moved forward to the mirror's",
+            ctl.stream,
+        )
+
+
+#: After Redis lost a stream's round counter, at most this many of the newest closed rounds are
+#: put back from the mirror (their idempotency keys then find them); every open round is.
+RESTORE_CLOSED_MAX = 64
+
+
+def reconcile(ctl: StreamControl) -> None:
+    """Every regression the module docstring lists, for the whole stream (a plan calls it). A
+    stream Redis lost whole (no round counter) is the same case with a counter of 0."""
+    mirror = ctl.mirror
+    if mirror is None:
+        return
+    counter = ctl.store.round_counter() or 0
+    rounds = mirror.rounds(ctl.stream)
+    top = max((_number(i["id"]) for i in rounds), default=0)
+    if top > counter:
+        forward(ctl.store.client, ctl.store.seq_key, str(top), numeric=True)
+        log.warning(
+            "stream %s: Redis's round counter %d is behind the checkpoint mirror's rounds (up "
+            "to %d): Redis lost writes (a failover to a lagging replica?); the counter moves "
+            "up, rounds it never saw are restored from the mirror",
+            ctl.stream,
+            counter,
+            top,
+        )
+    open_ids = set(ctl.store.open_rounds())
+    for rid in sorted(open_ids - {i["id"] for i in rounds}):
+        _mirror_unmirrored(ctl, rid)
+    for info in rounds:
+        rid, closed = info["id"], info.get("state") == RoundState.CLOSED
+        lost = _number(rid) > counter and ctl.store.round_state(rid) is None  # never heard of
+        if lost and not closed:
+            ctl.restore(rid)
+        elif lost and _number(rid) > top - RESTORE_CLOSED_MAX:
+            restore_closed(ctl, rid)
+        elif rid in open_ids:
+            if closed:
+                restore_closed(ctl, rid)
+            else:
+                _drop_lost_splits(ctl, rid, int(info.get("n_ranges") or 0))
+    watermark_forward(ctl)
+
+
+def _mirror_unmirrored(ctl: StreamControl, round_id: str) -> None:
+    """An open round the mirror never recorded (its plan's mirror write failed; the plan raised
+    and this is its retry): record it now, or a Redis loss would leave it unrecoverable."""
+    ctl._mirror_round(round_id)
+    log.warning(
+        "round %s of stream %s: the checkpoint mirror had no record of it (its plan's mirror "
+        "write failed); recorded now",
+        round_id,
+        ctl.stream,
+    )
+
+
+def _drop_lost_splits(ctl: StreamControl, round_id: str, mirrored_n: int) -> None:
+    """An open round whose mirror has more ranges than Redis: Redis lost a split (its ranges
+    are the round's partition); the mirror follows Redis."""
+    n = int(ctl.store.round_info(round_id)["n_ranges"])
+    if mirrored_n <= n or ctl.mirror is None:
+        return
+    ctl._mirror_round(round_id)
+    ctl.mirror.drop_ranges(ctl.stream, round_id, n)
+    log.warning(
+        "round %s of stream %s: the checkpoint mirror holds %d ranges, Redis %d (Redis lost a "
+        "split: a failover to a lagging replica?); the mirror now follows Redis",
+        round_id,
+        ctl.stream,
+        mirrored_n,
+        n,
+    )
+
+
+def end_split_parents(round_id: str, ranges: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Make the mirrored ranges of a round a partition again where a split's record is missing:
+    a range the mirror holds as it was before a split (its older, higher ``hi``) beside the
+    range that split created (``split_from``, recorded by its own owner) would overlap it. A
+    range's ``lo`` never changes and its ``hi`` only moves down with each split it makes, and
+    the split's new range starts above its cursor, so the parent ends where the new range
+    starts. Changes ``ranges`` in place; returns the ranges it changed (to write back)."""
+    by_id = {int(r["range_id"]): r for r in ranges}
+    changed: dict[int, dict[str, Any]] = {}
+    for child in sorted(ranges, key=lambda r: r["lo"]):
+        parent = by_id.get(int(child.get("split_from") or -1))
+        if child.get("merged_into") or child["lo"] == child["hi"]:
+            continue  # coalesced into another range since: its bounds are not the split's
+        if parent is None or not (parent["lo"] < child["lo"] < parent["hi"]):
+            continue
+        if parent["cursor"] > child["lo"] or parent["state"] == RangeState.COMPLETE:
+            continue  # not the split's parent as this range knows it: leave both as recorded
+        log.warning(
+            "round %s range %s ends where range %s, split from it, starts (the checkpoint "
+            "mirror missed the split's record)",
+            round_id,
+            parent["range_id"],
+            child["range_id"],
+        )
+        parent["hi"] = child["lo"]
+        changed[int(parent["range_id"])] = parent
+    return list(changed.values())
+
+
+__all__ = ["closed_by_mirror", "end_split_parents", "forward", "reconcile", "restore_closed"]
