@@ -1,4 +1,4 @@
-"""``python -m benchmarks.scale {build,round} --rows N [--repeat K] [--no-writeback]``."""
+"""``python -m benchmarks.scale {build,round,airflow} --rows N [--repeat K] [--no-writeback]``."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ from benchmarks.scale.data import ensure_big, table_bytes
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__)
-    p.add_argument("command", choices=["build", "round"])
+    p.add_argument("command", choices=["build", "round", "airflow"])
     p.add_argument("--rows", type=int, default=10_000_000)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--chunk-size", type=int, default=10_000)
     p.add_argument("--no-writeback", action="store_true")
+    p.add_argument(
+        "--parallelism", type=int, default=4, help="AIRFLOW__CORE__PARALLELISM (airflow only)"
+    )
     p.add_argument("--pg-url", default=DEFAULT_PG_URL)
     p.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     a = p.parse_args(argv)
@@ -28,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "build":
             built = ensure_big(ctx, a.rows)
             print(json.dumps({**built, "bytes": table_bytes(ctx, built["schema"])}, default=str))
+            return 0
+        if a.command == "airflow":
+            from benchmarks.scale import airflow_round
+
+            print(airflow_round.main(ctx, a.rows, a.parallelism))
             return 0
         raw = run.measure(ctx, a.rows, a.repeat, writeback=not a.no_writeback)
         summary = run.summarize(a.rows, raw, run.reference_summary())

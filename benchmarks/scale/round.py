@@ -54,6 +54,27 @@ def spawn(command: str, args: dict[str, Any]) -> subprocess.Popen[str]:
     )
 
 
+def wait_for_connections(ctx: BenchContext, needed: int, timeout_s: float = 900.0) -> int:
+    """Wait (up to ``timeout_s``) until the shared server has ``needed`` free connection slots.
+
+    The server is shared: other sessions may hold most of ``max_connections``, and one child that
+    cannot connect fails the whole variant. Returns the free slots seen last (go on regardless)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with pg_cursor(ctx) as cur:
+            cur.execute(
+                "SELECT current_setting('max_connections')::int - "
+                "current_setting('superuser_reserved_connections')::int - count(*) "
+                "FROM pg_stat_activity"
+            )
+            free = int(cur.fetchone()[0])
+        if free >= needed or time.monotonic() > deadline:
+            if free < needed:
+                log.warning("only %d free connections, %d wanted; going on", free, needed)
+            return free
+        time.sleep(2)
+
+
 def run_together(children: list[subprocess.Popen[str]]) -> dict[str, Any]:
     """Start the ready children at once; makespan, rows, client CPU and per-task peaks."""
     procs.start_together(children)
@@ -78,6 +99,7 @@ def baseline(
 ) -> dict[str, Any]:
     """``command`` (``loop`` or ``copy``) in ``tasks`` processes over equal slices, checked."""
     base = procs.child_args(ctx, table=table)
+    wait_for_connections(ctx, tasks + 4)
     children = [spawn(command, {**base, "lo": lo, "hi": hi}) for lo, hi in slices(rows, tasks)]
     out = run_together(children)
     if out["rows"] != rows:
@@ -125,6 +147,7 @@ def engine_round(
             tasks=tasks,
             writeback=writeback,
         )
+        wait_for_connections(ctx, len(firsts) * (2 if writeback else 1) + 4)
         children = [
             spawn("pull", {**base, "lineage": f"task{k}", "first_range": firsts[k]})
             for k in range(len(firsts))
