@@ -55,7 +55,8 @@ DAG_SOURCE = textwrap.dedent('''\
         )
         traverse = TraverseRangeOperator.partial(
             task_id="traverse", processor=noop, redis_conn_id="kbench_scale_redis",
-            chunk_size=int(env["KBENCH_SCALE_CHUNK"]),
+            chunk_size=int(env["KBENCH_SCALE_CHUNK"]), retries=int(env["KBENCH_SCALE_RETRIES"]),
+            retry_delay=dt.timedelta(seconds=1),
         ).expand_kwargs(plan.output)
         barrier = BarrierSensor(
             task_id="barrier", plan_task_id="plan", redis_conn_id="kbench_scale_redis",
@@ -122,6 +123,7 @@ def _env(
         "KBENCH_SCALE_TASKS": str(sr.TASKS),
         "KBENCH_SCALE_CHUNK": str(ctx.chunk_size),
         "KBENCH_SCALE_POKE_S": "1",
+        "KBENCH_SCALE_RETRIES": "1",  # a task that met a full server (too many clients) retries
     }
 
 
@@ -135,12 +137,15 @@ def _wait_run(dep: Any, run_id: str) -> dict[str, Any]:
     raise RuntimeError(f"DAG run {run_id} did not end in {RUN_TIMEOUT_S} s")
 
 
-def measure(ctx: BenchContext, rows: int, parallelism: int) -> dict[str, Any]:
-    """Engine alone, then the DAG run on a fresh deployment; both figures and the breakdown."""
+def measure(
+    ctx: BenchContext, rows: int, parallelism: int, metadata: str = "postgres"
+) -> dict[str, Any]:
+    """Engine alone, then the DAG run on a fresh deployment; both figures and the breakdown.
+
+    ``metadata``: ``postgres`` (a throwaway database on the same server) or ``sqlite`` (a file in
+    the throwaway home: fewer connections on a shared server; LocalExecutor either way)."""
     ds = _ds()
     built = ensure_big(ctx, rows)
-    engine = sr.engine_round(ctx, built["table"], rows, sr.MANY, None)
-    engine_s = engine["plan_s"] + engine["seconds"]
     with tempfile.TemporaryDirectory(prefix="kbench-af-") as tmp:
         root = Path(tmp)
         dags = root / "dags"
@@ -149,15 +154,19 @@ def measure(ctx: BenchContext, rows: int, parallelism: int) -> dict[str, Any]:
         stream = f"scaleaf-{uuid.uuid4().hex[:8]}"
         with ds.Deployments(ctx.pg_url) as deployments:
             started = time.perf_counter()
+            home = root / "home"
+            sqlite = f"sqlite:///{home / 'airflow.db'}"
             dep = ds.start_deployment(
-                root / "home",
-                deployments.database_url(),
+                home,
+                sqlite if metadata == "sqlite" else deployments.database_url(),
                 dags,
                 _env(ctx, built["schema"], rows, stream, parallelism),
                 DAG_ID,
                 deployments.started,
             )
             ready_s = time.perf_counter() - started
+            # the engine alone, on the running (idle) deployment, just before the DAG run
+            engine = sr.engine_round(ctx, built["table"], rows, sr.MANY, None)
             run_id = f"scale_{uuid.uuid4().hex[:8]}"
             sr.wait_for_connections(ctx, sr.TASKS + 12)
             dep.request(
@@ -170,9 +179,12 @@ def measure(ctx: BenchContext, rows: int, parallelism: int) -> dict[str, Any]:
             if run["state"] != "success":
                 raise RuntimeError(f"DAG run {run_id} {run['state']}:\n{dep.diagnostics(DAG_ID)}")
     b = breakdown(run, tis)
+    engine_s = engine["plan_s"] + engine["seconds"]
     return {
         "rows": rows,
         "parallelism": parallelism,
+        "metadata": metadata,
+        "tries": {f"{t['task_id']}/{t['map_index']}": t.get("try_number") for t in tis},
         "deployment_ready_s": round(ready_s, 1),
         "engine_alone_s": round(engine_s, 3),
         "engine_plan_s": round(engine["plan_s"], 3),
@@ -198,15 +210,15 @@ def measure(ctx: BenchContext, rows: int, parallelism: int) -> dict[str, Any]:
     }
 
 
-def main(ctx: BenchContext, rows: int, parallelism: int) -> str:
-    doc = measure(ctx, rows, parallelism)
+def main(ctx: BenchContext, rows: int, parallelism: int, metadata: str = "postgres") -> str:
+    doc = measure(ctx, rows, parallelism, metadata)
     out = procs.ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"scale-airflow-{rows}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     b = doc["breakdown"]
     return (
-        f"{rows:,} rows, parallelism {parallelism}: Airflow {doc['airflow_makespan_s']:.2f} s vs "
+        f"{rows:,} rows, parallelism {parallelism}, {metadata} metadata: Airflow {doc['airflow_makespan_s']:.2f} s vs "
         f"engine alone {doc['engine_alone_s']:.2f} s (+{doc['airflow_overhead'] * 100:.0f} %)\n"
         f"  plan queued/start/end at {b['plan']} s (duration {b['plan_duration_s']})\n"
         f"  traverse: first start {b['traverse_first_start_s']} s, last start "
