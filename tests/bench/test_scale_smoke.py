@@ -63,3 +63,37 @@ def test_scale_round_reads_every_row_and_reports_each_figure(
     path = run.write({"summary": s, "raw": raw}, ROWS, tmp_path)
     assert path.name.startswith(f"scale-{ROWS}-")
     assert "no-op vs COPY" in run.text(s)
+
+
+def test_scheduler_breakdown_reads_the_task_instances_timestamps() -> None:
+    from benchmarks.scale.airflow_round import breakdown
+
+    def at(s: float) -> str:
+        return f"2026-12-01T20:00:{s:06.3f}+00:00"
+
+    def ti(task: str, q: float, s: float, e: float, i: int = -1) -> dict[str, object]:
+        return {
+            "task_id": task,
+            "map_index": i,
+            "queued_when": at(q),
+            "start_date": at(s),
+            "end_date": at(e),
+            "duration": e - s,
+        }
+
+    run = {"start_date": at(0), "end_date": at(30)}
+    tis = [
+        ti("plan", 0.5, 1, 10),
+        ti("traverse", 11, 12, 20, 0),
+        ti("traverse", 11, 13, 29, 1),
+        ti("barrier", 24, 12.5, 25),
+    ]
+    b = breakdown(run, tis)
+    assert b["makespan_s"] == 30
+    assert b["plan"] == {"queued_when": 0.5, "start_date": 1, "end_date": 10}
+    assert (b["traverse_first_start_s"], b["traverse_last_start_s"]) == (12, 13)
+    assert b["traverse_last_end_s"] == 29
+    assert b["traverse_queue_wait_s"] == [1, 2]
+    assert b["traverse_durations_s"] == [8, 16]
+    assert b["barrier_after_last_traverse_s"] == -4
+    assert b["run_end_after_barrier_s"] == 5
