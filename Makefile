@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint docs dist bench bench-10m ui clean
+.PHONY: demo test lint docs dist bench bench-10m bench-100m ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -53,6 +53,13 @@ bench-10m: $(STAMP)
 # needed after a change under ui/ (Node.js 20 and npm; tests/ui/test_ui_bundle.py says when).
 ui:
 	cd ui && npm ci --no-audit --no-fund && npm run build
+
+# Issue #22, on demand only (never in CI): builds kbench_scale_100000000.big once (~21 GB on disk
+# with indexes, ~7 min here; reused afterwards), then one round of 4,096 ranges over 16 pull tasks.
+bench-100m: $(STAMP)
+	df -h /
+	$(BIN)/python -m benchmarks.scale build --rows 100000000
+	$(BIN)/python -m benchmarks.scale round --rows 100000000 $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist docs/_build
