@@ -23,7 +23,7 @@ recovery. A probe that fails (SQL error, timeout, the callable raising) counts a
 the error as the reason: an outage of the source never reads as "healthy, go faster". The health
 read costs one Redis round trip per chunk, and only when checks are configured.
 
-A probe is bounded (``tests/core/test_health_timeouts.py``): with ``timeout`` (a traversal gives
+A probe is bounded (``tests/core/pace/test_health_timeouts.py``): with ``timeout`` (a traversal gives
 the smaller of its ``chunk_timeout`` and its lease) every SQL statement of the built-in checks
 runs with a statement and a lock timeout (``core/pace/sql_timeouts.py``), and the task waits for
 the probes at most ``timeout`` plus one second (a callable that hangs included) before counting

@@ -12,7 +12,7 @@ sees them (``SqlSource.key_kinds``: ``int``, ``decimal``, ``text``, ``timestamp`
 configured, in the mirror next to the watermark, so a Redis that lost the stream gets both back
 (``StreamControl.recover_stream``).
 
-Guarantees (``tests/core/test_key_fingerprint.py``):
+Guarantees (``tests/core/rounds/test_key_fingerprint.py``):
 
 - ``check`` runs before a plan writes anything, and refuses (``ConfigurationError``) a stream
   whose recorded key differs from the source's: the error names the stream, the old and the new

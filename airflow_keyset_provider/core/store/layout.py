@@ -1,5 +1,5 @@
 """A range hash holds only the fields that are not at their default (issue #11: a round of 4,096
-ranges stays under 1 MB of Redis at every stage, ``tests/core/test_redis_footprint.py``).
+ranges stays under 1 MB of Redis at every stage, ``tests/core/store/test_redis_footprint.py``).
 
 - A range is created with ``lo``, ``hi``, ``cursor``, ``state``, ``dead`` and ``retries`` (these two
   always: they are what partial-loss detection compares, ``lua/includes/intact.lua``).
@@ -15,7 +15,7 @@ ranges stays under 1 MB of Redis at every stage, ``tests/core/test_redis_footpri
 
 Every reader fills the defaults in: the scripts with ``fields`` (``lua/includes/fields.lua``),
 Python with ``range_fields``; both from the same defaults (``RANGE_DEFAULTS`` here and its copy in
-``fields.lua``: ``tests/core/test_store_scripts.py`` checks they agree). A missing ``cursor`` is
+``fields.lua``: ``tests/core/store/test_store_scripts.py`` checks they agree). A missing ``cursor`` is
 ``hi`` once the range is complete (a range completes only at ``hi``), else ``lo``. A hash written
 by an older version holds every field and reads the same.
 """

@@ -27,7 +27,7 @@ from airflow_keyset_provider.core import (
 from airflow_keyset_provider.core.rounds.mirror import CheckpointMirror
 from airflow_keyset_provider.core.store.cursor_store import CursorStore
 
-TROUBLESHOOTING = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
+TROUBLESHOOTING = Path(__file__).resolve().parents[3] / "docs" / "troubleshooting.md"
 
 
 def _quoted(message: str, phrase: str) -> None:

@@ -27,7 +27,7 @@ from airflow_keyset_provider.core import (
 )
 from airflow_keyset_provider.core.keys import encode_key
 
-TROUBLE = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
+TROUBLE = Path(__file__).resolve().parents[3] / "docs" / "troubleshooting.md"
 BAD = set(range(21, 61))
 FAST = {"backoff_base": 0.01, "backoff_max": 0.02, "item_retry_delay": 0.01, "prefetch": False}
 

@@ -19,7 +19,7 @@ from core_support import Recorder, make_events, traversal
 
 from airflow_keyset_provider.core import Chunk, LeaseLostError
 
-TROUBLE = Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md"
+TROUBLE = Path(__file__).resolve().parents[3] / "docs" / "troubleshooting.md"
 
 
 def test_a_hung_processor_loses_its_range_to_another_try(

@@ -34,7 +34,7 @@ from core_support import Recorder, traversal
 
 from airflow_keyset_provider.core import KeysetTraversal, Round
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 REPO = HERE.parents[1]
 ROWS = 30_000
 CHUNK = 10  # chunks of a few ms: many of them fit in one poll of the watch thread (0.2 s)

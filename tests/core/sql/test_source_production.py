@@ -422,7 +422,7 @@ def test_icu_database_with_c_datcollate_is_refused(pg_url, redis_url, key_prefix
 def test_mariadb_table_with_primary_key_plans_and_traverses(mariadb_db_url, redis_url, key_prefix):
     """Scenario: a MariaDB table with a primary key planned as a source. Before issue #19 it was
     refused ("unsupported dialect 'mysql'"); now the MySQL dialect proves the key (see
-    tests/core/test_mysql_source.py for its refusals) and the round delivers every row once."""
+    tests/core/sql/test_mysql_source.py for its refusals) and the round delivers every row once."""
     eng = sa.create_engine(mariadb_db_url, poolclass=NullPool)
     with eng.begin() as c:
         c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, p int NOT NULL)")

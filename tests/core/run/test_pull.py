@@ -291,7 +291,7 @@ def test_the_owner_declines_when_under_two_chunks_are_left(
 def test_troubleshooting_quotes_the_split_log_lines():
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     doc = (repo / "docs" / "troubleshooting.md").read_text()
     code = (repo / "airflow_keyset_provider" / "core" / "run" / "split.py").read_text()
     for phrase in (
