@@ -35,15 +35,17 @@ package keeps one module per helper and one per shared piece:
 - ``guarded.py`` (:func:`guarded_update`), ``update_values.py`` (:func:`update_rows`),
   ``insert_or_update.py`` (:func:`upsert`), ``claim.py`` (:func:`claim_skip_locked`);
 - ``outcome.py``: :class:`WriteOutcome`;
-- ``target.py``: the table, its key and the call's connection; ``reflection.py``: tables passed
-  by name, reflected once per engine (:func:`clear_table_cache`);
+- ``target.py``: the table and its key, pure data (it imports no backend); ``connect.py``: the
+  call's connection and ``resolve``, which pairs the target with its database's backend;
+  ``reflection.py``: tables passed by name, reflected once per engine (:func:`clear_table_cache`);
 - ``isolation.py``: runs the batches and retries a batch that failed on a row's data row by
   row; ``failures.py``: whose fault a database error is (row, dependency, configuration);
   ``row_data.py``: no bound parameters in logs or error texts (``AIRFLOW_KEYSET_LOG_ROW_DATA``);
   ``batching.py``: input checks and batch splitting;
 - ``backends/``: what differs per database (``base.py`` is the interface, ``postgresql.py`` and
   ``sqlite.py`` implement it; ``case_when.py`` and ``on_conflict.py`` are statement shapes they
-  share). Adding a database family is adding a module there.
+  share). Adding a database family is adding a module there. Imports go one way, helpers ->
+  ``connect`` -> ``backends`` -> ``target``, with no cycle (``tests/core/test_writeback_imports.py``).
 
 Example, in a processor::
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -25,13 +25,11 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..batching import guard_params, split
 from ..failures import Fault, fault_of
-
-if TYPE_CHECKING:
-    from ..target import Guard, Key, Target
+from ..target import Guard, Key, Target
 
 #: Writes one batch inside the caller's transaction and returns the keys of the rows it wrote,
 #: as the database returns them.
-BatchWrite = Callable[[Connection, list], list["Key"]]
+BatchWrite = Callable[[Connection, list], list[Key]]
 
 #: Turns a batch into ``(statement, parameters)`` for a statement that RETURNs the written keys.
 #: Statement shapes are chosen so that SQLAlchemy compiles them once and then only binds

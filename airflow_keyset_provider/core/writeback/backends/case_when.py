@@ -12,15 +12,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.sql.elements import ColumnElement
 
+from ..target import Guard, Target
 from .base import Builder
-
-if TYPE_CHECKING:
-    from ..target import Guard, Target
 
 
 class TemplateCache:
