@@ -162,15 +162,17 @@ def test_upsert_fails_a_row_that_conflicts_on_another_unique_key(mariadb):
 
 
 def _wait_until_blocked(engine: sa.Engine, thread: threading.Thread) -> None:
-    """Until a transaction of the server waits for a row lock (or the thread ended)."""
+    """Until a connection of this test's database runs a locking read (B's, which cannot end
+    before A commits: A holds the row locks), or the thread ended."""
     with engine.connect() as probe:
         while thread.is_alive():
-            waiting = probe.exec_driver_sql(
-                "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+            locking = probe.exec_driver_sql(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST "
+                "WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE '%%FOR UPDATE%%'"
             ).scalar()
-            if waiting:
+            if locking:
                 return
-            probe.rollback()  # a fresh snapshot of the view next time
+            probe.rollback()
             thread.join(0.05)
 
 
