@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from airflow_keyset_provider.core.errors import ConfigurationError
 from airflow_keyset_provider.core.writeback import (
     WriteOutcome,
     claim_skip_locked,
@@ -296,3 +297,13 @@ def test_split_by_bytes_keeps_each_batch_within_the_budget():
     sizes = [5, 5, 5, 12, 1, 1]
     got = list(mysql_backend.split_by_bytes(sizes, lambda s: s, 10))
     assert got == [[5, 5], [5], [12], [1, 1]]
+
+
+def test_an_autocommit_engine_gets_a_transaction_and_an_autocommit_connection_is_refused(mariadb):
+    make_orders(mariadb, 3)
+    engine = mariadb.execution_options(isolation_level="AUTOCOMMIT")
+    out = guarded_update(engine, "orders", "id", [1, 2], {"status": "DONE"}, {"status": "PENDING"})
+    assert out.applied == [1, 2]
+    with engine.connect() as conn, pytest.raises(ConfigurationError, match="AUTOCOMMIT"):
+        guarded_update(conn, "orders", "id", [3], {"status": "DONE"})
+    assert statuses(mariadb) == {1: "DONE", 2: "DONE", 3: "PENDING"}
