@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import metrics, report
-from benchmarks.context import DEFAULT_PG_URL, DEFAULT_REDIS_URL, BenchContext
+from benchmarks.context import DEFAULT_MYSQL_URL, DEFAULT_PG_URL, DEFAULT_REDIS_URL, BenchContext
 from benchmarks.data import drop_schema
 
 log = logging.getLogger("benchmarks")
@@ -52,6 +52,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--redis-url", default=DEFAULT_REDIS_URL, help="Redis URL (env KEYSET_BENCH_REDIS_URL)"
+    )
+    p.add_argument(
+        "--mysql-url",
+        default=DEFAULT_MYSQL_URL,
+        help="MariaDB/MySQL server URL, no database (env KEYSET_BENCH_MYSQL_URL)",
     )
     p.add_argument("--chunk-size", type=int, default=10_000)
     p.add_argument(
@@ -108,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         schema=args.schema,
         pg_url=args.pg_url,
         redis_url=args.redis_url,
+        mysql_url=args.mysql_url,
         chunk_size=args.chunk_size,
         io_wait_ms=args.io_wait_ms,
         wb_rows=args.wb_rows,

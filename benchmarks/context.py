@@ -17,6 +17,8 @@ DEFAULT_PG_URL = os.environ.get(
     "KEYSET_BENCH_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 )
 DEFAULT_REDIS_URL = os.environ.get("KEYSET_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+# server URL without a database: the MariaDB/MySQL write-back metrics use a throwaway database
+DEFAULT_MYSQL_URL = os.environ.get("KEYSET_BENCH_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/")
 
 
 @dataclass
@@ -32,6 +34,7 @@ class BenchContext:
     schema: str = "kbench"
     pg_url: str = DEFAULT_PG_URL
     redis_url: str = DEFAULT_REDIS_URL
+    mysql_url: str = DEFAULT_MYSQL_URL
     chunk_size: int = 10_000
     io_wait_ms: float = 3.0
     wb_rows: int = 10_000

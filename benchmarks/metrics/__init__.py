@@ -25,6 +25,10 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("plan_time", "plan_scaling", "plan_balance_zipf", "plan_balance_seq"),
     ),
     "writeback": ("writeback", ("writeback_vs_onebyone", "writeback_vs_executemany")),
+    "writeback_mysql": (
+        "writeback_mysql",
+        ("writeback_mysql_vs_onebyone", "writeback_mysql_vs_executemany"),
+    ),
     "parallel": ("parallel", ("two_processes",)),
     "offset": ("offset", ("keyset_vs_offset",)),
     "airflow": ("airflow", ("airflow_overhead",)),

@@ -21,13 +21,16 @@ transaction of its own that commits when the call returns. A ``failed`` key leav
 an applied key's row got all of its new values: a row is never half written. An error that is not
 about a row's data is raised, not reported per key: a dependency failure (lost connection,
 deadlock, lock or statement timeout) as ``RetryableError``, a configuration error (undefined
-table, missing privilege) as it is; ``failures.py`` holds the rules, by SQLSTATE on PostgreSQL.
+table, missing privilege) as it is; ``failures.py`` holds the rules, by SQLSTATE on PostgreSQL,
+by error number on MySQL/MariaDB.
 With ``isolate_failures=True`` (the default) the caller's transaction is still usable after it,
 the helper's own partial writes of that call undone only if the caller rolls back.
 
 Tables are ``sqlalchemy.Table`` objects or names (``"name"`` or ``"schema.name"``), reflected once
 per engine and name. Identifiers are quoted by SQLAlchemy and every value is a bound parameter.
-Supported databases: PostgreSQL (psycopg2, psycopg 3) and SQLite >= 3.35 (``RETURNING``).
+Supported databases: PostgreSQL (psycopg2, psycopg 3), SQLite >= 3.35 (``RETURNING``), MariaDB
+>= 10.6 and MySQL >= 8.0 (PyMySQL; no ``UPDATE ... RETURNING``: each batch locks the rows it
+writes first, see ``backends/mysql.py``).
 
 The four helpers are one concept, "write a batch back and say what happened to each key"; the
 package keeps one module per helper and one per shared piece:
@@ -35,15 +38,17 @@ package keeps one module per helper and one per shared piece:
 - ``guarded.py`` (:func:`guarded_update`), ``update_values.py`` (:func:`update_rows`),
   ``insert_or_update.py`` (:func:`upsert`), ``claim.py`` (:func:`claim_skip_locked`);
 - ``outcome.py``: :class:`WriteOutcome`;
-- ``target.py``: the table, its key and the call's connection; ``reflection.py``: tables passed
-  by name, reflected once per engine (:func:`clear_table_cache`);
+- ``target.py``: the table and its key, pure data (it imports no backend); ``connect.py``: the
+  call's connection and ``resolve``, which pairs the target with its database's backend;
+  ``reflection.py``: tables passed by name, reflected once per engine (:func:`clear_table_cache`);
 - ``isolation.py``: runs the batches and retries a batch that failed on a row's data row by
   row; ``failures.py``: whose fault a database error is (row, dependency, configuration);
   ``row_data.py``: no bound parameters in logs or error texts (``AIRFLOW_KEYSET_LOG_ROW_DATA``);
   ``batching.py``: input checks and batch splitting;
-- ``backends/``: what differs per database (``base.py`` is the interface, ``postgresql.py`` and
-  ``sqlite.py`` implement it; ``case_when.py`` and ``on_conflict.py`` are statement shapes they
-  share). Adding a database family is adding a module there.
+- ``backends/``: what differs per database (``base.py`` is the interface, ``postgresql.py``,
+  ``sqlite.py`` and ``mysql.py`` implement it; ``case_when.py`` and ``on_conflict.py`` are
+  statement shapes they share). Adding a database family is adding a module there. Imports go one way, helpers ->
+  ``connect`` -> ``backends`` -> ``target``, with no cycle (``tests/core/test_writeback_imports.py``).
 
 Example, in a processor::
 

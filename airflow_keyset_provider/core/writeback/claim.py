@@ -9,8 +9,9 @@ from sqlalchemy.engine import Connection, Engine, Row
 
 from airflow_keyset_provider.core.errors import ConfigurationError
 
+from .connect import connection, resolve
 from .reflection import TableRef
-from .target import Guard, Target, connection
+from .target import Guard
 
 
 def claim_skip_locked(
@@ -46,7 +47,7 @@ def claim_skip_locked(
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ConfigurationError(f"limit must be a positive int, got {limit!r}.")
     with connection(conn) as c:
-        target = Target.resolve(c, table, key)
+        target, backend = resolve(c, table, key)
         if columns is None:
             stmt = sa.select(target.table)
         else:
@@ -56,4 +57,4 @@ def claim_skip_locked(
         if guard is not None:
             stmt = stmt.where(guard)
         stmt = stmt.order_by(*target.key_cols).limit(limit)
-        return list(c.execute(target.backend.lock_for_claim(stmt)).all())
+        return list(c.execute(backend.lock_for_claim(stmt)).all())

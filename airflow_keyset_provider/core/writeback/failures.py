@@ -52,9 +52,30 @@ always did: ``IntegrityError``, ``DataError`` and ``InternalError`` are ROW (SQL
 CHECK, NOT NULL, UNIQUE and a trigger's ``RAISE(ABORT, ...)`` as ``IntegrityError``), anything
 else (``OperationalError``: no such table, database is locked) is CONFIGURATION.
 
-A database family with numbered errors instead (MySQL/MariaDB: ``exc.orig.args[0]``, e.g. 1062
-duplicate entry, 1205 lock wait timeout) gives its backend an ``error_numbers`` table
-(``{number: Fault}``) that :func:`fault_of` consults before the exception class.
+A database family with numbered errors instead (MySQL/MariaDB: ``exc.orig.args[0]``) gives its
+backend an ``error_numbers`` table (``{number: Fault}``) that :func:`fault_of` consults first
+(before the SQLSTATE, which PyMySQL >= 1.1 also gives, and the exception class); ``backends/mysql.py`` has the full table:
+
+==================================================================  ==============
+MySQL/MariaDB error number                                          fault
+==================================================================  ==============
+1048 NOT NULL, 1062 duplicate entry, 1264 out of range, 1265 data    ROW
+truncated, 1292/1366 incorrect value, 1364 no default, 1365
+division by 0, 1406 data too long, 1451/1452 (1216/1217) foreign
+key, 1690 out of range, 3819 CHECK (MySQL), 4025 CHECK (MariaDB),
+1644 ``SIGNAL`` (SQLSTATE 45000, e.g. from a trigger)
+1205 lock wait timeout, 1213 deadlock, 1040 too many connections,    DEPENDENCY
+1053 shutdown, 1317 query interrupted, 1969 ``max_statement_time``
+(MariaDB), 3024 ``max_execution_time`` (MySQL), 2002/2003 cannot
+connect, 2006 server gone away, 2013 lost connection
+1146 no such table, 1054 unknown column, 1142/1143 denied, 1064       CONFIGURATION
+syntax, 1153 packet too large, 1792 read-only transaction
+other numbers                                                       by DB-API class
+==================================================================  ==============
+
+The data errors are errors only in a strict ``sql_mode`` (``STRICT_TRANS_TABLES``, the default
+since MySQL 5.7 and MariaDB 10.2.4); otherwise the server stores a truncated value and warns, so
+the MySQL backend refuses a connection without one.
 """
 
 from __future__ import annotations
@@ -106,15 +127,20 @@ def fault_of(exc: sa.exc.DBAPIError, error_numbers: Mapping[int, Fault] | None =
     """Classify a database error raised by a write (see the module docstring)."""
     if exc.connection_invalidated:
         return _DEP
+    number = error_number(exc)  # MySQL's numbers first: PyMySQL >= 1.1 also has a sqlstate,
+    if error_numbers and number is not None and number in error_numbers:  # 45000 for SIGNAL
+        return error_numbers[number]
     code = sqlstate(exc)
     if code is not None:
         return by_sqlstate(code)
-    if error_numbers:
-        args = getattr(exc.orig, "args", ())
-        number = args[0] if args else None
-        if isinstance(number, int) and number in error_numbers:
-            return error_numbers[number]
     return _ROW if isinstance(exc, _ROW_CLASSES) else _CONF
+
+
+def error_number(exc: sa.exc.DBAPIError) -> int | None:
+    """The driver's error number (MySQL/MariaDB drivers: ``exc.orig.args[0]``), if any."""
+    args = getattr(exc.orig, "args", ())
+    number = args[0] if args else None
+    return number if isinstance(number, int) and not isinstance(number, bool) else None
 
 
 def describe(exc: sa.exc.DBAPIError) -> str:
@@ -122,6 +148,9 @@ def describe(exc: sa.exc.DBAPIError) -> str:
     the DETAIL line (PostgreSQL's ``Failing row contains (...)`` quotes the row)."""
     orig = exc.orig
     primary = getattr(getattr(orig, "diag", None), "message_primary", None)  # both psycopgs
+    args: tuple = getattr(orig, "args", ())
+    if primary is None and error_number(exc) is not None and len(args) > 1:
+        primary = args[1]  # PyMySQL, mysqlclient: (number, message)
     text = primary if isinstance(primary, str) and primary.strip() else str(orig or "")
     lines = text.strip().splitlines()
     return lines[0] if lines else type(orig or exc).__name__
@@ -129,6 +158,8 @@ def describe(exc: sa.exc.DBAPIError) -> str:
 
 def dependency_error(exc: sa.exc.DBAPIError) -> RetryableError:
     """The ``RetryableError`` to raise (``from exc``) for a DEPENDENCY fault."""
-    code = sqlstate(exc)
-    where = f" (SQLSTATE {code})" if code else ""
+    code, number = sqlstate(exc), error_number(exc)
+    parts = [f"SQLSTATE {code}"] if code else []
+    parts += [f"error {number}"] if number is not None else []
+    where = f" ({', '.join(parts)})" if parts else ""
     return RetryableError(f"write-back: the database failed{where}: {describe(exc)}")

@@ -8,10 +8,11 @@ from typing import Any
 from airflow_keyset_provider.core.errors import ConfigurationError
 
 from .batching import DEFAULT_BATCH_SIZE, check_batch_size
+from .connect import Bind, connection, resolve
 from .isolation import BatchWriter
 from .outcome import WriteOutcome
 from .reflection import TableRef
-from .target import Bind, Guard, Key, Target, connection
+from .target import Guard, Key
 
 
 def guarded_update(
@@ -42,13 +43,12 @@ def guarded_update(
     if not values:
         raise ConfigurationError("guarded_update needs at least one column in `values`.")
     with connection(conn) as c:
-        target = Target.resolve(c, table, key)
+        target, backend = resolve(c, table, key)
         target.check_columns(values, "values")
         guard = target.guard(expected)
         wanted = target.normalize_keys(keys)
-        backend = target.backend
         plan = backend.guarded_update(target, values, guard, expected)
-        writer = BatchWriter(c, target, isolate_failures)
+        writer = BatchWriter(c, target, backend, isolate_failures)
         for batch in backend.batches(c, wanted, batch_size, plan):
             writer.write(batch, plan.write, key_of=lambda k: k)
         return writer.outcome(wanted)

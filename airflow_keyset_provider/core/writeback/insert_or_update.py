@@ -8,10 +8,11 @@ from typing import Any
 from airflow_keyset_provider.core.errors import ConfigurationError
 
 from .batching import DEFAULT_BATCH_SIZE, as_mapping, check_batch_size, group_by_columns
+from .connect import Bind, connection, resolve
 from .isolation import BatchWriter
 from .outcome import WriteOutcome
 from .reflection import TableRef
-from .target import Bind, Target, column_names, connection
+from .target import column_names
 
 
 def upsert(
@@ -42,13 +43,12 @@ def upsert(
     conflict_cols = column_names(conflict, "conflict")
     update_cols = list(update or ())
     with connection(conn) as c:
-        target = Target.resolve(c, table, key if key is not None else conflict_cols)
+        target, backend = resolve(c, table, key if key is not None else conflict_cols)
         target.check_columns(conflict_cols, "conflict")
         target.check_columns(update_cols, "update")
         items = [as_mapping(r) for r in rows]
         keyed = target.key_rows(items, "upsert")
-        writer = BatchWriter(c, target, isolate_failures)
-        backend = target.backend
+        writer = BatchWriter(c, target, backend, isolate_failures)
         for columns, group in group_by_columns(items):
             target.check_columns(columns, "rows")
             missing = [n for n in (*conflict_cols, *update_cols) if n not in columns]

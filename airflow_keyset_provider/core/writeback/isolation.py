@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .backends import BatchWrite
+from .backends import Backend, BatchWrite
 from .failures import Fault, describe
 from .outcome import WriteOutcome
 from .target import Key, KeyIndex, Target
@@ -25,11 +25,12 @@ from .target import Key, KeyIndex, Target
 class BatchWriter:
     """Writes the batches of one helper call and collects the per-key outcome."""
 
-    def __init__(self, conn: Connection, target: Target, isolate: bool) -> None:
+    def __init__(self, conn: Connection, target: Target, backend: Backend, isolate: bool) -> None:
         self.conn = conn
         self.target = target
+        self.backend = backend
         self.isolate = isolate
-        self.savepoints = isolate and target.backend.savepoint_per_statement
+        self.savepoints = isolate and backend.savepoint_per_statement
         self.written: list[Key] = []  # keys as read back from the database
         self.failed: dict[Key, str] = {}
 
@@ -55,7 +56,7 @@ class BatchWriter:
     def _row_fault(self, exc: sa.exc.DBAPIError) -> bool:
         """Is ``exc`` the row's fault? (Others are raised; ``connection()`` turns a dependency's
         into ``RetryableError``.)"""
-        return self.target.backend.fault(exc) is Fault.ROW
+        return self.backend.fault(exc) is Fault.ROW
 
     def _execute(self, write: BatchWrite, batch: list) -> list[Key]:
         if self.savepoints:

@@ -1,69 +1,22 @@
-"""The table a call writes, the key that names its rows in outcomes, and the call's connection."""
+"""The table a call writes and the key that names its rows in outcomes: pure data.
+
+A :class:`Target` knows nothing of the database family it lives on; the helpers pair it with
+its backend (``connect.resolve``). The backends import this module, never the other way round.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Row
 from sqlalchemy.sql.elements import ColumnElement
 
-from airflow_keyset_provider.core.errors import ConfigurationError, KeyValidationError
-
-from ..row_data import redact
-from .backends import Backend, backend_for, fault_in, load
-from .failures import Fault, dependency_error
-from .reflection import TableRef, reflect
+from airflow_keyset_provider.core.errors import ConfigurationError
 
 Key = Any  # a scalar for a one-column key, a tuple for a composite key
-Bind = Connection | Engine
 Guard = Mapping[str, Any] | ColumnElement[bool] | None
-
-
-@contextmanager
-def connection(bind: Bind) -> Iterator[Connection]:
-    """The caller's ``Connection`` as is, or a transaction of its own on an ``Engine`` (committed
-    when the block ends without error), also on an AUTOCOMMIT engine (``KeysetHook.get_conn``,
-    ``make_engine``): the call's connection is switched to the database's default isolation
-    level, and back when it returns to the pool. A ``Connection`` in AUTOCOMMIT is refused: it
-    has no transaction for the savepoints, nor for the caller to roll back. A database error in
-    the block that is the dependency's fault (see ``failures.py``) leaves it as
-    ``RetryableError``; any other as it is, its bound parameters hidden (``row_data.py``)."""
-    if not isinstance(bind, Engine | Connection):
-        raise ConfigurationError(
-            f"expected a SQLAlchemy Connection or Engine, got {type(bind).__name__}."
-        )
-    try:
-        if isinstance(bind, Engine):
-            with bind.connect() as conn:
-                if _autocommit(conn):
-                    conn.execution_options(isolation_level=conn.default_isolation_level)
-                with conn.begin():
-                    yield conn
-        else:
-            if _autocommit(bind):
-                raise ConfigurationError(
-                    "the write-back helpers need a Connection with a transaction, not one in "
-                    "AUTOCOMMIT (every statement would commit at once, savepoints fail). Pass "
-                    "the engine itself, or use `conn.execution_options(isolation_level="
-                    "'READ COMMITTED')` before `conn.begin()`."
-                )
-            yield bind
-    except sa.exc.StatementError as exc:
-        redact(exc)  # no row data in its text (see row_data.py)
-        if (
-            isinstance(exc, sa.exc.DBAPIError)
-            and fault_in(bind.dialect.name, exc) is Fault.DEPENDENCY
-        ):
-            raise dependency_error(exc) from exc
-        raise
-
-
-def _autocommit(conn: Connection) -> bool:
-    backend = load(conn.dialect.name)  # an unsupported database is refused later, by name
-    return backend is not None and backend.autocommit(conn)
 
 
 def column_names(spec: str | Sequence[str], what: str) -> tuple[str, ...]:
@@ -78,27 +31,13 @@ def column_names(spec: str | Sequence[str], what: str) -> tuple[str, ...]:
 
 
 class Target:
-    """A table plus the key that names its rows in outcomes, on one database family."""
+    """A table plus the key (column names of ``table``) that names its rows in outcomes."""
 
-    def __init__(self, table: sa.Table, key_names: tuple[str, ...], backend: Backend) -> None:
+    def __init__(self, table: sa.Table, key_names: tuple[str, ...]) -> None:
         self.table = table
         self.key_names = key_names
         self.key_cols = tuple(table.c[n] for n in key_names)
         self.composite = len(key_names) > 1
-        self.backend = backend
-
-    @classmethod
-    def resolve(cls, conn: Connection, table: TableRef, key: str | Sequence[str]) -> Target:
-        backend = backend_for(conn)  # an unsupported database is refused before reflecting
-        resolved = reflect(conn, table)
-        names = column_names(key, "key")
-        missing = [n for n in names if n not in resolved.c]
-        if missing:
-            raise KeyValidationError(
-                f"key column(s) {missing} not in table {resolved.fullname!r}; its columns are "
-                f"{list(resolved.c.keys())} (names are case-sensitive)."
-            )
-        return cls(resolved, names, backend)
 
     def check_columns(self, names: Iterable[str], what: str) -> None:
         unknown = [n for n in names if n not in self.table.c]

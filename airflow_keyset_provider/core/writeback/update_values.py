@@ -8,10 +8,11 @@ from typing import Any
 from airflow_keyset_provider.core.errors import ConfigurationError
 
 from .batching import DEFAULT_BATCH_SIZE, as_mapping, check_batch_size, group_by_columns
+from .connect import Bind, connection, resolve
 from .isolation import BatchWriter
 from .outcome import WriteOutcome
 from .reflection import TableRef
-from .target import Bind, Guard, Target, connection
+from .target import Guard
 
 
 def update_rows(
@@ -34,12 +35,11 @@ def update_rows(
     """
     check_batch_size(batch_size)
     with connection(conn) as c:
-        target = Target.resolve(c, table, key)
+        target, backend = resolve(c, table, key)
         guard = target.guard(expected)
         items = [as_mapping(r) for r in rows]
         keyed = target.key_rows(items, "update_rows")
-        writer = BatchWriter(c, target, isolate_failures)
-        backend = target.backend
+        writer = BatchWriter(c, target, backend, isolate_failures)
         for columns, group in group_by_columns(items):
             value_cols = [name for name in columns if name not in target.key_names]
             if not value_cols:

@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 # dialect name -> module of this package that defines ``BACKEND``
-_MODULES = {"postgresql": "postgresql", "sqlite": "sqlite"}
+_MODULES = {"postgresql": "postgresql", "sqlite": "sqlite", "mysql": "mysql", "mariadb": "mysql"}
 _LOADED: dict[str, Backend] = {}
 
 
@@ -35,7 +35,8 @@ def backend_for(conn: Connection) -> Backend:
     backend = load(conn.dialect.name)
     if backend is None:
         raise ConfigurationError(
-            f"write-back helpers support PostgreSQL and SQLite, not {conn.dialect.name!r}."
+            f"write-back helpers support PostgreSQL, SQLite, MySQL and MariaDB, not "
+            f"{conn.dialect.name!r}."
         )
     backend.check(conn)
     return backend

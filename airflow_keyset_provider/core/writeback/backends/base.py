@@ -8,16 +8,17 @@ row-by-row isolation of a failing batch, error classification) is shared.
 
 Adding a database family is adding one module next to ``postgresql.py`` and ``sqlite.py`` that
 subclasses :class:`Backend`, plus its dialect name in ``backends/__init__.py``. A database
-without ``UPDATE ... RETURNING`` (MySQL/MariaDB) gives plans whose ``write`` finds the written
-keys another way (lock and read them first in the same transaction); one that limits statements
-by bytes instead of parameters (``max_allowed_packet``) overrides :meth:`Backend.batches`.
+without ``UPDATE ... RETURNING`` (``mysql.py``) gives plans whose ``write`` finds the written
+keys another way (it locks and reads them first in the same transaction); one that limits
+statements by bytes instead of parameters (``max_allowed_packet``) overrides
+:meth:`Backend.batches` and gives its plans a ``row_bytes`` estimate.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -25,13 +26,11 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..batching import guard_params, split
 from ..failures import Fault, fault_of
-
-if TYPE_CHECKING:
-    from ..target import Guard, Key, Target
+from ..target import Guard, Key, Target
 
 #: Writes one batch inside the caller's transaction and returns the keys of the rows it wrote,
 #: as the database returns them.
-BatchWrite = Callable[[Connection, list], list["Key"]]
+BatchWrite = Callable[[Connection, list], list[Key]]
 
 #: Turns a batch into ``(statement, parameters)`` for a statement that RETURNs the written keys.
 #: Statement shapes are chosen so that SQLAlchemy compiles them once and then only binds
@@ -48,6 +47,9 @@ class Plan:
     params_per_row: int = 0  # bound parameters each row adds (0: the count does not grow)
     fixed_params: int = 0  # bound parameters of the statement whatever the batch size
     max_rows: int | None = None  # most rows one statement should carry on this database
+    #: Estimated bytes one item adds to the largest statement of its batch, for databases that
+    #: bound a statement by size (MySQL's ``max_allowed_packet``); None: not estimated.
+    row_bytes: Callable[[Any], int] | None = None
 
 
 def returning(target: Target, build: Builder) -> BatchWrite:

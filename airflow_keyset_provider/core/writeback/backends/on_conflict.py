@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql.elements import ColumnElement
 
+from ..target import Target
 from .base import Builder
-
-if TYPE_CHECKING:
-    from ..target import Target
 
 
 def on_conflict(

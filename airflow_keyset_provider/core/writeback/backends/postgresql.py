@@ -10,7 +10,7 @@ an error aborts the whole transaction on PostgreSQL.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -18,11 +18,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..batching import guard_params
+from ..target import Guard, Key, Target
 from .base import Backend, Builder, KeyIn, Plan, returning
 from .on_conflict import insert_many, on_conflict
-
-if TYPE_CHECKING:
-    from ..target import Guard, Key, Target
 
 # PostgreSQL's wire protocol counts bind parameters in an int16 (psycopg 3 binds server-side;
 # psycopg2 interpolates client-side and has no limit, the same cap keeps statements sane).

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import Connection
@@ -16,12 +15,10 @@ from sqlalchemy.sql.elements import ColumnElement
 from airflow_keyset_provider.core.errors import ConfigurationError
 
 from ..batching import guard_params
+from ..target import Guard, Target
 from .base import Backend, Plan, returning
 from .case_when import update_case_when
 from .on_conflict import insert_many
-
-if TYPE_CHECKING:
-    from ..target import Guard, Target
 
 # SQLITE_MAX_VARIABLE_NUMBER defaults to 32766 since SQLite 3.32; used when the driver cannot
 # tell the compiled-in value.
