@@ -68,7 +68,7 @@ from ..common import ROUND_XCOM_KEY
 from ..core.errors import ConfigurationError, StoreUnavailableError
 from . import runs
 from . import status as view
-from .keyset import BUNDLE_FILE, UI_ROUTE, URL_PREFIX
+from .routes import BUNDLE_FILE, UI_ROUTE, URL_PREFIX
 
 #: The custom view name the auth manager is asked about (method ``GET``). SimpleAuthManager lets
 #: every role from viewer up see it; with another auth manager, grant read on this resource.

@@ -22,14 +22,24 @@ from typing import Any
 # The Task SDK class is the one providers use (as apache-airflow-providers-common-compat does).
 from airflow.sdk.plugins_manager import AirflowPlugin
 
-URL_PREFIX = "/keyset"
-UI_ROUTE = "keyset"
-RUN_UI_ROUTE = "keyset-run"
-TASK_UI_ROUTE = "keyset-range"
-BUNDLE_FILE = "keyset-ui.js"
-#: The names the bundle registers itself under (``ui/src/main.jsx`` APP_NAMES): Airflow renders
-#: ``globalThis[<app name>]``.
-REACT_APP_NAMES = ("Keyset traversals", "Keyset round", "Keyset range")
+from .routes import (  # re-exported: the page's places
+    BUNDLE_FILE as BUNDLE_FILE,
+)
+from .routes import (
+    REACT_APP_NAMES as REACT_APP_NAMES,
+)
+from .routes import (
+    RUN_UI_ROUTE as RUN_UI_ROUTE,
+)
+from .routes import (
+    TASK_UI_ROUTE as TASK_UI_ROUTE,
+)
+from .routes import (
+    UI_ROUTE as UI_ROUTE,
+)
+from .routes import (
+    URL_PREFIX as URL_PREFIX,
+)
 
 
 def _bundle_url() -> str:

@@ -32,7 +32,7 @@ every plan); ``closed_by_mirror`` before a close and a barrier check.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
@@ -40,7 +40,21 @@ from ..states import RangeState, RoundState
 from ..store.reads import _s
 
 if TYPE_CHECKING:
-    from .control import StreamControl
+    from ..store.cursor_store import CursorStore
+    from .mirror import CheckpointMirror
+
+
+class StreamControl(Protocol):
+    """What the reconciliation uses of the round operations (``control.StreamControl``)."""
+
+    store: CursorStore
+    mirror: CheckpointMirror | None
+    stream: str
+
+    def restore(self, round_id: str) -> bool: ...
+
+    def _mirror_round(self, round_id: str) -> None: ...
+
 
 log = logging.getLogger("airflow_keyset_provider")
 

@@ -48,7 +48,7 @@ package keeps one module per helper and one per shared piece:
 - ``backends/``: what differs per database (``base.py`` is the interface, ``postgresql.py``,
   ``sqlite.py`` and ``mysql.py`` implement it; ``case_when.py`` and ``on_conflict.py`` are
   statement shapes they share). Adding a database family is adding a module there. Imports go one way, helpers ->
-  ``connect`` -> ``backends`` -> ``target``, with no cycle (``tests/core/test_writeback_imports.py``).
+  ``connect`` -> ``backends`` -> ``target``, with no cycle (``tests/core/writeback/test_writeback_imports.py``).
 
 Example, in a processor::
 
