@@ -45,7 +45,7 @@ from .base import Dialect, RowErrorKind
 
 if TYPE_CHECKING:
     from ..catalog import IndexInfo
-    from ..source import SqlSource
+    from ..relation import Relation
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +109,14 @@ class MysqlDialect(Dialect):
         return "utf8mb4_nopad_bin" if self.is_mariadb else "utf8mb4_0900_bin"
 
     # ---- key validation ---------------------------------------------------------------------
-    def unique_indexes(self, conn: sa.Connection, src: SqlSource) -> list[IndexInfo]:
+    def unique_indexes(self, conn: sa.Connection, src: Relation) -> list[IndexInfo]:
         return mysql_catalog.indexes(conn, src.schema, src.table_name)
 
-    def not_null_fix(self, src: SqlSource, col: sa.Column) -> str:
+    def not_null_fix(self, src: Relation, col: sa.Column) -> str:
         ddl = col.type.compile(dialect=self.sa_dialect)
         return f"ALTER TABLE {src.qualified_name} MODIFY {col.name} {ddl} NOT NULL"
 
-    def check_key_column(self, src: SqlSource, col: sa.Column) -> None:
+    def check_key_column(self, src: Relation, col: sa.Column) -> None:
         t = col.type
         where = f"key column {col.name!r} of {src.qualified_name!r}"
         if isinstance(t, (sa.Enum, sa_mysql.SET)):
@@ -148,7 +148,7 @@ class MysqlDialect(Dialect):
                     "(URL ?init_command=SET time_zone='%2B00:00'), or key by a DATETIME column."
                 )
 
-    def check_collation(self, src: SqlSource, key_cols: Sequence[sa.Column]) -> None:
+    def check_collation(self, src: Relation, key_cols: Sequence[sa.Column]) -> None:
         text = [c.name for c in key_cols if isinstance(c.type, sa.String)]
         if not text:
             return
@@ -182,7 +182,7 @@ class MysqlDialect(Dialect):
         return _expanded(cols, params, strict=False)
 
     # ---- commit order -----------------------------------------------------------------------
-    def check_commit_order(self, src: SqlSource, conn: sa.Connection) -> None:
+    def check_commit_order(self, src: Relation, conn: sa.Connection) -> None:
         """Refuse a table whose in-flight writes cannot be listed: not InnoDB, or no PROCESS
         privilege to read ``INNODB_TRX``; ``settle_seconds > 0`` opts in to a window instead."""
         self.can_wait = False
@@ -220,7 +220,7 @@ class MysqlDialect(Dialect):
             src.settle_seconds,
         )
 
-    def settle(self, src: SqlSource, conn: sa.Connection) -> None:
+    def settle(self, src: Relation, conn: sa.Connection) -> None:
         if not self.can_wait:
             super().settle(src, conn)
             return
@@ -234,14 +234,14 @@ class MysqlDialect(Dialect):
 
     # ---- the planner ------------------------------------------------------------------------
     def estimate_rows(
-        self, src: SqlSource, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
+        self, src: Relation, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
     ) -> int:
         index = mysql_quantiles.key_index(src, conn)
         return mysql_quantiles.explain_rows(src, conn, stmt, params, index)
 
     def sampled_cuts(
         self,
-        src: SqlSource,
+        src: Relation,
         conn: sa.Connection,
         lo: str,
         params: dict[str, Any],
