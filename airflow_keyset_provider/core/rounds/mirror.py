@@ -27,13 +27,21 @@ import json
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from ..errors import ConfigurationError
 from ..pace.sql_timeouts import bounded_connection
 
 _ROUND, _WATERMARK, _KEY = -1, -2, -3
+
+# On MySQL/MariaDB: the stream and round names compare byte for byte (the default collation would
+# make streams "A" and "a" one row), and a document may exceed TEXT's 64 KB (dead letters).
+_NAME = sa.String(200).with_variant(mysql.VARCHAR(200, collation="utf8mb4_bin"), "mysql", "mariadb")
+_ROUND_ID = sa.String(64).with_variant(
+    mysql.VARCHAR(64, collation="utf8mb4_bin"), "mysql", "mariadb"
+)
+_DOC = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
 class CheckpointMirror:
@@ -59,10 +67,10 @@ class CheckpointMirror:
         self.table = sa.Table(
             name,
             sa.MetaData(),
-            sa.Column("stream", sa.String(200), primary_key=True),
-            sa.Column("round_id", sa.String(64), primary_key=True),
+            sa.Column("stream", _NAME, primary_key=True),
+            sa.Column("round_id", _ROUND_ID, primary_key=True),
             sa.Column("range_id", sa.Integer, primary_key=True, autoincrement=False),
-            sa.Column("doc", sa.Text, nullable=False),
+            sa.Column("doc", _DOC, nullable=False),
             schema=schema or None,
         )
         self._created = False
@@ -91,15 +99,20 @@ class CheckpointMirror:
             return
         self._ensure()
         dialect = self.engine.dialect.name
-        insert: Any = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}.get(dialect)
-        if insert is None:
-            raise ConfigurationError(
-                f"checkpoint mirror supports PostgreSQL and SQLite, not {dialect}"
+        stmt: Any
+        if dialect == "mysql":  # MySQL 8.0 and MariaDB: INSERT ... ON DUPLICATE KEY UPDATE
+            stmt = mysql.insert(self.table)
+            stmt = stmt.on_duplicate_key_update(doc=stmt.inserted.doc)
+        else:
+            insert: Any = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}.get(dialect)
+            if insert is None:
+                raise ConfigurationError(
+                    f"checkpoint mirror supports PostgreSQL, SQLite and MySQL/MariaDB, not {dialect}"
+                )
+            stmt = insert(self.table)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["stream", "round_id", "range_id"], set_={"doc": stmt.excluded.doc}
             )
-        stmt = insert(self.table)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["stream", "round_id", "range_id"], set_={"doc": stmt.excluded.doc}
-        )
         with self._connect() as conn:
             conn.execute(stmt, rows)
 
