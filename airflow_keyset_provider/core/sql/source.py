@@ -267,7 +267,8 @@ class SqlSource:
         # between chunks the backend is idle, holding no snapshot and no lock. Closed by close().
         conn = self.engine.connect()
         self._conns.append(conn)
-        return compile_fetcher(conn, stmt, types, key_values)
+        lazy = self.db is None or self.db.lazy_chunks
+        return compile_fetcher(conn, stmt, types, key_values, lazy=lazy)
 
     def fetch_keys(self, encoded_keys: Sequence[str]) -> list[tuple]:
         """The rows (still matching ``where``) whose keys are given; missing keys are absent."""

@@ -40,6 +40,10 @@ class Dialect:
     name = ""
     #: the reflected primary key is an ordered index (False: the catalog's index list decides)
     primary_key_is_ordered = True
+    #: a chunk may stay in the driver's cursor until read (``fetch.FetchedRows``): the cursor is
+    #: closed by whichever thread releases the chunk, while the prefetch thread may be running the
+    #: next query on the same connection (False: the fetch reads and closes the cursor at once)
+    lazy_chunks = True
 
     # ---- key validation ---------------------------------------------------------------------
     def unique_indexes(self, conn: sa.Connection, src: Relation) -> list[IndexInfo]:

@@ -96,6 +96,10 @@ def open_transactions(conn: sa.Connection) -> dict[str, commit_order.Blocker]:
 class MysqlDialect(Dialect):
     name = "mysql"
     primary_key_is_ordered = False  # a MEMORY table's primary key is a HASH index
+    # Both drivers build a chunk's rows when the query runs (nothing left to defer), and
+    # mysqlclient's cursor.close() reads the connection (next_result): closing a held chunk while
+    # the prefetch thread queries failed with "connection is already in use from another thread".
+    lazy_chunks = False
 
     def __init__(self, sa_dialect: sa.Dialect) -> None:
         self.sa_dialect = sa_dialect
