@@ -37,3 +37,24 @@ def test_mirror_on_mariadb_keeps_case_distinct_streams_and_large_documents(maria
         assert loaded is not None and loaded[1][0]["dead"] == dead
     finally:
         m.engine.dispose()
+
+
+def test_mirror_statements_on_mariadb_are_bounded_and_the_session_restored(mariadb_db_url):
+    """Inside a bounded block the lock waits and statements are limited to the mirror's bound;
+    the pooled connection gets the server's defaults back afterwards."""
+    m = CheckpointMirror(mariadb_db_url, timeout_seconds=30.0).bounded(2.5)
+    query = (
+        "SELECT @@session.innodb_lock_wait_timeout, @@session.lock_wait_timeout, "
+        "@@session.max_statement_time"
+    )
+    try:
+        with m.engine.connect() as c:
+            defaults = c.exec_driver_sql(query).one()
+        with m._connect() as c:
+            assert tuple(c.exec_driver_sql(query).one()) == (3, 3, 2.5)
+        with m.engine.connect() as c:  # the same pooled connection
+            assert c.exec_driver_sql(query).one() == defaults
+        m.save_watermark("events", "w")  # a bounded write still works
+        assert m.load_watermark("events") == "w"
+    finally:
+        m.engine.dispose()
