@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,11 @@ DEFAULT_PG_URL = os.environ.get(
     "KEYSET_BENCH_POSTGRES_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 )
 DEFAULT_REDIS_URL = os.environ.get("KEYSET_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+# mysqlclient when installed (the mysql-native extra: the faster driver), else PyMySQL
+_MYSQL_DRIVER = "mysqldb" if importlib.util.find_spec("MySQLdb") else "pymysql"
+DEFAULT_MARIADB_URL = os.environ.get(
+    "KEYSET_BENCH_MARIADB_URL", f"mysql+{_MYSQL_DRIVER}://root@127.0.0.1:3306/test"
+)
 
 
 @dataclass
@@ -32,6 +38,7 @@ class BenchContext:
     schema: str = "kbench"
     pg_url: str = DEFAULT_PG_URL
     redis_url: str = DEFAULT_REDIS_URL
+    mariadb_url: str = DEFAULT_MARIADB_URL
     chunk_size: int = 10_000
     io_wait_ms: float = 3.0
     wb_rows: int = 10_000
