@@ -3,14 +3,19 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# The pip extras installed into .venv. `test` needs no system library; CI (.ci/run) passes
+# EXTRAS=test,mysql-native once pkg-config and libmariadb-dev are installed, so the tests of
+# mysql+mysqldb:// (mysqlclient, built from source) run there. One stamp per set of extras.
+EXTRAS ?= test
+comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: demo test lint docs dist bench bench-10m bench-100m ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
 	# setuptools leaves a second copy of the package metadata in the checkout; with the checkout on
 	# sys.path (python -m pytest) Airflow would see the provider and its plugin twice
 	rm -rf airflow_keyset_provider.egg-info

@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import metrics, report
-from benchmarks.context import DEFAULT_MYSQL_URL, DEFAULT_PG_URL, DEFAULT_REDIS_URL, BenchContext
+from benchmarks.context import (
+    DEFAULT_MARIADB_URL,
+    DEFAULT_MYSQL_URL,
+    DEFAULT_PG_URL,
+    DEFAULT_REDIS_URL,
+    BenchContext,
+)
 from benchmarks.data import drop_schema
 
 log = logging.getLogger("benchmarks")
@@ -45,7 +51,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--drop-schema",
         action="store_true",
-        help="drop the schema at the end (default: keep for reuse)",
+        help="drop the schema (and the MariaDB database of that name) at the end (default: keep)",
     )
     p.add_argument(
         "--pg-url", default=DEFAULT_PG_URL, help="SQLAlchemy URL (env KEYSET_BENCH_POSTGRES_URL)"
@@ -56,7 +62,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--mysql-url",
         default=DEFAULT_MYSQL_URL,
-        help="MariaDB/MySQL server URL, no database (env KEYSET_BENCH_MYSQL_URL)",
+        help="MariaDB/MySQL server URL, no database, for write-back (env KEYSET_BENCH_MYSQL_URL)",
+    )
+    p.add_argument(
+        "--mariadb-url",
+        default=DEFAULT_MARIADB_URL,
+        help="SQLAlchemy URL of MariaDB/MySQL for the source group (env KEYSET_BENCH_MARIADB_URL)",
     )
     p.add_argument("--chunk-size", type=int, default=10_000)
     p.add_argument(
@@ -114,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         pg_url=args.pg_url,
         redis_url=args.redis_url,
         mysql_url=args.mysql_url,
+        mariadb_url=args.mariadb_url,
         chunk_size=args.chunk_size,
         io_wait_ms=args.io_wait_ms,
         wb_rows=args.wb_rows,
@@ -126,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         ctx.cleanup_redis()
         if args.drop_schema:
             drop_schema(ctx)
+            if "mariadb" in groups:
+                from benchmarks.metrics.mariadb import drop_database
+
+                drop_database(ctx)
     settings: dict[str, Any] = {
         "rows": ctx.rows,
         "small_rows": ctx.small_rows,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -19,6 +20,11 @@ DEFAULT_PG_URL = os.environ.get(
 DEFAULT_REDIS_URL = os.environ.get("KEYSET_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 # server URL without a database: the MariaDB/MySQL write-back metrics use a throwaway database
 DEFAULT_MYSQL_URL = os.environ.get("KEYSET_BENCH_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/")
+# mysqlclient when installed (the mysql-native extra: the faster driver), else PyMySQL
+_MYSQL_DRIVER = "mysqldb" if importlib.util.find_spec("MySQLdb") else "pymysql"
+DEFAULT_MARIADB_URL = os.environ.get(
+    "KEYSET_BENCH_MARIADB_URL", f"mysql+{_MYSQL_DRIVER}://root@127.0.0.1:3306/test"
+)
 
 
 @dataclass
@@ -35,6 +41,7 @@ class BenchContext:
     pg_url: str = DEFAULT_PG_URL
     redis_url: str = DEFAULT_REDIS_URL
     mysql_url: str = DEFAULT_MYSQL_URL
+    mariadb_url: str = DEFAULT_MARIADB_URL
     chunk_size: int = 10_000
     io_wait_ms: float = 3.0
     wb_rows: int = 10_000

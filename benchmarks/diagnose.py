@@ -355,8 +355,8 @@ def lazy_fetch(source: Any) -> Callable[[str, str, int], LazyRows]:
         has_lo = lo != MIN_KEY
         params = {
             "n": n,
-            **source._key_params(hi, "h"),
-            **(source._key_params(lo, "c") if has_lo else {}),
+            **source.key_params(hi, "h"),
+            **(source.key_params(lo, "c") if has_lo else {}),
         }
         cur = raw.cursor()
         cur.execute(compiled[has_lo], params)

@@ -469,6 +469,20 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+def require_module(module: str, why: str) -> None:
+    """``module`` must be importable: else skip with ``why`` printed (e.g. which extra and which
+    system packages bring it), or fail under ``KEYSET_REQUIRE_SERVICES=1`` (CI installs it)."""
+    if importlib.util.find_spec(module) is None:
+        skip_or_fail(f"{module} is not installed: {why}")
+
+
+MYSQLCLIENT_WHY = (
+    "mysqlclient is the mysql-native extra; it builds from source and needs pkg-config and "
+    "libmariadb-dev (Debian): apt-get install pkg-config libmariadb-dev && "
+    "pip install -e '.[test,mysql-native]'"
+)
+
+
 # --------------------------------------------------------------------------- MariaDB / MySQL
 
 ENV_MARIADB_URL = "KEYSET_TEST_MARIADB_URL"

@@ -187,6 +187,10 @@ def _source_engine(args: argparse.Namespace) -> Any:
             conn = BaseHook.get_connection(args.source_conn_id)
         except Exception as exc:
             raise CliError(f"Airflow connection {args.source_conn_id!r}: {exc}") from exc
+        if conn.conn_type == "mysql":  # built from the fields: PyMySQL needs no mysql provider
+            from ..hooks.mysql_url import mysql_url
+
+            return mysql_url(conn)  # MissingExtraError names the extra of a missing driver
         if conn.conn_type in PROVIDER_HOOKS:
             provider_hook(conn.conn_type)  # MissingExtraError names the extra to install
         try:

@@ -2,9 +2,10 @@
 
 Connections are resolved through the official provider hooks (``PostgresHook``, ``SqliteHook``,
 ``RedisHook``), so whatever those hooks support (extras such as ``sqlalchemy_query``, SSL for
-Redis) works here too. Guarantees:
+Redis) works here too; a ``mysql`` connection's URL is built from its fields (``mysql_url``: the
+mysql provider requires mysqlclient, which PyMySQL users do not need). Guarantees:
 
-- a source connection must be of type ``postgres`` or ``sqlite`` and the store connection of type
+- a source connection must be of type ``postgres``, ``sqlite`` or ``mysql`` and the store connection of type
   ``redis``; anything else, or a connection id that is not defined, raises
   :class:`~airflow_keyset_provider.core.ConfigurationError` naming the connection id and what to do;
 - credentials never reach a log line, an error message or XCom: the hook hands SQLAlchemy a
@@ -28,8 +29,9 @@ from airflow_keyset_provider.core.sql.source import make_engine
 from airflow_keyset_provider.core.sql.target import make_target_engine
 from airflow_keyset_provider.core.store.cursor_store import CursorStore
 from airflow_keyset_provider.extras import provider_hook
+from airflow_keyset_provider.hooks.mysql_url import mysql_url
 
-SOURCE_CONN_TYPES = ("postgres", "sqlite")
+SOURCE_CONN_TYPES = ("postgres", "sqlite", "mysql")
 STORE_CONN_TYPES = ("redis",)
 
 # Applied to the Redis client when the connection does not set them: a hung Redis must fail a
@@ -65,24 +67,26 @@ def _conn_type(conn_id: str, role: str, allowed: Sequence[str]) -> str:
 
 
 def _sql_url(conn_id: str, role: str) -> sa.URL | str:
-    """SQLAlchemy URL of a postgres or sqlite connection, through the official provider hooks."""
+    """SQLAlchemy URL of a postgres, sqlite or mysql connection (see the module doc)."""
     kind = _conn_type(conn_id, role, SOURCE_CONN_TYPES)
     if kind == "postgres":
         return provider_hook("postgres")(postgres_conn_id=conn_id).sqlalchemy_url
+    if kind == "mysql":
+        return mysql_url(BaseHook.get_connection(conn_id))
     return provider_hook("sqlite")(sqlite_conn_id=conn_id).get_uri()
 
 
 class KeysetHook(BaseHook):
     """Builds ``KeysetTraversal`` / ``StreamControl`` objects from Airflow connection ids.
 
-    :param source_conn_id: a ``postgres`` or ``sqlite`` connection (the traversed table's database).
+    :param source_conn_id: a ``postgres``, ``sqlite`` or ``mysql`` connection (the traversed table's database).
         Not needed for round-level operations (``control``).
     :param redis_conn_id: a ``redis`` connection (the cursor store); its extra
         ``{"cluster": true}`` selects Redis Cluster.
-    :param checkpoint_conn_id: optional ``postgres``/``sqlite`` connection of the durable
+    :param checkpoint_conn_id: optional ``postgres``/``sqlite``/``mysql`` connection of the durable
         checkpoint mirror (see ``core.mirror``): with it, a round that Redis loses is restored with
         bounded replay.
-    :param target_conn_id: optional ``postgres``/``sqlite`` connection of the database the
+    :param target_conn_id: optional ``postgres``/``sqlite``/``mysql`` connection of the database the
         processor writes to: every processor call then gets ``chunk.connection``, a connection in
         a transaction the engine commits when the processor returns and rolls back when it
         raises (``target_engine``).
@@ -109,7 +113,7 @@ class KeysetHook(BaseHook):
         password is hidden whenever it is rendered)."""
         if not self.source_conn_id:
             raise ConfigurationError(
-                "source_conn_id is required: name a postgres or sqlite connection"
+                "source_conn_id is required: name a postgres, sqlite or mysql connection"
             )
         return _sql_url(self.source_conn_id, "source")
 

@@ -163,7 +163,7 @@ class PlanRangesOperator(BaseOperator):
     :param commit_wait_timeout: PostgreSQL: seconds to wait for transactions open when ``max(key)``
         was read (``CommitOrderTimeoutError`` after).
     :param settle_seconds: other sources: seconds to wait after reading ``max(key)``.
-    :param checkpoint_conn_id: a ``postgres``/``sqlite`` connection for the durable checkpoint
+    :param checkpoint_conn_id: a ``postgres``/``sqlite``/``mysql`` connection for the durable checkpoint
         mirror; passed on to the traverse tasks and the barrier.
     """
 

@@ -175,7 +175,7 @@ class TraverseRangeOperator(BaseOperator):
     :param group_commit_chunks: see ``TraverseOptions.group_commit_chunks``.
     :param group_commit_seconds: see ``TraverseOptions.group_commit_seconds``.
     :param checkpoint_conn_id: from the plan's output: the durable checkpoint mirror.
-    :param target_conn_id: a ``postgres`` or ``sqlite`` connection of the database the processor
+    :param target_conn_id: a ``postgres``, ``sqlite`` or ``mysql`` connection of the database the processor
         writes to. Each processor call then gets ``chunk.connection``: a SQLAlchemy connection in
         a transaction the engine begins for that call, commits when the processor returns (its
         ``ChunkResult`` included) and rolls back when it raises. Bound parameters stay out of

@@ -35,6 +35,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "governor": ("governor", ("governor_rate", "adaptive_chunks")),
     "straggler": ("straggler", ("straggler_split",)),
     "ranges": ("many_ranges", ("ranges_overhead",)),
+    "mariadb": ("mariadb", ("mariadb_noop_vs_loop", "mariadb_plan_time")),
 }
 
 

@@ -1,7 +1,8 @@
 """The benchmark suite's machinery runs end to end on a tiny table (no assertion on speed).
 
 Runs ``python -m benchmarks`` as a subprocess, as ``make bench`` does, against the test
-services, in a throwaway schema that it drops, and checks that the JSON document has every
+services (MariaDB included, for the ``mariadb`` group), in a throwaway schema (and MariaDB
+database) that it drops, and checks that the JSON document has every
 metric of every group with a numeric ratio. Every metric has a target it meets or misses
 (``met`` true or false), except the informational ones: the Airflow overhead reports its figures
 (``met`` is None) and must still carry them.
@@ -31,7 +32,7 @@ def _expected_metrics() -> list[str]:
 
 
 def test_suite_reports_every_metric_with_a_numeric_ratio(
-    pg_url: str, redis_url: str, tmp_path: Path
+    pg_url: str, redis_url: str, mariadb_url: str, tmp_path: Path
 ) -> None:
     schema = f"kbench_smoke_{uuid.uuid4().hex[:8]}"
     cmd = [
@@ -54,6 +55,8 @@ def test_suite_reports_every_metric_with_a_numeric_ratio(
         pg_url,
         "--redis-url",
         redis_url,
+        "--mariadb-url",
+        mariadb_url,
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

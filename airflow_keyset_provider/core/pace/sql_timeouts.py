@@ -11,6 +11,9 @@ take this over):
   (``canceling statement due to statement timeout`` / ``lock timeout``).
 - SQLite: ``PRAGMA busy_timeout`` (what sqlite3's ``timeout`` sets) for the block, restored
   after; SQLite has no statement timeout, only lock waits are bounded.
+- MySQL/MariaDB: ``innodb_lock_wait_timeout`` and ``lock_wait_timeout`` (whole seconds, at
+  least 1) and the statement limit (MariaDB ``max_statement_time``; MySQL 8
+  ``max_execution_time``, SELECT only) for the block, the session's values restored after.
 - other dialects: no limit is set here.
 """
 
@@ -52,5 +55,30 @@ def bounded_connection(engine: sa.Engine, seconds: float) -> Iterator[sa.Connect
                         conn.exec_driver_sql(f"PRAGMA busy_timeout = {previous}")
                     except Exception:
                         conn.invalidate()  # never hand the pool a connection with our limit
+            elif dialect == "mysql":
+                with _mysql_limits(conn, seconds, bool(getattr(engine.dialect, "is_mariadb", 0))):
+                    yield conn
             else:
                 yield conn
+
+
+@contextlib.contextmanager
+def _mysql_limits(conn: sa.Connection, seconds: float, mariadb: bool) -> Iterator[None]:
+    """The session limits of MySQL/MariaDB for the block (see module doc), restored after."""
+    whole = max(1, math.ceil(seconds))
+    limits = {"innodb_lock_wait_timeout": str(whole), "lock_wait_timeout": str(whole)}
+    if mariadb:
+        limits["max_statement_time"] = repr(float(seconds))
+    else:
+        limits["max_execution_time"] = str(timeout_ms(seconds))
+    names = ", ".join(f"@@session.{n}" for n in limits)
+    previous = conn.exec_driver_sql(f"SELECT {names}").one()
+    conn.exec_driver_sql("SET " + ", ".join(f"SESSION {n} = {v}" for n, v in limits.items()))
+    try:
+        yield
+    finally:
+        try:
+            restore = ", ".join(f"SESSION {n} = %s" for n in limits)
+            conn.exec_driver_sql("SET " + restore, tuple(previous))
+        except Exception:
+            conn.invalidate()  # never hand the pool a connection with our limit

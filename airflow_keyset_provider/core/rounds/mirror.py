@@ -32,7 +32,7 @@ import json
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from ..errors import ConfigurationError
@@ -77,6 +77,15 @@ def split_range_doc(parent: dict[str, Any], range_id: int, lo: str, hi: str) -> 
     }
 
 
+# On MySQL/MariaDB: the stream and round names compare byte for byte (the default collation would
+# make streams "A" and "a" one row), and a document may exceed TEXT's 64 KB (dead letters).
+_NAME = sa.String(200).with_variant(mysql.VARCHAR(200, collation="utf8mb4_bin"), "mysql", "mariadb")
+_ROUND_ID = sa.String(64).with_variant(
+    mysql.VARCHAR(64, collation="utf8mb4_bin"), "mysql", "mariadb"
+)
+_DOC = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+
 class CheckpointMirror:
     """The table ``keyset_checkpoints`` (created if missing): one row per stream/round/range."""
 
@@ -100,10 +109,10 @@ class CheckpointMirror:
         self.table = sa.Table(
             name,
             sa.MetaData(),
-            sa.Column("stream", sa.String(200), primary_key=True),
-            sa.Column("round_id", sa.String(64), primary_key=True),
+            sa.Column("stream", _NAME, primary_key=True),
+            sa.Column("round_id", _ROUND_ID, primary_key=True),
             sa.Column("range_id", sa.Integer, primary_key=True, autoincrement=False),
-            sa.Column("doc", sa.Text, nullable=False),
+            sa.Column("doc", _DOC, nullable=False),
             schema=schema or None,
         )
         self._created = False
@@ -135,20 +144,30 @@ class CheckpointMirror:
             return
         self._ensure()
         dialect = self.engine.dialect.name
-        insert: Any = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}.get(dialect)
-        if insert is None:
-            raise ConfigurationError(
-                f"checkpoint mirror supports PostgreSQL and SQLite, not {dialect}"
+        stmt: Any
+        if dialect == "mysql":  # MySQL 8.0 and MariaDB: INSERT ... ON DUPLICATE KEY UPDATE
+            stmt = mysql.insert(self.table)
+            stmt = stmt.on_duplicate_key_update(doc=stmt.inserted.doc)
+        else:
+            insert: Any = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}.get(dialect)
+            if insert is None:
+                raise ConfigurationError(
+                    f"checkpoint mirror supports PostgreSQL, SQLite and MySQL/MariaDB, not {dialect}"
+                )
+            stmt = insert(self.table)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["stream", "round_id", "range_id"], set_={"doc": stmt.excluded.doc}
             )
-        stmt = insert(self.table)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["stream", "round_id", "range_id"], set_={"doc": stmt.excluded.doc}
-        )
         missed = self._missed_splits(rows)
         with self._connect() as conn:
             conn.execute(stmt, rows)
-            if missed:
-                conn.execute(insert(self.table).on_conflict_do_nothing(), missed)
+            if missed:  # the new ranges of missed splits, unless the mirror has them already
+                keep: Any = (
+                    mysql.insert(self.table).prefix_with("IGNORE")
+                    if dialect == "mysql"
+                    else insert(self.table).on_conflict_do_nothing()
+                )
+                conn.execute(keep, missed)
 
     def _missed_splits(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The rows of the new ranges that the splits marked on ``rows``' ranges created, except

@@ -109,12 +109,15 @@ def compile_fetcher(
     stmt: Any,
     column_types: Sequence[Any],
     key_values: Callable[[str, str], dict[str, Any]],
+    lazy: bool = True,
 ) -> Callable[[str, str, int], Sequence[tuple]]:
     """Compile the chunk query ``stmt`` (bound parameter ``n``, the limit, and the key parameters
     ``key_values(lo, hi)`` returns) once and run it on ``conn``'s raw DBAPI cursor: SQLAlchemy's
     result machinery costs about 0.5 us per row, more than PostgreSQL spends producing it. Type
     conversion still follows SQLAlchemy's own processors (``column_types``, one per selected
-    column), applied only where a column has one."""
+    column), applied only where a column has one. ``lazy``: a chunk may stay in the cursor as a
+    ``FetchedRows`` (when the cursor can scroll); False: every chunk is read and its cursor closed
+    before the call returns (``Dialect.lazy_chunks``)."""
     dialect = conn.dialect
     sql, params_for = driver_call(dialect, stmt)
     impls = [t.dialect_impl(dialect) for t in column_types]
@@ -142,7 +145,7 @@ def compile_fetcher(
             if not known:
                 learn(cur.description)
             count = cur.rowcount
-            if count > 0 and hasattr(cur, "scroll"):
+            if lazy and count > 0 and hasattr(cur, "scroll"):
                 cur.scroll(count - 1, mode="absolute")
                 last = convert([cur.fetchone()])[0]
                 cur.scroll(0, mode="absolute")

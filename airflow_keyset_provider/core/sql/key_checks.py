@@ -8,7 +8,8 @@ names the object and the fix. It reads the catalog only (through the source's ``
 a row. What differs per database (the catalog, the collation rules, extra type rules, the fix's
 SQL) is the dialect's; the rules common to all are here.
 
-Split from ``source.py``, whose ``SqlSource`` calls it and whose internals (``_rel``) it reads.
+Split from ``source.py``: ``SqlSource`` calls it with itself as the ``Relation`` (``relation.py``)
+and its ``Dialect`` (None for a database no module implements).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .dialects import SUPPORTED_DIALECTS
 
 if TYPE_CHECKING:
     from .dialects import Dialect
-    from .source import SqlSource
+    from .relation import Relation
 
 __all__ = ["SUPPORTED_DIALECTS", "key_kind", "validate"]
 # collation names that sort by code point (libc C/POSIX/C.UTF-8, PostgreSQL 17+ builtin); the check
@@ -65,9 +66,9 @@ def key_kind(col: sa.Column) -> str:
     )
 
 
-def validate(src: SqlSource) -> tuple[sa.Table, list[str]]:
+def validate(src: Relation, db: Dialect | None) -> tuple[sa.Table, list[str]]:
     """The reflected table and the key kinds, once every check passed (see module doc)."""
-    db = check_dialect(src)
+    db = check_dialect(src, db)
     table = reflect_table(src)
     key_cols = [table.c[k] for k in src.key_names]
     check_not_null(src, db, table, key_cols)
@@ -76,8 +77,7 @@ def validate(src: SqlSource) -> tuple[sa.Table, list[str]]:
     return table, [key_kind(c) for c in key_cols]
 
 
-def check_dialect(src: SqlSource) -> Dialect:
-    db = src.db
+def check_dialect(src: Relation, db: Dialect | None) -> Dialect:
     if db is None:
         raise ConfigurationError(
             f"unsupported dialect {src.dialect!r} for {src.qualified_name!r}; supported: "
@@ -87,7 +87,7 @@ def check_dialect(src: SqlSource) -> Dialect:
     return db
 
 
-def reflect_table(src: SqlSource) -> sa.Table:
+def reflect_table(src: Relation) -> sa.Table:
     """The table as the catalog describes it; refuses a missing table or column."""
     insp = sa.inspect(src.engine)
     if not insp.has_table(src.table_name, schema=src.schema):
@@ -106,7 +106,7 @@ def reflect_table(src: SqlSource) -> sa.Table:
 
 
 def check_not_null(
-    src: SqlSource, db: Dialect, table: sa.Table, key_cols: Sequence[sa.Column]
+    src: Relation, db: Dialect, table: sa.Table, key_cols: Sequence[sa.Column]
 ) -> None:
     """Every key column is NOT NULL and of a type whose order can be encoded exactly."""
     for col in key_cols:
@@ -120,7 +120,7 @@ def check_not_null(
         key_kind(col)
 
 
-def check_unique_and_indexed(src: SqlSource, db: Dialect, table: sa.Table) -> None:
+def check_unique_and_indexed(src: Relation, db: Dialect, table: sa.Table) -> None:
     """A primary key, unique constraint or unique index (no predicate, no expression) covers the
     key, and an index starts with the key columns in order."""
     keyset = set(src.key_names)

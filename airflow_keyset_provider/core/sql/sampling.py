@@ -11,8 +11,8 @@ Guarantees:
   to ``sample_rows``, which sets ``SqlSource.last_sample_percent``; MySQL by bisecting ``EXPLAIN``
   estimates on the first key column).
 
-Split from ``source.py``, whose ``SqlSource`` delegates to it and whose internals (the range
-filter, key parameters, ``_rel``) it uses.
+Split from ``source.py``: ``SqlSource`` delegates to it with itself as the ``Relation``
+(``relation.py``: the range filter, the key parameters) and its ``Dialect``.
 """
 
 from __future__ import annotations
@@ -25,47 +25,46 @@ import sqlalchemy as sa
 from ..keys import MIN_KEY, encode_key
 
 if TYPE_CHECKING:
-    from .source import SqlSource
+    from .dialects import Dialect
+    from .relation import Relation
 
 log = logging.getLogger(__name__)
 
 
-def _range_params(src: SqlSource, lo: str, hi: str) -> dict[str, Any]:
-    return src._key_params(hi, "h") | (src._key_params(lo, "c") if lo != MIN_KEY else {})
+def _range_params(src: Relation, lo: str, hi: str) -> dict[str, Any]:
+    return src.key_params(hi, "h") | (src.key_params(lo, "c") if lo != MIN_KEY else {})
 
 
-def estimate_rows(src: SqlSource, lo: str, hi: str) -> int:
+def estimate_rows(src: Relation, db: Dialect, lo: str, hi: str) -> int:
     """The dialect's row estimate for ``lo < key <= hi`` (see module doc)."""
-    assert src.db is not None  # validated
     stmt = sa.select(*[src.table.c[k] for k in src.key_names]).where(
-        *src._range_filter(lo != MIN_KEY)
+        *src.range_filter(lo != MIN_KEY)
     )
     with src.engine.connect() as conn:
-        return src.db.estimate_rows(src, conn, stmt, _range_params(src, lo, hi))
+        return db.estimate_rows(src, conn, stmt, _range_params(src, lo, hi))
 
 
 def quantile_keys(
-    src: SqlSource, lo: str, hi: str, parts: int, exact_limit: int, sample_rows: int
+    src: Relation, db: Dialect, lo: str, hi: str, parts: int, exact_limit: int, sample_rows: int
 ) -> list[str]:
     """Up to ``parts - 1`` real keys splitting ``(lo, hi]`` into parts of about equal row count:
     exact (one ordered pass) when the range is small, else the dialect's cuts."""
-    assert src.db is not None  # validated
     est = src.estimate_rows(lo, hi)
     params = _range_params(src, lo, hi)
     with src.engine.connect() as conn:
         if est > exact_limit:
-            cuts = src.db.sampled_cuts(src, conn, lo, params, est, parts, sample_rows)
+            cuts = db.sampled_cuts(src, conn, lo, params, est, parts, sample_rows)
             if cuts is not None:
                 return cuts
         return _exact_cuts(src, conn, lo, params, parts)
 
 
 def _exact_cuts(
-    src: SqlSource, conn: sa.Connection, lo: str, params: dict[str, Any], parts: int
+    src: Relation, conn: sa.Connection, lo: str, params: dict[str, Any], parts: int
 ) -> list[str]:
     """Cuts from one ordered pass: every ``ceil(total / parts)``-th key, the last one excluded."""
     keys = [src.table.c[k] for k in src.key_names]
-    filt = src._range_filter(lo != MIN_KEY)
+    filt = src.range_filter(lo != MIN_KEY)
     total = int(
         conn.execute(
             sa.select(sa.func.count()).where(*filt).select_from(src.table), params

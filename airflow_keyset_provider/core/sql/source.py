@@ -37,7 +37,8 @@ from ..keys import MIN_KEY, decode_key, encode_key
 from ..row_data import hide_parameters
 from . import dialects, key_checks, sampling
 from .fetch import FetchedRows as FetchedRows  # re-exported: the fetcher moved to .fetch
-from .fetch import compile_fetcher, driver_call
+from .fetch import compile_fetcher
+from .fetch import driver_call as _driver_call_for
 from .fetch import materialize as materialize
 from .fetch import release as release
 from .key_checks import _BYTE_ORDER_COLLATIONS as _BYTE_ORDER_COLLATIONS  # re-exported
@@ -171,7 +172,7 @@ class SqlSource:
         return clause.bindparams(**self.where_params) if self.where_params else clause
 
     @property
-    def _rel(self) -> str:
+    def rel(self) -> str:
         quote = self.engine.dialect.identifier_preparer.quote
         return (quote(self.schema) + "." if self.schema else "") + quote(self.table_name)
 
@@ -190,13 +191,13 @@ class SqlSource:
     def validate(self) -> None:
         """Refuse a key that does not give a stable total order (``key_checks``). Reads the
         catalog only."""
-        self._table, self.key_kinds = key_checks.validate(self)
+        self._table, self.key_kinds = key_checks.validate(self, self.db)
 
     # ---- encoding ----------------------------------------------------------------------------
     def encode(self, key_values: Sequence[Any]) -> str:
         return encode_key(key_values)
 
-    def _key_params(self, encoded: str, prefix: str) -> dict[str, Any]:
+    def key_params(self, encoded: str, prefix: str) -> dict[str, Any]:
         values = decode_key(encoded)
         return {f"{prefix}{i}": v for i, v in enumerate(values)}
 
@@ -209,7 +210,7 @@ class SqlSource:
         cols = [self.table.c[k] for k in self.key_names]
         return [sa.bindparam(f"{prefix}{i}", type_=c.type) for i, c in enumerate(cols)]
 
-    def _range_filter(self, has_lo: bool, on: Any = None) -> list[Any]:
+    def range_filter(self, has_lo: bool, on: Any = None) -> list[Any]:
         """``lo < key <= hi [AND where]`` in the dialect's index-range form (row-value comparison
         where the database ranges on it), on the table or a sample of it."""
         assert self.db is not None  # validated
@@ -226,7 +227,7 @@ class SqlSource:
         cols = [self.table.c[c] for c in self.column_names]
         return (
             sa.select(*cols)
-            .where(*self._range_filter(has_lo))
+            .where(*self.range_filter(has_lo))
             .order_by(*[self.table.c[k] for k in self.key_names])
             .limit(sa.bindparam("n", type_=sa.Integer()))
         )
@@ -246,9 +247,9 @@ class SqlSource:
             fetcher = self._fetchers[has_lo] = self._compile_fetcher(has_lo)
         return fetcher(lo, hi, n)
 
-    def _driver_call(self, stmt: Any) -> tuple[str, Callable[[dict[str, Any]], Any]]:
+    def driver_call(self, stmt: Any) -> tuple[str, Callable[[dict[str, Any]], Any]]:
         """``fetch.driver_call`` for this source's dialect."""
-        return driver_call(self.engine.dialect, stmt)
+        return _driver_call_for(self.engine.dialect, stmt)
 
     def _compile_fetcher(self, has_lo: bool) -> Callable[[str, str, int], Sequence[tuple]]:
         """The chunk query compiled onto a connection of its own (``fetch.compile_fetcher``)."""
@@ -256,9 +257,9 @@ class SqlSource:
         types = [self.table.c[c].type for c in self.column_names]
 
         def key_values(lo: str, hi: str) -> dict[str, Any]:
-            values = self._key_params(hi, "h")
+            values = self.key_params(hi, "h")
             if has_lo:
-                values.update(self._key_params(lo, "c"))
+                values.update(self.key_params(lo, "c"))
             return values
 
         # An autocommit Connection of this source's engine (a caller's Engine gets autocommit
@@ -266,7 +267,8 @@ class SqlSource:
         # between chunks the backend is idle, holding no snapshot and no lock. Closed by close().
         conn = self.engine.connect()
         self._conns.append(conn)
-        return compile_fetcher(conn, stmt, types, key_values)
+        lazy = self.db is None or self.db.lazy_chunks
+        return compile_fetcher(conn, stmt, types, key_values, lazy=lazy)
 
     def fetch_keys(self, encoded_keys: Sequence[str]) -> list[tuple]:
         """The rows (still matching ``where``) whose keys are given; missing keys are absent."""
@@ -361,7 +363,8 @@ class SqlSource:
     def estimate_rows(self, lo: str, hi: str) -> int:
         """Planner's row estimate for ``lo < key <= hi`` (PostgreSQL), exact count elsewhere
         (``sampling.estimate_rows``)."""
-        return sampling.estimate_rows(self, lo, hi)
+        assert self.db is not None  # validated
+        return sampling.estimate_rows(self, self.db, lo, hi)
 
     def quantile_keys(
         self, lo: str, hi: str, parts: int, exact_limit: int, sample_rows: int
@@ -369,4 +372,5 @@ class SqlSource:
         """Up to ``parts - 1`` real keys splitting ``(lo, hi]`` into parts of about equal row
         count: exact (one ordered pass) when the range is small, else from a block sample
         (``sampling.quantile_keys``)."""
-        return sampling.quantile_keys(self, lo, hi, parts, exact_limit, sample_rows)
+        assert self.db is not None  # validated
+        return sampling.quantile_keys(self, self.db, lo, hi, parts, exact_limit, sample_rows)

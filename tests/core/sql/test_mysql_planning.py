@@ -8,6 +8,7 @@ import datetime as dt
 from collections import Counter
 from typing import Any
 
+import _services
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
@@ -70,7 +71,7 @@ def test_a_composite_key_chunk_is_an_index_range_scan(mariadb_db_url):
     _exec(mariadb_db_url, "ANALYZE TABLE ev")
     src = SqlSource(mariadb_db_url, "ev", ["created_at", "id"])
     src.validate()
-    sql, params_for = src._driver_call(src._chunk_statement(True))
+    sql, params_for = src.driver_call(src._chunk_statement(True))
     lo, hi = (dt.datetime(2026, 1, 1, 0, 31, 40), 19_000), (dt.datetime(2026, 1, 2), 0)
     values = {"n": 100, "c0": lo[0], "c1": lo[1], "h0": hi[0], "h1": hi[1]}
     with src.engine.connect() as c:
@@ -97,7 +98,7 @@ def test_plan_traverse_close_round_with_single_and_composite_keys(
     """With either driver: PyMySQL (pure Python) and mysqlclient (``mysql+mysqldb://``, the
     faster one, the ``mysql-native`` extra)."""
     if driver == "mysqldb":
-        pytest.importorskip("MySQLdb", reason="mysqlclient is the mysql-native extra")
+        _services.require_module("MySQLdb", _services.MYSQLCLIENT_WHY)
     url = sa.engine.make_url(mariadb_db_url).set(drivername=f"mysql+{driver}")
     url_s = url.render_as_string(hide_password=False)
     _events(mariadb_db_url, 3_000)

@@ -39,7 +39,7 @@ def test_chunk_query_is_an_index_range_scan(pg_engine, pg_schema_url, redis_url,
         key_prefix=key_prefix,
     )
     t.source.validate()
-    sql, params_for = t.source._driver_call(t.source._chunk_statement(has_lo=True))
+    sql, params_for = t.source.driver_call(t.source._chunk_statement(has_lo=True))
     params = {
         "c0": dt.datetime(2000, 1, 1, tzinfo=dt.UTC),
         "c1": 0,

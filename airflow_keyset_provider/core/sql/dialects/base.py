@@ -29,7 +29,7 @@ import sqlalchemy as sa
 
 if TYPE_CHECKING:
     from ..catalog import IndexInfo
-    from ..source import SqlSource
+    from ..relation import Relation
 
 RowErrorKind = Literal["row", "retry"]
 
@@ -40,9 +40,13 @@ class Dialect:
     name = ""
     #: the reflected primary key is an ordered index (False: the catalog's index list decides)
     primary_key_is_ordered = True
+    #: a chunk may stay in the driver's cursor until read (``fetch.FetchedRows``): the cursor is
+    #: closed by whichever thread releases the chunk, while the prefetch thread may be running the
+    #: next query on the same connection (False: the fetch reads and closes the cursor at once)
+    lazy_chunks = True
 
     # ---- key validation ---------------------------------------------------------------------
-    def unique_indexes(self, conn: sa.Connection, src: SqlSource) -> list[IndexInfo]:
+    def unique_indexes(self, conn: sa.Connection, src: Relation) -> list[IndexInfo]:
         """Every index of the source's table, with what it proves (``IndexInfo``)."""
         raise NotImplementedError
 
@@ -54,13 +58,13 @@ class Dialect:
         """Column sets unique without an index the catalog lists."""
         return []
 
-    def check_key_column(self, src: SqlSource, col: sa.Column) -> None:
+    def check_key_column(self, src: Relation, col: sa.Column) -> None:
         """Refuse a key column whose type this database orders differently from the key codec."""
 
-    def check_collation(self, src: SqlSource, key_cols: Sequence[sa.Column]) -> None:
+    def check_collation(self, src: Relation, key_cols: Sequence[sa.Column]) -> None:
         """Refuse a text key column that does not sort by code point (the cursors' order)."""
 
-    def not_null_fix(self, src: SqlSource, col: sa.Column) -> str:
+    def not_null_fix(self, src: Relation, col: sa.Column) -> str:
         return f"ALTER TABLE {src.qualified_name} ALTER COLUMN {col.name} SET NOT NULL"
 
     # ---- the chunk filter -------------------------------------------------------------------
@@ -73,10 +77,10 @@ class Dialect:
         return cols[0] <= params[0] if len(cols) == 1 else sa.tuple_(*cols) <= sa.tuple_(*params)
 
     # ---- commit order -----------------------------------------------------------------------
-    def check_commit_order(self, src: SqlSource, conn: sa.Connection) -> None:
+    def check_commit_order(self, src: Relation, conn: sa.Connection) -> None:
         """Refuse, before the bound is read, a source whose commit order no wait can prove."""
 
-    def settle(self, src: SqlSource, conn: sa.Connection) -> None:
+    def settle(self, src: Relation, conn: sa.Connection) -> None:
         """Called right after the bound was read: return once every key at or below it that will
         ever commit has committed, plus the ``settle_seconds`` window. The default (a database
         that serialises writers) sleeps the window only."""
@@ -85,7 +89,7 @@ class Dialect:
 
     # ---- the planner ------------------------------------------------------------------------
     def estimate_rows(
-        self, src: SqlSource, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
+        self, src: Relation, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
     ) -> int:
         """Rows ``stmt`` (the key columns of ``lo < key <= hi``) returns: the exact count here."""
         count = sa.select(sa.func.count()).select_from(stmt.subquery())
@@ -93,7 +97,7 @@ class Dialect:
 
     def sampled_cuts(
         self,
-        src: SqlSource,
+        src: Relation,
         conn: sa.Connection,
         lo: str,
         params: dict[str, Any],

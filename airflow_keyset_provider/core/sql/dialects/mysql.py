@@ -45,7 +45,7 @@ from .base import Dialect, RowErrorKind
 
 if TYPE_CHECKING:
     from ..catalog import IndexInfo
-    from ..source import SqlSource
+    from ..relation import Relation
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,10 @@ def open_transactions(conn: sa.Connection) -> dict[str, commit_order.Blocker]:
 class MysqlDialect(Dialect):
     name = "mysql"
     primary_key_is_ordered = False  # a MEMORY table's primary key is a HASH index
+    # Both drivers build a chunk's rows when the query runs (nothing left to defer), and
+    # mysqlclient's cursor.close() reads the connection (next_result): closing a held chunk while
+    # the prefetch thread queries failed with "connection is already in use from another thread".
+    lazy_chunks = False
 
     def __init__(self, sa_dialect: sa.Dialect) -> None:
         self.sa_dialect = sa_dialect
@@ -109,14 +113,14 @@ class MysqlDialect(Dialect):
         return "utf8mb4_nopad_bin" if self.is_mariadb else "utf8mb4_0900_bin"
 
     # ---- key validation ---------------------------------------------------------------------
-    def unique_indexes(self, conn: sa.Connection, src: SqlSource) -> list[IndexInfo]:
+    def unique_indexes(self, conn: sa.Connection, src: Relation) -> list[IndexInfo]:
         return mysql_catalog.indexes(conn, src.schema, src.table_name)
 
-    def not_null_fix(self, src: SqlSource, col: sa.Column) -> str:
+    def not_null_fix(self, src: Relation, col: sa.Column) -> str:
         ddl = col.type.compile(dialect=self.sa_dialect)
         return f"ALTER TABLE {src.qualified_name} MODIFY {col.name} {ddl} NOT NULL"
 
-    def check_key_column(self, src: SqlSource, col: sa.Column) -> None:
+    def check_key_column(self, src: Relation, col: sa.Column) -> None:
         t = col.type
         where = f"key column {col.name!r} of {src.qualified_name!r}"
         if isinstance(t, (sa.Enum, sa_mysql.SET)):
@@ -148,7 +152,7 @@ class MysqlDialect(Dialect):
                     "(URL ?init_command=SET time_zone='%2B00:00'), or key by a DATETIME column."
                 )
 
-    def check_collation(self, src: SqlSource, key_cols: Sequence[sa.Column]) -> None:
+    def check_collation(self, src: Relation, key_cols: Sequence[sa.Column]) -> None:
         text = [c.name for c in key_cols if isinstance(c.type, sa.String)]
         if not text:
             return
@@ -182,7 +186,7 @@ class MysqlDialect(Dialect):
         return _expanded(cols, params, strict=False)
 
     # ---- commit order -----------------------------------------------------------------------
-    def check_commit_order(self, src: SqlSource, conn: sa.Connection) -> None:
+    def check_commit_order(self, src: Relation, conn: sa.Connection) -> None:
         """Refuse a table whose in-flight writes cannot be listed: not InnoDB, or no PROCESS
         privilege to read ``INNODB_TRX``; ``settle_seconds > 0`` opts in to a window instead."""
         self.can_wait = False
@@ -220,7 +224,7 @@ class MysqlDialect(Dialect):
             src.settle_seconds,
         )
 
-    def settle(self, src: SqlSource, conn: sa.Connection) -> None:
+    def settle(self, src: Relation, conn: sa.Connection) -> None:
         if not self.can_wait:
             super().settle(src, conn)
             return
@@ -234,14 +238,14 @@ class MysqlDialect(Dialect):
 
     # ---- the planner ------------------------------------------------------------------------
     def estimate_rows(
-        self, src: SqlSource, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
+        self, src: Relation, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
     ) -> int:
         index = mysql_quantiles.key_index(src, conn)
         return mysql_quantiles.explain_rows(src, conn, stmt, params, index)
 
     def sampled_cuts(
         self,
-        src: SqlSource,
+        src: Relation,
         conn: sa.Connection,
         lo: str,
         params: dict[str, Any],

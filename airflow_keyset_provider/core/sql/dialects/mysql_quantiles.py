@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from ...keys import MIN_KEY, encode_key
 
 if TYPE_CHECKING:
-    from ..source import SqlSource
+    from ..relation import Relation
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ _EPOCH = dt.datetime(1970, 1, 1)
 _US = dt.timedelta(microseconds=1)
 
 
-def key_index(src: SqlSource, conn: sa.Connection) -> str | None:
+def key_index(src: Relation, conn: sa.Connection) -> str | None:
     """The name of an ordered index starting with the key columns (validation proved one)."""
     from .mysql_catalog import indexes
 
@@ -53,7 +53,7 @@ def key_index(src: SqlSource, conn: sa.Connection) -> str | None:
 
 
 def explain_rows(
-    src: SqlSource,
+    src: Relation,
     conn: sa.Connection,
     stmt: sa.Select,
     params: dict[str, Any],
@@ -64,7 +64,7 @@ def explain_rows(
     if index is not None:
         quote = src.engine.dialect.identifier_preparer.quote
         stmt = stmt.with_hint(src.table, f"FORCE INDEX ({quote(index)})", dialect_name="mysql")
-    sql, params_for = src._driver_call(stmt)
+    sql, params_for = src.driver_call(stmt)
     args = params_for(
         params
     )  # a list for a positional driver (mysqlclient): SQLAlchemy wants a tuple
@@ -92,7 +92,7 @@ def _codec(kind: str) -> tuple[Callable[[Any], int], Callable[[int], Any]] | Non
 
 
 def bisected_cuts(
-    src: SqlSource,
+    src: Relation,
     conn: sa.Connection,
     lo: str,
     params: dict[str, Any],
@@ -105,16 +105,9 @@ def bisected_cuts(
     if codec is None or parts < 2:
         return None
     to_int, from_int = codec
-    first = src.table.c[src.key_names[0]]
-    keys = [src.table.c[k] for k in src.key_names]
-    filt = src._range_filter(lo != MIN_KEY)
-    # the range's first and last key by the index (MIN/MAX under the OR form of a composite
-    # filter would scan the whole range)
-    ends = [
-        conn.execute(sa.select(first).where(*filt).order_by(*order).limit(1), params).scalar()
-        for order in (keys, [k.desc() for k in keys])
-    ]
-    if ends[0] is None:
+    filt = src.range_filter(lo != MIN_KEY)
+    ends = _range_ends(src, conn, filt, params)
+    if ends is None:
         return []
     lo_v, hi_v = to_int(ends[0]), to_int(ends[1])
     between = _Estimates(src, conn, filt, params, from_int)
@@ -133,17 +126,7 @@ def bisected_cuts(
             memo[v] = sums[j] + between(None if j == 0 else anchors[j - 1], v)
         return memo[v]
 
-    values: list[int] = []
-    left = lo_v
-    for i in range(1, parts):
-        target = total * i / parts
-        # start from the tightest bracket the estimates read so far give
-        b = min([hi_v, *(v for v, n in memo.items() if n >= target and v >= left)])
-        a = max([left, *(v + 1 for v, n in memo.items() if n < target and left <= v < b)])
-        a = _cut_value(a, b, below, target, total / parts / 100)
-        if a < hi_v and (not values or a > values[-1]):
-            values.append(a)
-        left = a
+    values = _cut_values(lo_v, hi_v, total, parts, below, memo)
     cuts = _last_keys_at(src, conn, filt, params, [from_int(v) for v in values])
     log.info(
         "%s: %d cut(s) from %d EXPLAIN estimate(s) for ~%d estimated rows",
@@ -155,13 +138,51 @@ def bisected_cuts(
     return cuts
 
 
+def _range_ends(
+    src: Relation, conn: sa.Connection, filt: list[Any], params: dict[str, Any]
+) -> tuple[Any, Any] | None:
+    """The first key column of the range's first and last key, by the index (MIN/MAX under the
+    OR form of a composite filter would scan the whole range); None: the range is empty."""
+    first = src.table.c[src.key_names[0]]
+    keys = [src.table.c[k] for k in src.key_names]
+    ends = [
+        conn.execute(sa.select(first).where(*filt).order_by(*order).limit(1), params).scalar()
+        for order in (keys, [k.desc() for k in keys])
+    ]
+    return None if ends[0] is None else (ends[0], ends[1])
+
+
+def _cut_values(
+    lo_v: int,
+    hi_v: int,
+    total: int,
+    parts: int,
+    below: Callable[[int], int],
+    memo: dict[int, int],
+) -> list[int]:
+    """The first column's cut values, increasing, each below ``hi_v``: the ``i``-th bisects on
+    ``below`` for ``total * i / parts``, starting from the tightest bracket of the estimates
+    already read (``memo``: value -> rows at or below it)."""
+    values: list[int] = []
+    left = lo_v
+    for i in range(1, parts):
+        target = total * i / parts
+        b = min([hi_v, *(v for v, n in memo.items() if n >= target and v >= left)])
+        a = max([left, *(v + 1 for v, n in memo.items() if n < target and left <= v < b)])
+        a = _cut_value(a, b, below, target, total / parts / 100)
+        if a < hi_v and (not values or a > values[-1]):
+            values.append(a)
+        left = a
+    return values
+
+
 class _Estimates:
     """``(x, v) -> `` estimated rows of the range with ``x < first <= v`` (no lower limit for
     None), through the key's index, each pair asked once."""
 
     def __init__(
         self,
-        src: SqlSource,
+        src: Relation,
         conn: sa.Connection,
         filt: list[Any],
         params: dict[str, Any],
@@ -192,7 +213,7 @@ class _Estimates:
 
 
 def _last_keys_at(
-    src: SqlSource, conn: sa.Connection, filt: list[Any], params: dict[str, Any], values: list[Any]
+    src: Relation, conn: sa.Connection, filt: list[Any], params: dict[str, Any], values: list[Any]
 ) -> list[str]:
     """The encoded last real key of the range with ``first <= v``, for each ``v`` (one index
     lookup each), sorted and distinct."""
@@ -208,7 +229,7 @@ def _last_keys_at(
     return sorted(cuts)
 
 
-def _table_rows(src: SqlSource, conn: sa.Connection) -> float:
+def _table_rows(src: Relation, conn: sa.Connection) -> float:
     rows = conn.execute(
         sa.text(
             "SELECT TABLE_ROWS FROM information_schema.TABLES "

@@ -30,7 +30,7 @@ from .base import Dialect, RowErrorKind
 
 if TYPE_CHECKING:
     from ..catalog import IndexInfo
-    from ..source import SqlSource
+    from ..relation import Relation
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +40,16 @@ _RETRY_SQLSTATES = {"40001", "40P01", "55P03", "57014"}
 class PostgresqlDialect(Dialect):
     name = "postgresql"
 
-    def unique_indexes(self, conn: sa.Connection, src: SqlSource) -> list[IndexInfo]:
-        return catalog.unique_indexes(conn, src._rel)
+    def unique_indexes(self, conn: sa.Connection, src: Relation) -> list[IndexInfo]:
+        return catalog.unique_indexes(conn, src.rel)
 
-    def check_collation(self, src: SqlSource, key_cols: Sequence[sa.Column]) -> None:
+    def check_collation(self, src: Relation, key_cols: Sequence[sa.Column]) -> None:
         """Every text key column sorts by code point, as the cursors in Redis compare."""
         text_cols = [c.name for c in key_cols if isinstance(c.type, sa.String)]
         if not text_cols:
             return
         with src.engine.connect() as conn:
-            found = catalog.collations(conn, src._rel, text_cols)
+            found = catalog.collations(conn, src.rel, text_cols)
         for c in found:
             if not catalog.sorts_by_code_point(c):
                 provider = {"c": "libc", "i": "ICU", "b": "builtin"}.get(c.provider, c.provider)
@@ -60,7 +60,7 @@ class PostgresqlDialect(Dialect):
                     f"(or page by another key). It sorts by the {provider} locale {c.locale!r}."
                 )
 
-    def check_commit_order(self, src: SqlSource, conn: sa.Connection) -> None:
+    def check_commit_order(self, src: Relation, conn: sa.Connection) -> None:
         """Refuse a standby (its ``pg_locks`` lacks the primary's transactions) and a key fed by a
         sequence with ``CACHE > 1`` (a session may use a cached, lower value at any later time).
         A ``settle_seconds`` window is the explicit opt-in: then the round is only as safe as it."""
@@ -85,7 +85,7 @@ class PostgresqlDialect(Dialect):
         ]
         if not int_keys:
             return
-        for seq in catalog.key_sequences(conn, src._rel, int_keys):
+        for seq in catalog.key_sequences(conn, src.rel, int_keys):
             if seq.cache <= 1:
                 continue
             if not opted_in:
@@ -106,14 +106,14 @@ class PostgresqlDialect(Dialect):
                 src.settle_seconds,
             )
 
-    def settle(self, src: SqlSource, conn: sa.Connection) -> None:
+    def settle(self, src: Relation, conn: sa.Connection) -> None:
         commit_order.settle(conn, src.commit_wait_timeout, src.settle_seconds, src.qualified_name)
 
     def estimate_rows(
-        self, src: SqlSource, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
+        self, src: Relation, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
     ) -> int:
         """The planner's estimate (``EXPLAIN``, no row read)."""
-        sql, params_for = src._driver_call(stmt)
+        sql, params_for = src.driver_call(stmt)
         plan: Any = conn.exec_driver_sql(
             "EXPLAIN (FORMAT JSON) " + sql, params_for(params)
         ).scalar()
@@ -122,7 +122,7 @@ class PostgresqlDialect(Dialect):
 
     def sampled_cuts(
         self,
-        src: SqlSource,
+        src: Relation,
         conn: sa.Connection,
         lo: str,
         params: dict[str, Any],
@@ -135,7 +135,7 @@ class PostgresqlDialect(Dialect):
         # keys, so read at least ~2048 blocks and thin them at random back to sample_rows.
         # Blocks from the file sizes (a partitioned parent's relpages is -1, a never-analysed
         # table's 0): TABLESAMPLE on a parent samples each partition at that percentage.
-        pages, leaves = catalog.table_pages(conn, src._rel)
+        pages, leaves = catalog.table_pages(conn, src.rel)
         fraction = min(1.0, max(sample_rows / max(est, 1), 2048 / max(pages, 1)))
         keep = min(1.0, sample_rows / max(est * fraction, 1))
         src.last_sample_percent = 100.0 * fraction
@@ -149,7 +149,7 @@ class PostgresqlDialect(Dialect):
         )
         sampled = src.table.tablesample(sa.func.system(100.0 * fraction), name="s")
         scols = [sampled.c[k] for k in src.key_names]
-        stmt = sa.select(*scols).where(*src._range_filter(lo != MIN_KEY, on=sampled))
+        stmt = sa.select(*scols).where(*src.range_filter(lo != MIN_KEY, on=sampled))
         if keep < 1.0:
             stmt = stmt.where(sa.func.random() < keep)
         sample = sorted(tuple(r) for r in conn.execute(stmt, params))

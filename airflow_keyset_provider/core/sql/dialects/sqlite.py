@@ -19,7 +19,7 @@ from ..catalog import IndexInfo
 from .base import Dialect
 
 if TYPE_CHECKING:
-    from ..source import SqlSource
+    from ..relation import Relation
 
 
 def _rowid_pk(table: sa.Table) -> list[str]:
@@ -30,7 +30,7 @@ def _rowid_pk(table: sa.Table) -> list[str]:
 class SqliteDialect(Dialect):
     name = "sqlite"
 
-    def unique_indexes(self, conn: sa.Connection, src: SqlSource) -> list[IndexInfo]:
+    def unique_indexes(self, conn: sa.Connection, src: Relation) -> list[IndexInfo]:
         """``PRAGMA index_list`` / ``index_xinfo``: partial indexes and expression key parts are
         marked (an INTEGER PRIMARY KEY, the rowid, is in no index: ``implicit_unique``)."""
         out = []
