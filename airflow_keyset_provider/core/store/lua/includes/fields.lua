@@ -1,6 +1,6 @@
 -- fields(key, name, ...): the named fields of a range hash, defaults filled in (one HMGET).
 -- Range fields at their default may be missing (layout.py); RANGE_DEFAULTS here must equal
--- layout.RANGE_DEFAULTS, the Python readers' (tests/core/test_store_scripts.py checks it). A
+-- layout.RANGE_DEFAULTS, the Python readers' (tests/core/store/test_store_scripts.py checks it). A
 -- missing cursor is hi once the range is complete, else lo.
 
 local RANGE_DEFAULTS = {owner = '', lineage = '', epoch = '0', lease_until = '0', heartbeat_ms = '0', claimed_ms = '0', completed_ms = '0', done = '0', skipped = '0', dead = '0', retries = '0', takeovers = '0', chunks = '0', state = 'pending'}
