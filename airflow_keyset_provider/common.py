@@ -8,6 +8,7 @@ not load the operators and the names cannot drift apart.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from .core.errors import (
     RetentionError,
     RoundStateLostError,
 )
-from .core.keys import key_label
+from .core.keys import key_label, to_json
 from .core.run.supervision import SupervisorWatch
 
 #: Context variable set by ``TraverseRangeOperator.execute``; the default ``map_index_template``
@@ -98,6 +99,20 @@ def supervisor_watch(request_stop: Callable[[], None], what: str) -> SupervisorW
     )
 
 
+_UTC_ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d(?::\d\d(?:\.\d+)?)?)\+00:00$")
+
+
+def compact_key(value: Any) -> str:
+    """A key on one line, as the Map Index column and the Keyset page show it (the page's
+    ``compactKey``, ``ui/src/format.js``): a composite key's columns joined by `` · ``, a UTC
+    timestamp ending in ``Z``: ``2024-05-01T10:00:00Z · 41235``; ``None`` (open end) ``-inf``.
+    Other keys read as ``key_label`` writes them (``42``, ``abc``)."""
+    if value is None:
+        return "-inf"
+    parts = value if isinstance(value, (list, tuple)) else [value]
+    return " · ".join(_UTC_ISO.sub(r"\1Z", str(to_json(v))) for v in parts)
+
+
 __all__ = [
     "DEFAULT_KEY_PREFIX",
     "DEFAULT_MAP_INDEX_TEMPLATE",
@@ -106,6 +121,8 @@ __all__ = [
     "ROUND_ID_XCOM_KEY",
     "ROUND_XCOM_KEY",
     "airflow_errors",
+    "compact_key",
+    "configured_key_prefix",
     "forked_by_task_supervisor",
     "key_label",
     "run_key",

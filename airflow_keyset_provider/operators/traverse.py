@@ -16,7 +16,6 @@ module's length.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
@@ -28,6 +27,7 @@ from airflow_keyset_provider.common import (
     DEFAULT_MAP_INDEX_TEMPLATE,
     RANGE_LABEL_CONTEXT_KEY,
     airflow_errors,
+    compact_key,
     run_key,
     supervisor_watch,
 )
@@ -39,7 +39,6 @@ from airflow_keyset_provider.core import (
     RoundPullResult,
     load_processor,
 )
-from airflow_keyset_provider.core.keys import to_json
 from airflow_keyset_provider.core.options import TraverseOptions
 from airflow_keyset_provider.core.run.range_run import BUDGET
 from airflow_keyset_provider.hooks.keyset import KeysetHook
@@ -103,20 +102,6 @@ def _traverse_options(arguments: Mapping[str, Any]) -> TraverseOptions:
                 f"resume_poll_seconds must be a positive number, got {resume_poll_seconds!r}"
             )
     return options
-
-
-_UTC_ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d(?::\d\d(?:\.\d+)?)?)\+00:00$")
-
-
-def compact_key(value: Any) -> str:
-    """A key on one line, as the Map Index column and the Keyset page show it (the page's
-    ``compactKey``, ``ui/src/format.js``): a composite key's columns joined by `` · ``, a UTC
-    timestamp ending in ``Z``: ``2024-05-01T10:00:00Z · 41235``; ``None`` (open end) ``-inf``.
-    Other keys read as ``key_label`` writes them (``42``, ``abc``)."""
-    if value is None:
-        return "-inf"
-    parts = value if isinstance(value, (list, tuple)) else [value]
-    return " · ".join(_UTC_ISO.sub(r"\1Z", str(to_json(v))) for v in parts)
 
 
 class TraverseRangeOperator(BaseOperator):
@@ -308,6 +293,21 @@ class TraverseRangeOperator(BaseOperator):
             return report_pull(self._task(), res)
         return self._report(res)
 
+    def _make_traversal(self, stream: str) -> KeysetTraversal:
+        """The engine over this task's source, store, mirror and target connections."""
+        hook = KeysetHook(
+            self.source_conn_id, self.redis_conn_id, self.checkpoint_conn_id, self.target_conn_id
+        )
+        return hook.traversal(
+            table=self.table,
+            key=list(self.key) if not isinstance(self.key, str) else self.key,
+            stream=stream,
+            where=self.where,
+            where_params=self.where_params,
+            columns=self.columns,
+            key_prefix=self.key_prefix,
+        )
+
     def _traverse_range(
         self,
         context: Context,
@@ -320,25 +320,9 @@ class TraverseRangeOperator(BaseOperator):
         """One traversal from the committed cursor within ``budget`` s (``traverse_timeout``);
         defers (``NoReturn``) when a live owner holds the range. The task state store gets the
         range's final state whatever happens."""
-        key = list(self.key) if not isinstance(self.key, str) else self.key
         with airflow_errors():
             processor = load_processor(self.processor)
-            hook = KeysetHook(
-                self.source_conn_id,
-                self.redis_conn_id,
-                self.checkpoint_conn_id,
-                self.target_conn_id,
-            )
-            t = hook.traversal(
-                table=self.table,
-                key=key,
-                stream=stream,
-                where=self.where,
-                where_params=self.where_params,
-                columns=self.columns,
-                key_prefix=self.key_prefix,
-            )
-            self._traversal = t
+            t = self._traversal = self._make_traversal(stream)
             task = self._task()
             mirror = range_state_mirror(task, context, t, range_id, stream)
             # An orphan of a dead supervisor stops within one chunk (core/run/supervision.py).

@@ -163,7 +163,7 @@ def test_keys_on_one_line_as_the_map_index_column_writes_them() -> None:
     same rule): composite columns joined by `` · ``, UTC timestamps with ``Z``."""
     import datetime as dt
 
-    from airflow_keyset_provider.operators.traverse import compact_key
+    from airflow_keyset_provider.common import compact_key
 
     ten = dt.datetime(2024, 5, 1, 10, tzinfo=dt.UTC)
     assert compact_key((ten, 41235)) == "2024-05-01T10:00:00Z · 41235"
