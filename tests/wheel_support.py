@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: What the wheel is built from: the package, its metadata and the files pyproject names.
-SOURCE_FILES = ("airflow_keyset_provider", "pyproject.toml", "README.md")
+SOURCE_FILES = ("airflow_keyset_provider", "pyproject.toml", "README.md", "LICENSE")
 
 
 @dataclass(frozen=True)
