@@ -32,6 +32,7 @@ from .state import CommittedRange
 if TYPE_CHECKING:
     from ..sql.source import SqlSource
     from .context import RunContext
+    from .ledger import RunLedger
     from .state import Heartbeat, ProgressLog
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -67,6 +68,8 @@ class RangeCommits:
     splitter: SplitAnswerer
     heart: Heartbeat
     released: bool = False  # the completing advance released the lease (nothing left to do)
+    ledger: RunLedger | None = None  # exactly_once: the target's transaction and ledger row
+    probing: bool = False  # a canary call (isolation): its writes are always rolled back
 
     def _check_lease(self, heart: Heartbeat, what: str) -> None:
         if heart.lost.is_set():
@@ -90,6 +93,8 @@ class RangeCommits:
         """The processor call; with a target database, inside a transaction of its own that
         commits when the processor returns and rolls back when it raises (``chunk.connection``)."""
         target = self.ctx.target
+        if self.ledger is not None:  # exactly_once: a SAVEPOINT of the range's transaction
+            return self.ledger.call(self, chunk)
         if target is None:
             return self.processor(chunk)
         with target.begin() as conn:
@@ -157,6 +162,8 @@ class RangeCommits:
         metrics, tags = self.ctx.metrics, self.ctx.tags
         started = time.perf_counter()
         try:
+            if self.ledger is not None:  # exactly_once: the ledger row commits with the writes
+                self.ledger.commit(self, new, done, skipped, failed)
             with self.heart.lock:  # no beat in flight while this step may release the range
                 a = self._advance(new, done, skipped, resolved, failed)
                 if a.released:
