@@ -187,3 +187,29 @@ def test_the_mode_needs_a_target(pg_engine, pg_schema_url, redis_url, key_prefix
     with pytest.raises(ConfigurationError, match="exactly_once must be True or False"):
         t.traverse(rnd.round_id, 0, _write, exactly_once="yes")
     t.close()
+
+
+def test_a_round_restored_from_the_mirror_resumes_at_the_ledger(
+    pg_engine, pg_schema_url, redis_url, redis_client, key_prefix
+):
+    """Redis loses the stream; the round comes back from the checkpoint mirror, behind the last
+    commit and with claim epochs counted again from there. The ledger's own epoch (bumped by
+    every claim) still admits the new owner, which moves the cursor forward to the ledger."""
+    _prepare(pg_engine, pg_engine, 500)
+    t = traversal(
+        pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url,
+        checkpoint_url=pg_schema_url, checkpoint_seconds=3600,
+    )  # fmt: skip
+    rnd = t.plan(max_ranges=1)
+
+    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True)
+    for at in (201, 301):  # two owners, each losing its last advance
+        with pytest.raises(LeaseLostError):
+            t.traverse(rnd.round_id, 0, StealAfter(redis_client, t, rnd, at), **kw)
+    assert _ledger(pg_engine)[0] == (encode_key((400,)), 400, 2)
+    for k in list(redis_client.scan_iter(match=f"{key_prefix}:*")):
+        redis_client.delete(k)
+    res = t.traverse(rnd.round_id, 0, _write, **kw)  # restored at a claim epoch below 2
+    assert res.complete and res.done == 500
+    assert _effects(pg_engine) == Counter(range(1, 501))
+    t.close()

@@ -8,8 +8,8 @@ The timeline this module exists for (at-least-once, without it)::
     owner B: claims, Redis says c0           -> (c0, c1] is written a second time
 
 With the mode, A's transaction also moves the range's ledger row (``core/sql/ledger.py``) from
-c0 to c1, fenced by A's claim epoch, and only then is the Redis cursor advanced. B's claim first
-raises the row's epoch to its own (so A, if it is only paused, finds its next ledger step fenced
+c0 to c1, fenced by A's ledger epoch (bumped by every claim) and the cursor, and only then is the Redis cursor advanced. B's claim first
+bumps the row's epoch (so A, if it is only paused, finds its next ledger step fenced
 and its transaction rolls back: ``LeaseLostError``), then reads the row: at c1, ahead of Redis,
 so B moves Redis to c1 with the ledger's counters (a fenced advance by B) before reading a row.
 A chunk whose transaction committed is never delivered again; one that did not commit left
@@ -36,11 +36,11 @@ from ..errors import ConfigurationError, LeaseLostError
 from ..keys import encode_key
 from ..options import TraverseOptions
 from ..sql.ledger import (
+    bump_epoch,
     create_ledger,
     ledger_table,
     limit_statement_time,
     move_row,
-    raise_epoch,
     touch_row,
 )
 from ..store.cursor_store import Claim
@@ -67,7 +67,7 @@ def check_exactly_once(ctx: RunContext, o: TraverseOptions) -> None:
 def claim_ledger(
     ctx: RunContext, round_id: str, range_id: int, claim: Claim, o: TraverseOptions
 ) -> tuple[Claim, RunLedger]:
-    """After the Redis claim: raise the ledger row's epoch to the claim's, and if the row is
+    """After the Redis claim: bump the ledger row's epoch (this owner's generation), and if the row is
     ahead of Redis (a crash hit between the target's commit and the Redis advance, or Redis was
     restored from an older checkpoint), move Redis forward to it. Returns the claim as it stands
     after that and the run's ledger."""
@@ -79,20 +79,15 @@ def claim_ledger(
     key = (ctx.stream, round_id, range_id)
     with ctx.target.begin() as conn:
         limit_statement_time(conn, o.lease_ms)
-        row = raise_epoch(conn, table, *key, claim.epoch, claim.cursor, (claim.done, claim.skipped))
-    if row is None:
-        raise LeaseLostError(
-            f"round {round_id} range {range_id}: the ledger carries a newer owner's epoch than "
-            f"this claim's ({claim.epoch}); another try owns the range"
-        )
+        row = bump_epoch(conn, table, *key, claim.cursor, (claim.done, claim.skipped))
     if row.cursor > claim.cursor:
         claim = _fast_forward(ctx, round_id, range_id, claim, row.cursor, row, o)
     elif row.cursor < claim.cursor:  # Redis moved on without the ledger (the mode was off)
         with ctx.target.begin() as conn:
             limit_statement_time(conn, o.lease_ms)
             counters = (claim.done, claim.skipped)
-            move_row(conn, table, key, claim.epoch, row.cursor, claim.cursor, counters)
-    return claim, RunLedger(ctx, table, key, claim.epoch, row.failed, o)
+            move_row(conn, table, key, row.epoch, row.cursor, claim.cursor, counters)
+    return claim, RunLedger(ctx, table, key, row.epoch, row.failed, o)
 
 
 def _fast_forward(

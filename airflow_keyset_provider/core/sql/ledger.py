@@ -1,8 +1,8 @@
 """The ledger table on the target database: one row per range, the range's position as the
 target database saw it committed (``exactly_once``; ``core/run/ledger.py`` drives it).
 
-A row is ``(stream, round_id, range_id)`` -> ``epoch`` (the newest owner's claim epoch that
-touched it), ``cursor`` (the last key whose chunk's writes committed), ``done``/``skipped`` (the
+A row is ``(stream, round_id, range_id)`` -> ``epoch`` (the ledger's generation of owners, bumped
+by every claim), ``cursor`` (the last key whose chunk's writes committed), ``done``/``skipped`` (the
 range's counters at that commit) and ``failed`` (JSON list of ``[key, reason]``: the items that
 failed with the range's committed chunks, sparse). Nothing is written per row of data.
 
@@ -84,34 +84,33 @@ def _where(table: sa.Table, stream: str, round_id: str, range_id: int) -> Any:
     return sa.and_(c.stream == stream, c.round_id == round_id, c.range_id == range_id)
 
 
-def raise_epoch(
+def bump_epoch(
     conn: sa.Connection,
     table: sa.Table,
     stream: str,
     round_id: str,
     range_id: int,
-    epoch: int,
     cursor: str,
     counters: tuple[int, int],
-) -> LedgerRow | None:
-    """At a claim: raise the row's epoch to ``epoch`` (creating the row at ``cursor`` with
-    ``counters`` when there is none) and return it; None when the row already carries a newer
-    epoch (this claim is stale). Waits for (then sees) an older owner's commit that holds the
-    row's lock."""
+) -> LedgerRow:
+    """At a claim: add one to the row's epoch (creating the row at ``cursor`` with ``counters``
+    and epoch 1 when there is none) and return it. The epoch is the ledger's own generation of
+    owners, not Redis's: a round restored from the checkpoint mirror may hand out claim epochs
+    again from an older value, the ledger's never goes back. Waits for (then sees) an older
+    owner's commit that holds the row's lock."""
     where = _where(table, stream, round_id, range_id)
-    bump = sa.update(table).where(where, table.c.epoch <= epoch).values(epoch=epoch)
+    bump = sa.update(table).where(where).values(epoch=table.c.epoch + 1)
     if conn.execute(bump).rowcount == 0:
-        if read_row(conn, table, stream, round_id, range_id) is not None:
-            return None  # a newer owner raised it: this claim is stale
-        values = dict(stream=stream, round_id=round_id, range_id=range_id, epoch=epoch)
+        values = dict(stream=stream, round_id=round_id, range_id=range_id, epoch=1)
         values.update(cursor=cursor, done=counters[0], skipped=counters[1], failed="[]")
         try:
             with conn.begin_nested():
                 conn.execute(sa.insert(table).values(**values))
-        except sa.exc.IntegrityError:  # created concurrently: try the fence again
-            if conn.execute(bump).rowcount == 0:
-                return None
-    return read_row(conn, table, stream, round_id, range_id)
+        except sa.exc.IntegrityError:  # created concurrently: bump that row
+            conn.execute(bump)
+    row = read_row(conn, table, stream, round_id, range_id)
+    assert row is not None
+    return row
 
 
 def read_row(
@@ -140,13 +139,15 @@ def move_row(
 ) -> bool:
     """The fenced step of a commit: move the row from ``expected`` to ``new`` with the range's
     counters (and its failed items, when they changed), only if no newer owner raised its epoch
-    and the cursor is still where this owner left it. False: fenced (nothing changed)."""
+    and the cursor is still where this owner left it. False: fenced (nothing changed).
+    Either condition alone keeps a stale owner's transaction out (the cursor only moves
+    forward); the epoch also fails an owner whose successor claimed but committed nothing yet."""
     values: dict[str, Any] = {"cursor": new, "done": counters[0], "skipped": counters[1]}
     if failed is not None:
         values["failed"] = json.dumps(failed)
     step = (
         sa.update(table)
-        .where(_where(table, *key), table.c.epoch <= epoch, table.c.cursor == expected)
+        .where(_where(table, *key), table.c.epoch == epoch, table.c.cursor == expected)
         .values(**values)
     )
     return bool(conn.execute(step).rowcount == 1)
@@ -157,18 +158,18 @@ def touch_row(conn: sa.Connection, table: sa.Table, key: tuple[str, str, int], e
     first write, so the driver begins the transaction before any SAVEPOINT (whose release would
     otherwise commit); everywhere it fails early when a newer owner claimed the range."""
     c = table.c
-    step = sa.update(table).where(_where(table, *key), c.epoch <= epoch).values(epoch=c.epoch)
+    step = sa.update(table).where(_where(table, *key), c.epoch == epoch).values(epoch=c.epoch)
     return bool(conn.execute(step).rowcount == 1)
 
 
 __all__ = [
     "LEDGER_TABLE",
     "LedgerRow",
+    "bump_epoch",
     "create_ledger",
     "ledger_table",
     "limit_statement_time",
     "move_row",
-    "raise_epoch",
     "read_row",
     "touch_row",
 ]
