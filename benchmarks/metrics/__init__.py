@@ -31,6 +31,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "governor": ("governor", ("governor_rate", "adaptive_chunks")),
     "straggler": ("straggler", ("straggler_split",)),
     "ranges": ("many_ranges", ("ranges_overhead",)),
+    "exactly_once": ("exactly_once", ("exactly_once_writeback",)),
 }
 
 
