@@ -126,7 +126,8 @@ class Trial:
             with contextlib.suppress(AssertionError):  # B may wait for A's ledger row lock
                 rs.wait_for(lambda: not b.process.is_alive(), timeout=5.0, what="B")
         finally:
-            os.kill(a.pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # A had exited before the stop landed
+                os.kill(a.pid, signal.SIGCONT)
         self._check_outcome(b, "complete")
         a.join()
         out = a.outcome or {}
