@@ -132,6 +132,15 @@ class TraverseOptions:
     Checked before each chunk of the forward pass, once the call has read one chunk (so every
     call makes progress); item retry passes run to their end."""
 
+    exactly_once: bool = False
+    """Exactly-once effects for writes through ``chunk.connection`` (needs a target database):
+    one transaction per chunk (or group) on the target, each processor call in a SAVEPOINT of
+    it, and the range's ledger row (``keyset_ledger``: cursor, counters, owner epoch) written in
+    the same transaction, fenced by the claim's epoch, before the Redis cursor advances. A claim
+    moves Redis forward to the ledger when the ledger is ahead, so a chunk whose transaction
+    committed is never delivered again. Item retry passes stay at-least-once
+    (docs/contract.md, "Exactly-once effects")."""
+
     def __post_init__(self) -> None:
         for name in (
             "chunk_size",
@@ -184,6 +193,10 @@ class TraverseOptions:
             _check_number("chunk_timeout", self.chunk_timeout)
         if not isinstance(self.owner_lineage, str):
             raise ConfigurationError(f"owner_lineage must be a string, got {self.owner_lineage!r}")
+        if not isinstance(self.exactly_once, bool):
+            raise ConfigurationError(
+                f"exactly_once must be True or False, got {self.exactly_once!r}"
+            )
         if not isinstance(self.prefetch, bool):
             raise ConfigurationError(f"prefetch must be True or False, got {self.prefetch!r}")
 

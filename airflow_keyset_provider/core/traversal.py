@@ -45,6 +45,7 @@ from .run.context import RunContext
 from .run.pull import PullLoop, RoundPullResult
 from .run.state import ProgressCallback, ProgressHook, RangeResult
 from .run.traverse import check_range, run_restoring
+from .sql.ledger import LEDGER_TABLE
 from .sql.source import SqlSource
 from .sql.target import make_target_engine
 from .store.cursor_store import CursorStore, connect_redis
@@ -60,7 +61,8 @@ class KeysetTraversal:
     Redis keys share the hash tag ``{stream}``). Nothing is read or written until a method runs.
     ``target_url`` (a URL or Engine of the database the processor writes to) gives every processor
     call a transaction of its own as ``chunk.connection``, committed when the processor returns
-    and rolled back when it raises.
+    and rolled back when it raises. With ``exactly_once=True`` (a traverse option) the range's
+    ledger row in ``ledger_table`` on the target commits with those writes (``core/run/ledger.py``).
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class KeysetTraversal:
         checkpoint_url: Any = None,
         checkpoint_seconds: float = 10.0,
         target_url: Any = None,
+        ledger_table: str = LEDGER_TABLE,
         metrics: Metrics | None = None,
         retention_sql: str | None = None,
         where_params: dict[str, Any] | None = None,
@@ -112,6 +115,7 @@ class KeysetTraversal:
         self.checkpoint_seconds = checkpoint_seconds
         self._target_url = target_url
         self.target = make_target_engine(target_url) if target_url is not None else None
+        self.ledger_table = ledger_table  # exactly_once's table on the target
         self.metrics: Metrics = metrics or NullMetrics()
         self.tags = {"stream": stream}
         self.control = StreamControl(self.store, self.mirror)
@@ -286,6 +290,7 @@ class KeysetTraversal:
         dead_cap: int = 1000,
         group_commit_chunks: int = 1,
         group_commit_seconds: float | None = None,
+        exactly_once: bool = False,
         options: TraverseOptions | None = None,
         on_progress: ProgressCallback | None = None,
         progress_every_seconds: float = 5.0,
@@ -373,6 +378,7 @@ class KeysetTraversal:
             progress=progress or ProgressHook(),
             checkpoint_seconds=self.checkpoint_seconds,
             target=self.target,
+            ledger_table=self.ledger_table,
         )
 
     def _check_range(self, round_id: str, range_id: int) -> int:

@@ -76,6 +76,7 @@ _ENGINE_KNOBS = (
     "target_chunk_seconds",
     "min_chunk_size",
     "max_chunk_size",
+    "exactly_once",
 )
 
 
@@ -165,6 +166,9 @@ class TraverseRangeOperator(BaseOperator):
         a transaction the engine begins for that call, commits when the processor returns (its
         ``ChunkResult`` included) and rolls back when it raises. Bound parameters stay out of
         the logs. The processor never commits; the write-back helpers take the connection as is.
+    :param exactly_once: needs ``target_conn_id``: see ``TraverseOptions.exactly_once``. The
+        processor's writes through ``chunk.connection`` commit with the range's ledger row on the
+        target (table ``keyset_ledger``), so a crashed try never makes them twice.
     :param state_store_seconds: mirror the committed cursor and counters into the task state
         store at most this often (and once when the try ends); None: never.
     :param control_poll_seconds: see ``TraverseOptions.control_poll_seconds``.
@@ -219,6 +223,7 @@ class TraverseRangeOperator(BaseOperator):
         group_commit_seconds: float | None = None,
         checkpoint_conn_id: str | None = None,
         target_conn_id: str | None = None,
+        exactly_once: bool = False,
         state_store_seconds: float | None = 5.0,
         control_poll_seconds: float = 1.0,
         defer_after_seconds: float = 5.0,

@@ -36,6 +36,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "straggler": ("straggler", ("straggler_split",)),
     "ranges": ("many_ranges", ("ranges_overhead",)),
     "mariadb": ("mariadb", ("mariadb_noop_vs_loop", "mariadb_plan_time")),
+    "exactly_once": ("exactly_once", ("exactly_once_writeback",)),
 }
 
 

@@ -33,6 +33,7 @@ BAD_VALUES = [
     ("item_retry_delay", "0.5"),
     ("outage_failure_ratio", -0.5),
     ("prefetch", "yes"),
+    ("exactly_once", "yes"),
     ("log_every_seconds", -1),
     ("dead_cap", -1),
     ("dead_cap", 2.0),

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ..pace.stream_control import Pacer
     from ..sql.source import SqlSource
     from .context import RunContext
+    from .ledger import RunLedger
     from .state import Heartbeat, ProgressLog
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -69,6 +70,8 @@ class RangeCommits:
     heart: Heartbeat
     pacer: Pacer | None  # the stream's pause, throttle and health (``core/pace``)
     released: bool = False  # the completing advance released the lease (nothing left to do)
+    ledger: RunLedger | None = None  # exactly_once: the target's transaction and ledger row
+    probing: bool = False  # a canary call (isolation): its writes are always rolled back
 
     def _pace(self) -> bool:
         """Go on with the next chunk or item retry pass? ``RangeRun`` consults the pacer and the
@@ -97,6 +100,8 @@ class RangeCommits:
         """The processor call; with a target database, inside a transaction of its own that
         commits when the processor returns and rolls back when it raises (``chunk.connection``)."""
         target = self.ctx.target
+        if self.ledger is not None:  # exactly_once: a SAVEPOINT of the range's transaction
+            return self.ledger.call(self, chunk)
         if target is None:
             return self.processor(chunk)
         with target.begin() as conn:
@@ -164,6 +169,8 @@ class RangeCommits:
         metrics, tags = self.ctx.metrics, self.ctx.tags
         started = time.perf_counter()
         try:
+            if self.ledger is not None:  # exactly_once: the ledger row commits with the writes
+                self.ledger.commit(self, new, done, skipped, failed)
             with self.heart.lock:  # no beat in flight while this step may release the range
                 a = self._advance(new, done, skipped, resolved, failed)
                 if a.released:

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from ..metrics import Metrics, NullMetrics
 from ..rounds.control import StreamControl
 from ..rounds.mirror import CheckpointMirror
+from ..sql.ledger import LEDGER_TABLE
 from ..sql.source import SqlSource
 from ..store.cursor_store import CursorStore
 from .state import ProgressHook
@@ -41,6 +42,7 @@ class RunContext:
     progress: ProgressHook = field(default_factory=ProgressHook)
     checkpoint_seconds: float = 10.0
     target: sa.Engine | None = None  # the processor's database (``chunk.connection``)
+    ledger_table: str = LEDGER_TABLE  # exactly_once: the target's ledger table
 
     @property
     def stream(self) -> str:

@@ -221,7 +221,11 @@ class ItemFailures:
         if not rows:
             self.last_good = self.last_good_row = None
             return None
-        probe = self._probe(rows, attempt)
+        self.run.probing = True  # exactly_once rolls a canary's writes back (run/ledger.py)
+        try:
+            probe = self._probe(rows, attempt)
+        finally:
+            self.run.probing = False
         ok = not probe.whole and not probe.failed
         log.info(
             "round %s range %d: canary %s %s",

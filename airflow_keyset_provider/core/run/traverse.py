@@ -23,6 +23,7 @@ from ..pace.stream_control import Pace, Pacer, make_pacer
 from ..store.cursor_store import Claim
 from .claim import check_retention, claim_range, log_claim
 from .context import RunContext
+from .ledger import check_exactly_once, claim_ledger
 from .range_run import RangeRun
 from .split import Splitter
 from .state import CommittedRange, Heartbeat, HeartbeatThread, RangeResult
@@ -59,7 +60,13 @@ def run_range(
     started = time.monotonic()
     if deadline is None and o.max_task_seconds is not None:
         deadline = started + o.max_task_seconds
+    check_exactly_once(ctx, o)
     claim = claim_range(ctx, round_id, range_id, token, o, coalesce, pull)
+    ledger = None
+    if o.exactly_once and not claim.complete:  # the target's ledger first (``ledger.py``)
+        claim, ledger = claim_ledger(ctx, round_id, range_id, claim, o)
+        if claim.complete:
+            ctx.store.release(round_id, range_id, token)
     if claim.complete:
         return _already_complete(round_id, range_id, claim)
     check_retention(ctx, round_id, range_id, token, claim.cursor)
@@ -68,7 +75,7 @@ def run_range(
     own_pacer = pacer is None
     pacer = pacer or make_pacer(ctx.store, ctx.source.engine, ctx.stop, o)
     run = RangeRun(ctx, round_id, range_id, processor, claim, rng["hi"], o, pacer)
-    run.deadline, run.splitter = deadline, Splitter(run, split)
+    run.deadline, run.splitter, run.ledger = deadline, Splitter(run, split), ledger
     state = _run_leased(run, pacer, own_pacer, beats)
     return RangeResult(
         round_id,
@@ -123,6 +130,8 @@ def _run_leased(
     try:
         return run.run(heart)
     finally:
+        if run.ledger is not None:
+            run.ledger.close()  # roll back what no ledger step committed
         if own_pacer:
             pacer.stop()
         heart.stop()

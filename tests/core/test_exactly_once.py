@@ -1,0 +1,215 @@
+"""``exactly_once=True``: the range's ledger row commits in the same transaction as the
+processor's writes through ``chunk.connection``, fenced by the claim's epoch, before the Redis
+cursor moves. A chunk whose transaction committed is never delivered again (the next claim moves
+Redis forward to the ledger); a stale owner's transaction is rolled back. Each test writes one
+row per key into a table with no unique constraint, so a write done twice shows; each scenario
+runs without the mode too (the control), where the same fault writes a chunk twice.
+(Real PostgreSQL, SQLite and Redis.)"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+import sqlalchemy as sa
+from core_support import make_events, traversal
+
+from airflow_keyset_provider import RetryableError
+from airflow_keyset_provider.core import KeysetTraversal
+from airflow_keyset_provider.core.errors import ConfigurationError, LeaseLostError
+from airflow_keyset_provider.core.keys import encode_key
+
+
+def _effects(engine: sa.Engine) -> Counter:
+    with engine.connect() as c:
+        return Counter(r[0] for r in c.execute(sa.text("SELECT seq FROM effects")))
+
+
+def _prepare(source: sa.Engine, target: sa.Engine, n: int) -> None:
+    make_events(source, list(range(1, n + 1)))
+    with target.begin() as c:  # no unique constraint: a write done twice would show
+        c.execute(sa.text("CREATE TABLE effects (seq bigint NOT NULL)"))
+
+
+def _write(chunk: Any) -> None:
+    chunk.connection.execute(
+        sa.text("INSERT INTO effects VALUES (:s)"), [{"s": k} for k in chunk.keys]
+    )
+
+
+def _ledger(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as c:
+        return list(c.execute(sa.text("SELECT cursor, done, epoch FROM keyset_ledger")))
+
+
+class StealAfter:
+    """Writes each chunk; while processing the chunk starting at ``at``, another owner of the
+    same lineage "takes" the range in Redis (its owner field changes), so this try's Redis
+    advance is refused after the target committed: the crash between the two commits."""
+
+    def __init__(self, client: redis.Redis, t: KeysetTraversal, rnd: Any, at: int) -> None:
+        self.client, self.key, self.at = client, t.store.range_key(rnd.round_id, 0), at
+        self.deliveries: Counter = Counter()
+
+    def __call__(self, chunk: Any) -> None:
+        _write(chunk)
+        self.deliveries[chunk.keys[0]] += 1
+        if chunk.keys[0] == self.at and self.deliveries[self.at] == 1:
+            self.client.hset(self.key, "owner", "lineage-a#taken-over")
+
+
+@pytest.mark.parametrize("mode", [True, False], ids=["exactly_once", "control"])
+def test_a_chunk_committed_but_not_advanced_is_not_delivered_again(
+    mode, pg_engine, pg_schema_url, redis_url, redis_client, key_prefix
+):
+    _prepare(pg_engine, pg_engine, 500)
+    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
+    rnd = t.plan(max_ranges=1)
+    proc = StealAfter(redis_client, t, rnd, at=201)
+    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=mode)
+    with pytest.raises(LeaseLostError):
+        t.traverse(rnd.round_id, 0, proc, **kw)
+    res = t.traverse(rnd.round_id, 0, proc, **kw)  # the next try of the same lineage
+    assert res.complete and res.done == 500
+    effects = _effects(pg_engine)
+    if mode:
+        assert effects == Counter(range(1, 501)) and proc.deliveries[201] == 1
+        assert _ledger(pg_engine)[0][:2] == (encode_key((500,)), 500)
+    else:  # at-least-once: the chunk that committed without its advance is written again
+        assert proc.deliveries[201] == 2
+        assert {k for k, n in effects.items() if n == 2} == set(range(201, 301))
+    t.close()
+
+
+@pytest.mark.parametrize("mode", [True, False], ids=["exactly_once", "control"])
+def test_a_stale_owners_transaction_is_rolled_back(
+    mode, pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """Owner A is in the middle of chunk (200, 300] when B (a new try of the lineage) takes the
+    range over and runs it to the end. A's processor then returns: its transaction finds the
+    ledger's epoch raised by B and rolls back (``LeaseLostError``)."""
+    _prepare(pg_engine, pg_engine, 500)
+    a = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
+    b = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
+    rnd = a.plan(max_ranges=1)
+    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=mode)
+    results = []
+
+    def owner_a(chunk: Any) -> None:
+        _write(chunk)
+        if chunk.keys[0] == 201 and not results:
+            results.append(b.traverse(rnd.round_id, 0, _write, **kw))  # B takes over
+
+    with pytest.raises(LeaseLostError):
+        a.traverse(rnd.round_id, 0, owner_a, **kw)
+    assert results[0].complete
+    effects = _effects(pg_engine)
+    if mode:
+        assert effects == Counter(range(1, 501))
+    else:
+        assert {k for k, n in effects.items() if n == 2} == set(range(201, 301))
+    a.close()
+    b.close()
+
+
+def test_group_commit_spans_one_transaction(
+    pg_engine, pg_schema_url, redis_url, redis_client, key_prefix
+):
+    """With group commit the transaction spans the group: a lost advance of a group of three
+    chunks delivers none of them again."""
+    _prepare(pg_engine, pg_engine, 900)
+    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
+    rnd = t.plan(max_ranges=1)
+    proc = StealAfter(redis_client, t, rnd, at=401)
+    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True, group_commit_chunks=3)
+    with pytest.raises(LeaseLostError):
+        t.traverse(rnd.round_id, 0, proc, **kw)
+    with pg_engine.connect() as c:  # the group (300, 600] committed with the ledger
+        assert c.execute(sa.text("SELECT count(*) FROM effects")).scalar() == 600
+    res = t.traverse(rnd.round_id, 0, proc, **kw)
+    assert res.complete and res.done == 900
+    assert _effects(pg_engine) == Counter(range(1, 901))
+    assert sum(proc.deliveries.values()) == 9
+    t.close()
+
+
+def test_a_raising_call_and_a_canary_leave_nothing(pg_engine, pg_schema_url, redis_url, key_prefix):
+    """A call that writes then raises is rolled back to its SAVEPOINT; isolation's canary (a key
+    processed before, delivered alone again) is rolled back whatever it returns; the poison key
+    (it fails alone, then in every retry pass) writes nothing; every other key exactly once."""
+    _prepare(pg_engine, pg_engine, 60)
+    outages: Counter = Counter()
+
+    def proc(chunk: Any) -> None:
+        _write(chunk)
+        if 37 in chunk.keys:
+            raise ValueError("poison row")
+        if chunk.keys[0] == 11 and outages[11] == 0:
+            outages[11] += 1
+            raise RetryableError("the sink went away after the insert")
+
+    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
+    rnd = t.plan(max_ranges=1)
+    res = t.traverse(
+        rnd.round_id, 0, proc, chunk_size=10, exactly_once=True, backoff_base=0.01,
+        item_retry_delay=0.01,
+    )  # fmt: skip
+    assert res.complete and res.dead == 1 and res.done == 59
+    assert _effects(pg_engine) == Counter(k for k in range(1, 61) if k != 37)
+    t.close()
+
+
+def test_a_sqlite_target(pg_engine, pg_schema_url, redis_url, redis_client, key_prefix, tmp_path):
+    target_url = f"sqlite:///{tmp_path / 'target.db'}"
+    target = sa.create_engine(target_url)
+    _prepare(pg_engine, target, 500)
+    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=target_url)
+    rnd = t.plan(max_ranges=1)
+    proc = StealAfter(redis_client, t, rnd, at=201)
+    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True)
+    with pytest.raises(LeaseLostError):
+        t.traverse(rnd.round_id, 0, proc, **kw)
+    res = t.traverse(rnd.round_id, 0, proc, **kw)
+    assert res.complete and res.done == 500
+    assert _effects(target) == Counter(range(1, 501)) and proc.deliveries[201] == 1
+    t.close()
+    target.dispose()
+
+
+def test_the_mode_needs_a_target(pg_engine, pg_schema_url, redis_url, key_prefix):
+    make_events(pg_engine, [1, 2, 3])
+    t = traversal(pg_schema_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=1)
+    with pytest.raises(ConfigurationError, match="needs a target database"):
+        t.traverse(rnd.round_id, 0, _write, exactly_once=True)
+    with pytest.raises(ConfigurationError, match="exactly_once must be True or False"):
+        t.traverse(rnd.round_id, 0, _write, exactly_once="yes")
+    t.close()
+
+
+def test_a_round_restored_from_the_mirror_resumes_at_the_ledger(
+    pg_engine, pg_schema_url, redis_url, redis_client, key_prefix
+):
+    """Redis loses the stream; the round comes back from the checkpoint mirror, behind the last
+    commit and with claim epochs counted again from there. The ledger's own epoch (bumped by
+    every claim) still admits the new owner, which moves the cursor forward to the ledger."""
+    _prepare(pg_engine, pg_engine, 500)
+    t = traversal(
+        pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url,
+        checkpoint_url=pg_schema_url, checkpoint_seconds=3600,
+    )  # fmt: skip
+    rnd = t.plan(max_ranges=1)
+
+    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True)
+    for at in (201, 301):  # two owners, each losing its last advance
+        with pytest.raises(LeaseLostError):
+            t.traverse(rnd.round_id, 0, StealAfter(redis_client, t, rnd, at), **kw)
+    assert _ledger(pg_engine)[0] == (encode_key((400,)), 400, 2)
+    for k in list(redis_client.scan_iter(match=f"{key_prefix}:*")):
+        redis_client.delete(k)
+    res = t.traverse(rnd.round_id, 0, _write, **kw)  # restored at a claim epoch below 2
+    assert res.complete and res.done == 500
+    assert _effects(pg_engine) == Counter(range(1, 501))
+    t.close()
