@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 
-from ..chunk import Chunk, ChunkResult
+from ..chunk import Chunk, ChunkResult, Processor
 from ..errors import ConfigurationError, LeaseLostError
 from ..keys import encode_key
 from ..options import TraverseOptions
@@ -44,12 +44,25 @@ from ..sql.ledger import (
     touch_row,
 )
 from ..store.cursor_store import Claim
+from .state import CommittedRange
 
 if TYPE_CHECKING:
-    from .commits import RangeCommits
     from .context import RunContext
 
 log = logging.getLogger("airflow_keyset_provider")
+
+
+class RangeCommits(Protocol):
+    """What the ledger uses of a range's run (``commits.RangeCommits``; no import of it, so the
+    run and its ledger do not import each other)."""
+
+    arity: int
+    hi: str
+    read: str
+    probing: bool
+    processor: Processor
+    state: CommittedRange
+
 
 _created: set[tuple[int, str]] = set()  # (engine, table) pairs whose ledger table exists
 
