@@ -27,6 +27,7 @@ layout version and ``count(*)`` equals ``N``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -42,7 +43,10 @@ GAP = 1_000_000_000
 
 
 def schema_for(rows: int) -> str:
-    return f"kbench_scale_{rows}"
+    """The table's schema: ``kbench_scale_<rows>`` (built once, reused), or
+    ``KEYSET_BENCH_SCALE_SCHEMA`` when set (the smoke test's own, so suites running side by side
+    never build or drop each other's)."""
+    return os.environ.get("KEYSET_BENCH_SCALE_SCHEMA") or f"kbench_scale_{rows}"
 
 
 def key_of(g: int) -> int:

@@ -10,6 +10,7 @@ here). The reuse check: a second ``ensure_big`` keeps the table (same build seco
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,9 @@ ROWS = 2_345
 
 
 @pytest.fixture
-def ctx(pg_url: str, redis_url: str) -> Iterator[BenchContext]:
+def ctx(pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[BenchContext]:
+    # a schema of this test's own: two suites side by side must not share the table
+    monkeypatch.setenv("KEYSET_BENCH_SCALE_SCHEMA", f"kbench_scale_t{uuid.uuid4().hex[:8]}")
     c = BenchContext(rows=ROWS, pg_url=pg_url, redis_url=redis_url, chunk_size=200)
     with pg_cursor(c) as cur:
         cur.execute(f"DROP SCHEMA IF EXISTS {schema_for(ROWS)} CASCADE")
