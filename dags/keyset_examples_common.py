@@ -65,7 +65,13 @@ def task_defaults() -> dict[str, Any]:
 # --------------------------------------------------------------------------- tables
 
 _BIGINT = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER only
-_KEY_TEXT = sa.Text().with_variant(sa.Text(collation="C"), "postgresql")  # byte order, as keys need
+# text keys in byte order, as keys need; MySQL/MariaDB index no TEXT key (VARCHAR, binary order)
+_KEY_TEXT = (
+    sa.Text()
+    .with_variant(sa.Text(collation="C"), "postgresql")
+    .with_variant(sa.String(64, collation="utf8mb4_nopad_bin"), "mysql", "mariadb")
+)
+_ID_TEXT = sa.Text().with_variant(sa.String(64), "mysql", "mariadb")  # a round id, a region name
 
 
 def example_metadata() -> sa.MetaData:
@@ -106,16 +112,16 @@ def example_metadata() -> sa.MetaData:
     sa.Table(
         ROLLUP_ROWS_TABLE,
         md,
-        sa.Column("round_id", sa.Text, primary_key=True),
-        sa.Column("region", sa.Text, primary_key=True),
+        sa.Column("round_id", _ID_TEXT, primary_key=True),
+        sa.Column("region", _ID_TEXT, primary_key=True),
         sa.Column("sale_id", sa.BigInteger, primary_key=True, autoincrement=False),
         sa.Column("amount_cents", sa.BigInteger, nullable=False),
     )
     sa.Table(
         ROLLUP_SUMMARY_TABLE,
         md,
-        sa.Column("round_id", sa.Text, primary_key=True),
-        sa.Column("region", sa.Text, primary_key=True),
+        sa.Column("round_id", _ID_TEXT, primary_key=True),
+        sa.Column("region", _ID_TEXT, primary_key=True),
         sa.Column("sales", sa.BigInteger, nullable=False),
         sa.Column("amount_cents", sa.BigInteger, nullable=False),
     )

@@ -181,3 +181,31 @@ def test_dag_on_mariadb_chains_rounds_with_mysql_source_mirror_and_target(
     assert [json.loads(d)["watermark"] for _, i, d in mirrored if i == -2] == [encode_key((320,))]
     assert {r for r, i, _ in mirrored if i == -1} == {"r1", "r2"}
     assert len([1 for r, i, _ in mirrored if r == "r1" and i >= 0]) == 3
+
+
+def test_the_nightly_example_dag_runs_on_mariadb(airflow_env, mariadb_db_url, monkeypatch):
+    """``dags/nightly_event_redispatch.py`` itself, its tables made by the examples'
+    ``create_example_tables`` on MariaDB and its connection ``keyset_examples_db`` of type
+    ``mysql``: every event delivered to the outbox once (the upsert on MySQL/MariaDB), the round
+    closed, the watermark at the end."""
+    import nightly_event_redispatch as module
+    from keyset_examples_common import create_example_tables, example_metadata
+
+    monkeypatch.setenv("AIRFLOW_CONN_KEYSET_EXAMPLES_DB", mysql_conn(mariadb_db_url, "pymysql"))
+    engine = sa.create_engine(mariadb_db_url, poolclass=NullPool)
+    create_example_tables(engine)
+    events = example_metadata().tables["im_events"]
+    with engine.begin() as conn:
+        conn.execute(
+            events.insert(),
+            [{"user_id": i % 7, "kind": "msg", "payload": f"p{i}"} for i in range(430)],
+        )
+    dr = module.dag.test()
+    assert dr.state == DagRunState.SUCCESS
+    totals = xcom(dr, "barrier")
+    assert (totals["end_key"], totals["watermark"]) == (430, 430)
+    assert (totals["done"], totals["skipped"], totals["dead"]) == (430, 0, 0)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql(
+            "SELECT count(*), count(DISTINCT event_seq) FROM im_outbox"
+        ).one() == (430, 430)
