@@ -7,6 +7,7 @@ operators in the DAG file) comes from the wheel."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -30,7 +31,14 @@ print(get_provider_info()["package-name"], pkg)
 """
 
 
-def test_the_demo_runs_from_the_installed_wheel(tmp_path: Path) -> None:
+def test_the_demo_runs_from_the_installed_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as on a user's machine: no Airflow settings or example settings from other tests (the
+    # Airflow tests' conftest sets AIRFLOW_HOME, key prefixes ... for the whole session)
+    for name in list(os.environ):
+        if name.startswith(("AIRFLOW", "KEYSET_EXAMPLE_")):
+            monkeypatch.delenv(name)
     venv = wheel_support.wheel_venv(tmp_path)
     project = tmp_path / "project"
     shutil.copytree(REPO / "dags", project / "dags", ignore=shutil.ignore_patterns("__pycache__"))
