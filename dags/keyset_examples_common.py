@@ -159,7 +159,8 @@ def target_engine(conn_id: str = SOURCE_CONN_ID) -> sa.Engine:
     if engine is None:
         for old in [k for k in _ENGINES if k[0] == conn_id]:
             _ENGINES.pop(old).dispose()
-        engine = sa.create_engine(KeysetHook(conn_id).source_url(), pool_pre_ping=True)
+        engine = KeysetHook(target_conn_id=conn_id).target_engine()  # hides bound parameters
+        assert engine is not None
         create_example_tables(engine)
         _ENGINES[(conn_id, scope)] = engine
     return engine

@@ -44,7 +44,7 @@ from .rounds.status import RangeStatus, RoundState
 from .run.context import RunContext
 from .run.pull import PullLoop, RoundPullResult
 from .run.state import ProgressCallback, ProgressHook, RangeResult
-from .run.traverse import check_range, run_restoring
+from .run.traverse import run_restoring
 from .sql.ledger import LEDGER_TABLE
 from .sql.source import SqlSource
 from .sql.target import make_target_engine
@@ -380,10 +380,6 @@ class KeysetTraversal:
             target=self.target,
             ledger_table=self.ledger_table,
         )
-
-    def _check_range(self, round_id: str, range_id: int) -> int:
-        """The range exists and the round was planned over this source; its ``n_ranges``."""
-        return check_range(self._context(), round_id, range_id)
 
     def replay_dead_letters(
         self,
