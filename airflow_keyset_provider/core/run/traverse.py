@@ -10,6 +10,7 @@ the round, the loss is raised (``RoundStateLostError``), never read as "nothing 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -23,7 +24,7 @@ from ..pace.stream_control import Pace, Pacer, make_pacer
 from ..store.cursor_store import Claim
 from .claim import check_retention, claim_range, log_claim
 from .context import RunContext
-from .ledger import check_exactly_once, claim_ledger
+from .ledger import RunLedger, check_exactly_once, claim_ledger
 from .range_run import RangeRun
 from .split import Splitter
 from .state import CommittedRange, Heartbeat, HeartbeatThread, RangeResult
@@ -62,11 +63,7 @@ def run_range(
         deadline = started + o.max_task_seconds
     check_exactly_once(ctx, o)
     claim = claim_range(ctx, round_id, range_id, token, o, coalesce, pull)
-    ledger = None
-    if o.exactly_once and not claim.complete:  # the target's ledger first (``ledger.py``)
-        claim, ledger = claim_ledger(ctx, round_id, range_id, claim, o)
-        if claim.complete:
-            ctx.store.release(round_id, range_id, token)
+    claim, ledger = _with_ledger(ctx, round_id, range_id, token, claim, o)
     if claim.complete:
         return _already_complete(round_id, range_id, claim)
     check_retention(ctx, round_id, range_id, token, claim.cursor)
@@ -95,6 +92,25 @@ def run_range(
         pacer.retry_after if run.yielded in (Pace.THROTTLED, Pace.UNHEALTHY) else 0.0,
         claim.absorbed,
     )
+
+
+def _with_ledger(
+    ctx: RunContext, round_id: str, range_id: int, token: str, claim: Claim, o: TraverseOptions
+) -> tuple[Claim, RunLedger | None]:
+    """With ``exactly_once``: the target's ledger step of the claim (``ledger.py``). The lease
+    is released when that step fails (the target is down or the statement timed out: the next
+    try claims at once instead of waiting out the lease) or finds the range complete."""
+    if not o.exactly_once or claim.complete:
+        return claim, None
+    try:
+        claim, ledger = claim_ledger(ctx, round_id, range_id, claim, o)
+    except BaseException:
+        with contextlib.suppress(Exception):  # a failed release expires by itself
+            ctx.store.release(round_id, range_id, token)
+        raise
+    if claim.complete:
+        ctx.store.release(round_id, range_id, token)
+    return claim, ledger
 
 
 def _already_complete(round_id: str, range_id: int, claim: Claim) -> RangeResult:

@@ -135,11 +135,18 @@ def test_group_commit_spans_one_transaction(
     t.close()
 
 
-def test_a_raising_call_and_a_canary_leave_nothing(pg_engine, pg_schema_url, redis_url, key_prefix):
+@pytest.mark.parametrize("db", ["postgresql", "sqlite"])
+def test_a_raising_call_and_a_canary_leave_nothing(
+    db, pg_engine, pg_schema_url, redis_url, key_prefix, tmp_path
+):
     """A call that writes then raises is rolled back to its SAVEPOINT; isolation's canary (a key
     processed before, delivered alone again) is rolled back whatever it returns; the poison key
-    (it fails alone, then in every retry pass) writes nothing; every other key exactly once."""
-    _prepare(pg_engine, pg_engine, 60)
+    (it fails alone, then in every retry pass) writes nothing; every other key exactly once. On
+    SQLite the canary runs in a SAVEPOINT of the open transaction (another connection would
+    wait for its write lock)."""
+    target_url = pg_schema_url if db == "postgresql" else f"sqlite:///{tmp_path / 'target.db'}"
+    target = pg_engine if db == "postgresql" else sa.create_engine(target_url)
+    _prepare(pg_engine, target, 60)
     outages: Counter = Counter()
 
     def proc(chunk: Any) -> None:
@@ -150,15 +157,17 @@ def test_a_raising_call_and_a_canary_leave_nothing(pg_engine, pg_schema_url, red
             outages[11] += 1
             raise RetryableError("the sink went away after the insert")
 
-    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
+    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=target_url)
     rnd = t.plan(max_ranges=1)
     res = t.traverse(
         rnd.round_id, 0, proc, chunk_size=10, exactly_once=True, backoff_base=0.01,
         item_retry_delay=0.01,
     )  # fmt: skip
     assert res.complete and res.dead == 1 and res.done == 59
-    assert _effects(pg_engine) == Counter(k for k in range(1, 61) if k != 37)
+    assert _effects(target) == Counter(k for k in range(1, 61) if k != 37)
     t.close()
+    if target is not pg_engine:
+        target.dispose()
 
 
 def test_a_sqlite_target(pg_engine, pg_schema_url, redis_url, redis_client, key_prefix, tmp_path):
@@ -212,4 +221,21 @@ def test_a_round_restored_from_the_mirror_resumes_at_the_ledger(
     res = t.traverse(rnd.round_id, 0, _write, **kw)  # restored at a claim epoch below 2
     assert res.complete and res.done == 500
     assert _effects(pg_engine) == Counter(range(1, 501))
+    t.close()
+
+
+def test_a_failing_ledger_step_at_the_claim_releases_the_lease(
+    pg_engine, pg_schema_url, redis_url, key_prefix, tmp_path
+):
+    """The target is unreachable when the claim bumps the ledger's epoch: the try fails with
+    the database's error and gives its lease back, so the next try claims at once (instead of
+    waiting out a 10-minute lease); nothing was read."""
+    make_events(pg_engine, list(range(1, 21)))
+    unreachable = f"sqlite:///{tmp_path / 'no-such-dir' / 'target.db'}"
+    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=unreachable)
+    rnd = t.plan(max_ranges=1)
+    with pytest.raises(sa.exc.OperationalError):
+        t.traverse(rnd.round_id, 0, _write, exactly_once=True, lease_seconds=600)
+    status = t.range_status(rnd.round_id)[0]
+    assert status["lease_left_s"] == 0 and status["done"] == 0
     t.close()

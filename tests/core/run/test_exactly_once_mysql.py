@@ -1,0 +1,151 @@
+"""``exactly_once=True`` with a MariaDB/MySQL target (InnoDB, REPEATABLE READ, the server's
+default): the ledger row commits with the processor's writes, a chunk committed whose Redis
+advance was lost is not delivered again, a stale owner's transaction rolls back, a group of
+chunks is one transaction, and the ledger table is created on first use. With either driver:
+PyMySQL and mysqlclient (``mysql+mysqldb://``, the one Airflow's MySQL hook hands out). The
+source is PostgreSQL; the target a fresh MariaDB database. (Real servers.)"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import _services
+import pytest
+import sqlalchemy as sa
+from core_support import make_events, traversal
+from sqlalchemy.pool import NullPool
+from test_exactly_once import StealAfter
+
+from airflow_keyset_provider import RetryableError
+from airflow_keyset_provider.core.errors import LeaseLostError
+from airflow_keyset_provider.core.keys import encode_key
+
+DRIVERS = ["pymysql", "mysqldb"]
+
+
+@pytest.fixture(params=DRIVERS)
+def target(request, mariadb_db_url):
+    """(URL, engine) of the MariaDB target with the test's driver, holding ``effects`` (no
+    unique key: a row written twice shows)."""
+    driver = request.param
+    if driver == "mysqldb":
+        _services.require_module("MySQLdb", _services.MYSQLCLIENT_WHY)
+    url = sa.engine.make_url(mariadb_db_url).set(drivername=f"mysql+{driver}")
+    rendered = url.render_as_string(hide_password=False)
+    engine = sa.create_engine(rendered, poolclass=NullPool)
+    with engine.begin() as c:
+        c.exec_driver_sql("CREATE TABLE effects (seq bigint NOT NULL) ENGINE=InnoDB")
+    yield rendered, engine
+    engine.dispose()
+
+
+def _write(chunk: Any) -> None:
+    chunk.connection.execute(
+        sa.text("INSERT INTO effects VALUES (:s)"), [{"s": k} for k in chunk.keys]
+    )
+
+
+def _effects(engine: sa.Engine) -> Counter:
+    with engine.connect() as c:
+        return Counter(r[0] for r in c.execute(sa.text("SELECT seq FROM effects")))
+
+
+def _ledger(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as c:
+        q = "SELECT `cursor`, done, epoch FROM keyset_ledger ORDER BY range_id"
+        return list(c.execute(sa.text(q)))
+
+
+def test_a_chunk_committed_but_not_advanced_is_not_delivered_again(
+    target, pg_engine, pg_schema_url, redis_url, redis_client, key_prefix
+):
+    url, engine = target
+    make_events(pg_engine, list(range(1, 501)))
+    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
+    rnd = t.plan(max_ranges=1)
+    proc = StealAfter(redis_client, t, rnd, at=201)
+    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True)
+    with pytest.raises(LeaseLostError):
+        t.traverse(rnd.round_id, 0, proc, **kw)
+    with engine.connect() as c:  # (200, 300] committed with the ledger, its advance refused
+        assert c.execute(sa.text("SELECT count(*) FROM effects")).scalar() == 300
+    res = t.traverse(rnd.round_id, 0, proc, **kw)
+    assert res.complete and res.done == 500
+    assert _effects(engine) == Counter(range(1, 501)) and proc.deliveries[201] == 1
+    assert _ledger(engine) == [(encode_key((500,)), 500, 2)]
+    t.close()
+
+
+def test_a_stale_owners_transaction_is_rolled_back(
+    target, pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """A is in the middle of (200, 300] (its insert done, uncommitted) when B takes the range
+    over and finishes it; A's ledger step then finds the epoch raised and rolls back."""
+    url, engine = target
+    make_events(pg_engine, list(range(1, 501)))
+    a = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
+    b = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
+    rnd = a.plan(max_ranges=1)
+    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True)
+    results = []
+
+    def owner_a(chunk: Any) -> None:
+        _write(chunk)
+        if chunk.keys[0] == 201 and not results:
+            results.append(b.traverse(rnd.round_id, 0, _write, **kw))
+
+    with pytest.raises(LeaseLostError, match="ledger row moved on"):
+        a.traverse(rnd.round_id, 0, owner_a, **kw)
+    assert results[0].complete
+    assert _effects(engine) == Counter(range(1, 501))
+    a.close()
+    b.close()
+
+
+def test_group_commit_spans_one_transaction(
+    target, pg_engine, pg_schema_url, redis_url, redis_client, key_prefix
+):
+    url, engine = target
+    make_events(pg_engine, list(range(1, 901)))
+    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
+    rnd = t.plan(max_ranges=1)
+    proc = StealAfter(redis_client, t, rnd, at=401)
+    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True, group_commit_chunks=3)
+    with pytest.raises(LeaseLostError):
+        t.traverse(rnd.round_id, 0, proc, **kw)
+    with engine.connect() as c:  # the group (300, 600] committed with the ledger
+        assert c.execute(sa.text("SELECT count(*) FROM effects")).scalar() == 600
+    res = t.traverse(rnd.round_id, 0, proc, **kw)
+    assert res.complete and res.done == 900
+    assert _effects(engine) == Counter(range(1, 901))
+    assert sum(proc.deliveries.values()) == 9
+    t.close()
+
+
+def test_a_raising_call_and_a_canary_leave_nothing(
+    target, pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """SAVEPOINTs on InnoDB: a call that writes then raises leaves nothing, isolation's canary
+    is rolled back, the poison key writes nothing; every other key exactly once."""
+    url, engine = target
+    make_events(pg_engine, list(range(1, 61)))
+    outages: Counter = Counter()
+
+    def proc(chunk: Any) -> None:
+        _write(chunk)
+        if 37 in chunk.keys:
+            raise ValueError("poison row")
+        if chunk.keys[0] == 11 and outages[11] == 0:
+            outages[11] += 1
+            raise RetryableError("the sink went away after the insert")
+
+    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
+    rnd = t.plan(max_ranges=1)
+    res = t.traverse(
+        rnd.round_id, 0, proc, chunk_size=10, exactly_once=True, backoff_base=0.01,
+        item_retry_delay=0.01,
+    )  # fmt: skip
+    assert res.complete and res.dead == 1 and res.done == 59
+    assert _effects(engine) == Counter(k for k in range(1, 61) if k != 37)
+    t.close()
