@@ -60,6 +60,22 @@ class StealAfter:
             self.client.hset(self.key, "owner", "lineage-a#taken-over")
 
 
+def poison_and_outage(write: Any) -> Any:
+    """A processor that writes every chunk, then raises for the poison key 37 and once (the
+    sink went away after the insert) for the chunk starting at 11."""
+    outages: Counter = Counter()
+
+    def proc(chunk: Any) -> None:
+        write(chunk)
+        if 37 in chunk.keys:
+            raise ValueError("poison row")
+        if chunk.keys[0] == 11 and outages[11] == 0:
+            outages[11] += 1
+            raise RetryableError("the sink went away after the insert")
+
+    return proc
+
+
 @pytest.mark.parametrize("mode", [True, False], ids=["exactly_once", "control"])
 def test_a_chunk_committed_but_not_advanced_is_not_delivered_again(
     mode, pg_engine, pg_schema_url, redis_url, redis_client, key_prefix
@@ -147,16 +163,7 @@ def test_a_raising_call_and_a_canary_leave_nothing(
     target_url = pg_schema_url if db == "postgresql" else f"sqlite:///{tmp_path / 'target.db'}"
     target = pg_engine if db == "postgresql" else sa.create_engine(target_url)
     _prepare(pg_engine, target, 60)
-    outages: Counter = Counter()
-
-    def proc(chunk: Any) -> None:
-        _write(chunk)
-        if 37 in chunk.keys:
-            raise ValueError("poison row")
-        if chunk.keys[0] == 11 and outages[11] == 0:
-            outages[11] += 1
-            raise RetryableError("the sink went away after the insert")
-
+    proc = poison_and_outage(_write)
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=target_url)
     rnd = t.plan(max_ranges=1)
     res = t.traverse(

@@ -15,9 +15,8 @@ import pytest
 import sqlalchemy as sa
 from core_support import make_events, traversal
 from sqlalchemy.pool import NullPool
-from test_exactly_once import StealAfter
+from test_exactly_once import StealAfter, poison_and_outage
 
-from airflow_keyset_provider import RetryableError
 from airflow_keyset_provider.core.errors import LeaseLostError
 from airflow_keyset_provider.core.keys import encode_key
 
@@ -130,16 +129,7 @@ def test_a_raising_call_and_a_canary_leave_nothing(
     is rolled back, the poison key writes nothing; every other key exactly once."""
     url, engine = target
     make_events(pg_engine, list(range(1, 61)))
-    outages: Counter = Counter()
-
-    def proc(chunk: Any) -> None:
-        _write(chunk)
-        if 37 in chunk.keys:
-            raise ValueError("poison row")
-        if chunk.keys[0] == 11 and outages[11] == 0:
-            outages[11] += 1
-            raise RetryableError("the sink went away after the insert")
-
+    proc = poison_and_outage(_write)
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
     rnd = t.plan(max_ranges=1)
     res = t.traverse(
