@@ -22,6 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--parallelism", type=int, default=4, help="AIRFLOW__CORE__PARALLELISM (airflow only)"
     )
+    p.add_argument(
+        "--tasks",
+        type=int,
+        default=16,
+        help="the plan's max_tasks: mapped pull tasks (airflow only)",
+    )
     p.add_argument("--metadata", choices=["postgres", "sqlite"], default="postgres")
     p.add_argument("--pg-url", default=DEFAULT_PG_URL)
     p.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
@@ -36,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "airflow":
             from benchmarks.scale import airflow_round
 
-            print(airflow_round.main(ctx, a.rows, a.parallelism, a.metadata))
+            print(airflow_round.main(ctx, a.rows, a.parallelism, a.metadata, a.tasks))
             return 0
         raw = run.measure(ctx, a.rows, a.repeat, writeback=not a.no_writeback)
         summary = run.summarize(a.rows, raw, run.reference_summary())

@@ -108,7 +108,7 @@ def breakdown(run: dict[str, Any], tis: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _env(
-    ctx: BenchContext, schema: str, rows: int, stream: str, parallelism: int
+    ctx: BenchContext, schema: str, rows: int, stream: str, parallelism: int, tasks: int
 ) -> dict[str, str]:
     ds = _ds()
     return {
@@ -120,7 +120,7 @@ def _env(
         "KBENCH_SCALE_PREFIX": ctx.prefix,
         "KBENCH_SCALE_END": str(key_of(rows)),
         "KBENCH_SCALE_RANGES": str(sr.MANY),
-        "KBENCH_SCALE_TASKS": str(sr.TASKS),
+        "KBENCH_SCALE_TASKS": str(tasks),
         "KBENCH_SCALE_CHUNK": str(ctx.chunk_size),
         "KBENCH_SCALE_POKE_S": "1",
         "KBENCH_SCALE_RETRIES": "1",  # a task that met a full server (too many clients) retries
@@ -138,11 +138,16 @@ def _wait_run(dep: Any, run_id: str) -> dict[str, Any]:
 
 
 def measure(
-    ctx: BenchContext, rows: int, parallelism: int, metadata: str = "postgres"
+    ctx: BenchContext,
+    rows: int,
+    parallelism: int,
+    metadata: str = "postgres",
+    tasks: int = sr.TASKS,
 ) -> dict[str, Any]:
     """Engine alone, then the DAG run on a fresh deployment; both figures and the breakdown.
 
-    ``metadata``: ``postgres`` (a throwaway database on the same server) or ``sqlite`` (a file in
+    ``tasks``: the plan's ``max_tasks`` (the mapped pull tasks; the engine alone always runs
+    ``sr.TASKS`` processes). ``metadata``: ``postgres`` (a throwaway database on the same server) or ``sqlite`` (a file in
     the throwaway home: fewer connections on a shared server; LocalExecutor either way)."""
     ds = _ds()
     built = ensure_big(ctx, rows)
@@ -160,7 +165,7 @@ def measure(
                 home,
                 sqlite if metadata == "sqlite" else deployments.database_url(),
                 dags,
-                _env(ctx, built["schema"], rows, stream, parallelism),
+                _env(ctx, built["schema"], rows, stream, parallelism, tasks),
                 DAG_ID,
                 deployments.started,
             )
@@ -183,6 +188,7 @@ def measure(
     return {
         "rows": rows,
         "parallelism": parallelism,
+        "pull_tasks": tasks,
         "metadata": metadata,
         "tries": {f"{t['task_id']}/{t['map_index']}": t.get("try_number") for t in tis},
         "deployment_ready_s": round(ready_s, 1),
@@ -210,15 +216,21 @@ def measure(
     }
 
 
-def main(ctx: BenchContext, rows: int, parallelism: int, metadata: str = "postgres") -> str:
-    doc = measure(ctx, rows, parallelism, metadata)
+def main(
+    ctx: BenchContext,
+    rows: int,
+    parallelism: int,
+    metadata: str = "postgres",
+    tasks: int = sr.TASKS,
+) -> str:
+    doc = measure(ctx, rows, parallelism, metadata, tasks)
     out = procs.ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"scale-airflow-{rows}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     b = doc["breakdown"]
     return (
-        f"{rows:,} rows, parallelism {parallelism}, {metadata} metadata: Airflow {doc['airflow_makespan_s']:.2f} s vs "
+        f"{rows:,} rows, {tasks} pull tasks, parallelism {parallelism}, {metadata} metadata: Airflow {doc['airflow_makespan_s']:.2f} s vs "
         f"engine alone {doc['engine_alone_s']:.2f} s (+{doc['airflow_overhead'] * 100:.0f} %)\n"
         f"  plan queued/start/end at {b['plan']} s (duration {b['plan_duration_s']})\n"
         f"  traverse: first start {b['traverse_first_start_s']} s, last start "
