@@ -127,6 +127,17 @@ def _env(
     }
 
 
+def _task_logs(home: Path, task_ids: tuple[str, ...]) -> dict[str, list[str]]:
+    """The task processes' own log lines (timestamped) of ``task_ids``' first tries: where a
+    task's time goes between its process start and its end."""
+    out: dict[str, list[str]] = {}
+    for path in sorted((home / "logs").rglob("*.log")):
+        for task_id in task_ids:
+            if f"task_id={task_id}" in str(path) and task_id not in out:
+                out[task_id] = path.read_text(errors="replace").splitlines()[:400]
+    return out
+
+
 def _wait_run(dep: Any, run_id: str) -> dict[str, Any]:
     end = time.monotonic() + RUN_TIMEOUT_S
     while time.monotonic() < end:
@@ -183,6 +194,7 @@ def measure(
             ]
             if run["state"] != "success":
                 raise RuntimeError(f"DAG run {run_id} {run['state']}:\n{dep.diagnostics(DAG_ID)}")
+            logs = _task_logs(home, ("plan", "barrier"))
     b = breakdown(run, tis)
     engine_s = engine["plan_s"] + engine["seconds"]
     return {
@@ -198,6 +210,7 @@ def measure(
         "airflow_makespan_s": b["makespan_s"],
         "airflow_overhead": round(b["makespan_s"] / engine_s - 1, 3),
         "breakdown": b,
+        "task_logs": logs,
         "task_instances": [
             {
                 k: t.get(k)
