@@ -13,6 +13,13 @@ LONG = os.environ.get("KEYSET_RELIABILITY_LONG", "").strip().lower() in {"1", "t
 MODE = "long" if LONG else "short"
 
 
+#: ``KEYSET_RELIABILITY_TRIALS=N`` replaces the long mode's count (not the short mode's): a long
+#: run split over several processes, each with its own seed (docs/reliability.md says where).
+LONG_TRIALS = os.environ.get("KEYSET_RELIABILITY_TRIALS", "").strip()
+
+
 def trials(short: int, long: int) -> int:
     """The number of trials (or hypothesis examples) of a scenario in the current mode."""
-    return long if LONG else short
+    if not LONG:
+        return short
+    return int(LONG_TRIALS) if LONG_TRIALS else long

@@ -35,7 +35,7 @@ import redis
 import reliability_support as rs
 import sqlalchemy as sa
 
-from airflow_keyset_provider.core import KeysetTraversal, RoundIncompleteError
+from airflow_keyset_provider.core import KeysetTraversal, RoundIncompleteError, RoundStateLostError
 
 POINTS = ["fetch", "processor_after_effect", "advance_before", "advance_after", "timer", "stop"]
 N_ROWS = 120
@@ -118,10 +118,7 @@ class Trial:
             self._check_outcome(a, "complete")
             return
         try:
-            rs.wait_for(
-                lambda: self.t.range_status(self.env["round_id"])[range_id]["lease_left_s"] == 0,
-                what="A's lease to expire",
-            )
+            rs.wait_for(lambda: self._lease_left(range_id) == 0, what="A's lease to expire")
             b = XWorker(self.spec(range_id, f"B{self.n}"))
             with contextlib.suppress(AssertionError):  # B may wait for A's ledger row lock
                 rs.wait_for(lambda: not b.process.is_alive(), timeout=5.0, what="B")
@@ -136,6 +133,14 @@ class Trial:
         elif out.get("status") != "complete":
             self.figures.failures.append(f"stale owner A ended with {out}")
         self.figures.deaths["stop"] += 1
+
+    def _lease_left(self, range_id: int) -> float:
+        """The range's lease left; 0 while Redis has lost the round (A was stopped before its
+        claim restored the round from the mirror: it holds no lease, B restores and claims)."""
+        try:
+            return float(self.t.range_status(self.env["round_id"])[range_id]["lease_left_s"])
+        except RoundStateLostError:
+            return 0.0
 
     def _lose_redis(self) -> None:
         prefix = f"{self.env['key_prefix']}:{{{self.env['stream']}}}"
