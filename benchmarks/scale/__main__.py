@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
         default=16,
         help="the plan's max_tasks: mapped pull tasks (airflow only)",
     )
+    p.add_argument(
+        "--runs", type=int, default=1, help="DAG runs on the same deployment (airflow only)"
+    )
     p.add_argument("--metadata", choices=["postgres", "sqlite"], default="postgres")
     p.add_argument("--pg-url", default=DEFAULT_PG_URL)
     p.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "airflow":
             from benchmarks.scale import airflow_round
 
-            print(airflow_round.main(ctx, a.rows, a.parallelism, a.metadata, a.tasks))
+            print(airflow_round.main(ctx, a.rows, a.parallelism, a.metadata, a.tasks, a.runs))
             return 0
         raw = run.measure(ctx, a.rows, a.repeat, writeback=not a.no_writeback)
         summary = run.summarize(a.rows, raw, run.reference_summary())

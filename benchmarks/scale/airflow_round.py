@@ -127,13 +127,14 @@ def _env(
     }
 
 
-def _task_logs(home: Path, task_ids: tuple[str, ...]) -> dict[str, list[str]]:
-    """The task processes' own log lines (timestamped) of ``task_ids``' first tries: where a
-    task's time goes between its process start and its end."""
+def _task_logs(home: Path, run_id: str, task_ids: tuple[str, ...]) -> dict[str, list[str]]:
+    """The task processes' own log lines (timestamped) of ``task_ids``' first tries in DAG run
+    ``run_id``: where a task's time goes between its process start and its end."""
     out: dict[str, list[str]] = {}
     for path in sorted((home / "logs").rglob("*.log")):
         for task_id in task_ids:
-            if f"task_id={task_id}" in str(path) and task_id not in out:
+            where = str(path)
+            if f"run_id={run_id}" in where and f"task_id={task_id}" in where and task_id not in out:
                 out[task_id] = path.read_text(errors="replace").splitlines()[:400]
     return out
 
@@ -154,12 +155,16 @@ def measure(
     parallelism: int,
     metadata: str = "postgres",
     tasks: int = sr.TASKS,
+    runs: int = 1,
 ) -> dict[str, Any]:
     """Engine alone, then the DAG run on a fresh deployment; both figures and the breakdown.
 
     ``tasks``: the plan's ``max_tasks`` (the mapped pull tasks; the engine alone always runs
-    ``sr.TASKS`` processes). ``metadata``: ``postgres`` (a throwaway database on the same server) or ``sqlite`` (a file in
-    the throwaway home: fewer connections on a shared server; LocalExecutor either way)."""
+    ``sr.TASKS`` processes). ``runs``: DAG runs one after the other on the same deployment, each
+    after its own engine-alone round (the first pays the deployment's cold start, the later ones
+    show a warm deployment). ``metadata``: ``postgres`` (a throwaway database on the same server)
+    or ``sqlite`` (a file in the throwaway home: fewer connections on a shared server;
+    LocalExecutor either way). The top-level figures are the first run's; ``runs`` holds all."""
     ds = _ds()
     built = ensure_big(ctx, rows)
     with tempfile.TemporaryDirectory(prefix="kbench-af-") as tmp:
@@ -181,36 +186,40 @@ def measure(
                 deployments.started,
             )
             ready_s = time.perf_counter() - started
-            # the engine alone, on the running (idle) deployment, just before the DAG run
-            engine = sr.engine_round(ctx, built["table"], rows, sr.MANY, None)
-            run_id = f"scale_{uuid.uuid4().hex[:8]}"
-            sr.wait_for_connections(ctx, sr.TASKS + 12)
-            dep.request(
-                "POST", f"/dags/{DAG_ID}/dagRuns", {"dag_run_id": run_id, "logical_date": None}
-            )
-            run = _wait_run(dep, run_id)
-            tis = dep.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances?limit=100")[
-                "task_instances"
-            ]
-            if run["state"] != "success":
-                raise RuntimeError(f"DAG run {run_id} {run['state']}:\n{dep.diagnostics(DAG_ID)}")
-            logs = _task_logs(home, ("plan", "barrier"))
-    b = breakdown(run, tis)
-    engine_s = engine["plan_s"] + engine["seconds"]
+            results = [_one_run(ctx, dep, home, built["table"], rows) for _ in range(runs)]
     return {
         "rows": rows,
         "parallelism": parallelism,
         "pull_tasks": tasks,
         "metadata": metadata,
-        "tries": {f"{t['task_id']}/{t['map_index']}": t.get("try_number") for t in tis},
         "deployment_ready_s": round(ready_s, 1),
+        **results[0],
+        "runs": results,
+    }
+
+
+def _one_run(ctx: BenchContext, dep: Any, home: Path, table: str, rows: int) -> dict[str, Any]:
+    """The engine alone on the running deployment, then one DAG run; its figures."""
+    engine = sr.engine_round(ctx, table, rows, sr.MANY, None)
+    run_id = f"scale_{uuid.uuid4().hex[:8]}"
+    sr.wait_for_connections(ctx, sr.TASKS + 12)
+    dep.request("POST", f"/dags/{DAG_ID}/dagRuns", {"dag_run_id": run_id, "logical_date": None})
+    run = _wait_run(dep, run_id)
+    tis = dep.get(f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances?limit=100")["task_instances"]
+    if run["state"] != "success":
+        raise RuntimeError(f"DAG run {run_id} {run['state']}:\n{dep.diagnostics(DAG_ID)}")
+    b = breakdown(run, tis)
+    engine_s = engine["plan_s"] + engine["seconds"]
+    return {
+        "run_id": run_id,
+        "tries": {f"{t['task_id']}/{t['map_index']}": t.get("try_number") for t in tis},
         "engine_alone_s": round(engine_s, 3),
         "engine_plan_s": round(engine["plan_s"], 3),
         "engine_round_s": round(engine["seconds"], 3),
         "airflow_makespan_s": b["makespan_s"],
         "airflow_overhead": round(b["makespan_s"] / engine_s - 1, 3),
         "breakdown": b,
-        "task_logs": logs,
+        "task_logs": _task_logs(home, run_id, ("plan", "barrier")),
         "task_instances": [
             {
                 k: t.get(k)
@@ -235,21 +244,26 @@ def main(
     parallelism: int,
     metadata: str = "postgres",
     tasks: int = sr.TASKS,
+    runs: int = 1,
 ) -> str:
-    doc = measure(ctx, rows, parallelism, metadata, tasks)
+    doc = measure(ctx, rows, parallelism, metadata, tasks, runs)
     out = procs.ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"scale-airflow-{rows}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    b = doc["breakdown"]
+    head = f"{rows:,} rows, {tasks} pull tasks, parallelism {parallelism}, {metadata} metadata"
+    return "\n".join([head, *(_run_text(i, r) for i, r in enumerate(doc["runs"])), f"JSON: {path}"])
+
+
+def _run_text(i: int, r: dict[str, Any]) -> str:
+    b = r["breakdown"]
     return (
-        f"{rows:,} rows, {tasks} pull tasks, parallelism {parallelism}, {metadata} metadata: Airflow {doc['airflow_makespan_s']:.2f} s vs "
-        f"engine alone {doc['engine_alone_s']:.2f} s (+{doc['airflow_overhead'] * 100:.0f} %)\n"
+        f"run {i + 1}: Airflow {r['airflow_makespan_s']:.2f} s vs engine alone "
+        f"{r['engine_alone_s']:.2f} s (+{r['airflow_overhead'] * 100:.0f} %)\n"
         f"  plan queued/start/end at {b['plan']} s (duration {b['plan_duration_s']})\n"
         f"  traverse: first start {b['traverse_first_start_s']} s, last start "
         f"{b['traverse_last_start_s']} s, last end {b['traverse_last_end_s']} s; durations "
         f"{b['traverse_durations_s']}\n"
         f"  barrier {b['barrier']} s: ends {b['barrier_after_last_traverse_s']} s after the last "
-        f"traverse; the run ends {b['run_end_after_barrier_s']} s after the barrier\n"
-        f"JSON: {path}"
+        f"traverse; the run ends {b['run_end_after_barrier_s']} s after the barrier"
     )
