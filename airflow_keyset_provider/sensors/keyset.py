@@ -87,6 +87,28 @@ def _lagging_text(lines: list[str]) -> str:
     return "; ".join(lines[:_MAX_LISTED]) + more
 
 
+#: The barrier's retries and retry delay when neither the task nor ``default_args`` set them: a
+#: retry is always safe (the close is idempotent) and Airflow 3.3 can fail a deferred task whose
+#: trigger fires within seconds of the deferral (a stale executor event from the deferring try;
+#: apache/airflow#72716), which a round that finishes right after the barrier deferred hits.
+BARRIER_RETRIES = 2
+BARRIER_RETRY_DELAY = dt.timedelta(seconds=10)
+
+
+def _retry_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the barrier's ``retries``/``retry_delay`` defaults where the author gave
+    neither (on the task or in ``default_args``); ``[core] default_task_retries`` still wins when
+    it is higher."""
+    given = {**(kwargs.get("default_args") or {}), **kwargs}
+    out = dict(kwargs)
+    if "retries" not in given:
+        configured = conf.getint("core", "default_task_retries", fallback=0)
+        out["retries"] = max(BARRIER_RETRIES, configured)
+    if "retry_delay" not in given:
+        out["retry_delay"] = BARRIER_RETRY_DELAY
+    return out
+
+
 class BarrierSensor(BaseSensorOperator):
     """Wait until every range of a round is complete, close the round, return its totals.
 
@@ -101,6 +123,10 @@ class BarrierSensor(BaseSensorOperator):
         round Redis lost is restored and the closed round's watermark is mirrored.
     :param deferrable: wait in the triggerer instead of a worker slot.
     :param poke_interval: seconds between checks (also the trigger's poll interval).
+
+    ``retries`` and ``retry_delay`` default to ``BARRIER_RETRIES`` (2) and
+    ``BARRIER_RETRY_DELAY`` (10 s) when neither the task nor ``default_args`` gives them: a
+    retried barrier closes the same round and returns the same totals.
     """
 
     template_fields: Sequence[str] = ("round_id", "stream", "plan_task_id", "key_prefix")
@@ -120,7 +146,7 @@ class BarrierSensor(BaseSensorOperator):
         checkpoint_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**_retry_defaults(kwargs))
         if not plan_task_id and not round_id:
             raise ValueError(
                 "BarrierSensor needs plan_task_id (a PlanRangesOperator of this DAG) or round_id"
@@ -342,4 +368,10 @@ class BarrierSensor(BaseSensorOperator):
         raise AirflowException(f"unexpected event from KeysetRoundTrigger: {event!r}")
 
 
-__all__ = ["ROUND_EVENT_FIELDS", "BarrierSensor", "stream_asset"]
+__all__ = [
+    "BARRIER_RETRIES",
+    "BARRIER_RETRY_DELAY",
+    "ROUND_EVENT_FIELDS",
+    "BarrierSensor",
+    "stream_asset",
+]

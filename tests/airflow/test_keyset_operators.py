@@ -474,3 +474,29 @@ def test_redis_state_loss_is_restored_from_the_checkpoint_mirror(airflow_env, ev
     assert ctl.watermark() == events
     restored = ctl.store.client.hget(ctl.store.range_key(totals["round_id"], 0), "restored")
     assert restored == b"1", "range 0 should have been rebuilt from the mirror after the flush"
+
+
+def test_the_barrier_retries_by_default_and_a_retry_returns_the_same_totals(
+    airflow_env, events, pg_schema_url
+):
+    """Without ``retries``/``retry_delay`` (on the task or in ``default_args``) the barrier gets
+    2 retries 10 s apart: Airflow 3.3 can fail a deferred try whose trigger fired within seconds
+    (apache/airflow#72716), and a retry closes the same round with the same totals."""
+    import datetime as dt
+
+    from airflow.sdk import DAG
+
+    from airflow_keyset_provider import BarrierSensor
+
+    b = BarrierSensor(task_id="b", round_id="r1")
+    assert (b.retries, b.retry_delay) == (2, dt.timedelta(seconds=10))
+    assert BarrierSensor(task_id="b", round_id="r1", retries=0).retries == 0
+    with DAG("kt_barrier_defaults", schedule=None, default_args={"retries": 5}):
+        assert BarrierSensor(task_id="b", round_id="r1").retries == 5
+
+    t = _round_with_dead_letters(airflow_env, pg_schema_url, "kt_retry")
+    common = {"round_id": "r1", "stream": "kt_retry", "key_prefix": airflow_env["prefix"]}
+    first = BarrierSensor(task_id="barrier", **common).poke({})
+    again = BarrierSensor(task_id="barrier", **common).poke({})  # the retried try
+    assert first.xcom_value == again.xcom_value and first.xcom_value["done"] == events - 6
+    t.close()
