@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from core_support import make_events, traversal
 from sqlalchemy.pool import NullPool
-from test_exactly_once import StealAfter, poison_and_outage
+from test_exactly_once import StealAfter, check_group_commit, check_raising_calls
 
 from airflow_keyset_provider.core.errors import LeaseLostError
 from airflow_keyset_provider.core.keys import encode_key
@@ -107,19 +107,9 @@ def test_group_commit_spans_one_transaction(
 ):
     url, engine = target
     make_events(pg_engine, list(range(1, 901)))
-    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
-    rnd = t.plan(max_ranges=1)
-    proc = StealAfter(redis_client, t, rnd, at=401)
-    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True, group_commit_chunks=3)
-    with pytest.raises(LeaseLostError):
-        t.traverse(rnd.round_id, 0, proc, **kw)
-    with engine.connect() as c:  # the group (300, 600] committed with the ledger
-        assert c.execute(sa.text("SELECT count(*) FROM effects")).scalar() == 600
-    res = t.traverse(rnd.round_id, 0, proc, **kw)
-    assert res.complete and res.done == 900
-    assert _effects(engine) == Counter(range(1, 901))
-    assert sum(proc.deliveries.values()) == 9
-    t.close()
+    check_group_commit(
+        traversal(pg_schema_url, redis_url, key_prefix, target_url=url), engine, redis_client
+    )
 
 
 def test_a_raising_call_and_a_canary_leave_nothing(
@@ -129,13 +119,4 @@ def test_a_raising_call_and_a_canary_leave_nothing(
     is rolled back, the poison key writes nothing; every other key exactly once."""
     url, engine = target
     make_events(pg_engine, list(range(1, 61)))
-    proc = poison_and_outage(_write)
-    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
-    rnd = t.plan(max_ranges=1)
-    res = t.traverse(
-        rnd.round_id, 0, proc, chunk_size=10, exactly_once=True, backoff_base=0.01,
-        item_retry_delay=0.01,
-    )  # fmt: skip
-    assert res.complete and res.dead == 1 and res.done == 59
-    assert _effects(engine) == Counter(k for k in range(1, 61) if k != 37)
-    t.close()
+    check_raising_calls(traversal(pg_schema_url, redis_url, key_prefix, target_url=url), engine)
