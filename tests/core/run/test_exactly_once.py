@@ -117,18 +117,7 @@ def test_a_stale_owners_transaction_is_rolled_back(
     _prepare(pg_engine, pg_engine, 500)
     a = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
     b = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
-    rnd = a.plan(max_ranges=1)
-    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=mode)
-    results = []
-
-    def owner_a(chunk: Any) -> None:
-        _write(chunk)
-        if chunk.keys[0] == 201 and not results:
-            results.append(b.traverse(rnd.round_id, 0, _write, **kw))  # B takes over
-
-    with pytest.raises(LeaseLostError):
-        a.traverse(rnd.round_id, 0, owner_a, **kw)
-    assert results[0].complete
+    run_stale_owner(a, b, mode)
     effects = _effects(pg_engine)
     if mode:
         assert effects == Counter(range(1, 501))
@@ -146,6 +135,24 @@ def test_group_commit_spans_one_transaction(
     _prepare(pg_engine, pg_engine, 900)
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
     check_group_commit(t, pg_engine, redis_client)
+
+
+def run_stale_owner(a: KeysetTraversal, b: KeysetTraversal, mode: bool) -> None:
+    """A writes chunk (200, 300]; before A's processor returns, B (a new try of the lineage)
+    takes the range over and runs it to the end; A then fails with ``LeaseLostError`` (with
+    the mode: its ledger step found the row moved on)."""
+    rnd = a.plan(max_ranges=1)
+    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=mode)
+    results = []
+
+    def owner_a(chunk: Any) -> None:
+        _write(chunk)
+        if chunk.keys[0] == 201 and not results:
+            results.append(b.traverse(rnd.round_id, 0, _write, **kw))  # B takes over
+
+    with pytest.raises(LeaseLostError, match="ledger row moved on" if mode else None):
+        a.traverse(rnd.round_id, 0, owner_a, **kw)
+    assert results[0].complete
 
 
 def check_group_commit(t: KeysetTraversal, target: sa.Engine, client: redis.Redis) -> None:

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from core_support import make_events, traversal
 from sqlalchemy.pool import NullPool
-from test_exactly_once import StealAfter, check_group_commit, check_raising_calls
+from test_exactly_once import StealAfter, check_group_commit, check_raising_calls, run_stale_owner
 
 from airflow_keyset_provider.core.errors import LeaseLostError
 from airflow_keyset_provider.core.keys import encode_key
@@ -85,18 +85,7 @@ def test_a_stale_owners_transaction_is_rolled_back(
     make_events(pg_engine, list(range(1, 501)))
     a = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
     b = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
-    rnd = a.plan(max_ranges=1)
-    kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True)
-    results = []
-
-    def owner_a(chunk: Any) -> None:
-        _write(chunk)
-        if chunk.keys[0] == 201 and not results:
-            results.append(b.traverse(rnd.round_id, 0, _write, **kw))
-
-    with pytest.raises(LeaseLostError, match="ledger row moved on"):
-        a.traverse(rnd.round_id, 0, owner_a, **kw)
-    assert results[0].complete
+    run_stale_owner(a, b, True)
     assert _effects(engine) == Counter(range(1, 501))
     a.close()
     b.close()
