@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import _services
 import pytest
 import redis
 import sqlalchemy as sa
@@ -25,20 +24,20 @@ from airflow_keyset_provider.core.errors import LeaseLostError
 TARGETS = ["psycopg2", "psycopg", "sqlite", "mariadb"]
 
 
+def target_url(request: Any, kind: str, pg_schema_url: str, tmp_path: Any) -> str:
+    """The URL of a target of ``kind``: a PostgreSQL driver's name, ``sqlite`` or ``mariadb``."""
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'target.db'}"
+    if kind == "mariadb":
+        return str(request.getfixturevalue("mariadb_db_url"))
+    url = sa.engine.make_url(pg_schema_url).set(drivername=f"postgresql+{kind}")
+    return url.render_as_string(hide_password=False)
+
+
 @pytest.fixture(params=TARGETS)
 def target(request, pg_schema_url, tmp_path) -> Iterator[tuple[str, sa.Engine]]:
     """(URL, engine) of the target, holding ``effects`` (no unique key)."""
-    kind = request.param
-    if kind == "sqlite":
-        url = f"sqlite:///{tmp_path / 'target.db'}"
-    elif kind == "mariadb":
-        url = request.getfixturevalue("mariadb_db_url")
-    else:
-        url = (
-            sa.engine.make_url(pg_schema_url)
-            .set(drivername=f"postgresql+{kind}")
-            .render_as_string(hide_password=False)
-        )
+    url = target_url(request, request.param, pg_schema_url, tmp_path)
     engine = sa.create_engine(url, poolclass=NullPool)
     with engine.begin() as c:
         c.execute(sa.text("CREATE TABLE effects (seq bigint NOT NULL)"))
@@ -190,6 +189,3 @@ def test_state_of_the_ledger_grows_with_claims_not_rows(
     assert n == 1 + len(rnd.ranges)
     assert effects(engine) == Counter(range(1, 2001))
     t.close()
-
-
-_ = _services  # the MariaDB fixture's module (required services)
