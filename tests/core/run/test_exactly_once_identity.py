@@ -20,6 +20,7 @@ from sqlalchemy.pool import NullPool
 
 from airflow_keyset_provider.core import TraverseOptions
 from airflow_keyset_provider.core.errors import LeaseLostError
+from airflow_keyset_provider.core.keys import encode_key
 
 TARGETS = ["psycopg2", "psycopg", "sqlite", "mariadb"]
 
@@ -189,3 +190,49 @@ def test_state_of_the_ledger_grows_with_claims_not_rows(
     assert n == 1 + len(rnd.ranges)
     assert effects(engine) == Counter(range(1, 2001))
     t.close()
+
+
+@pytest.mark.parametrize("kind", ["psycopg2", "psycopg", "mariadb"])
+def test_two_live_identities_of_the_same_keys_never_both_commit_them(
+    kind, pg_engine, pg_schema_url, redis_url, key_prefix, tmp_path, request
+):
+    """The race the overlap fence exists for. Two Redis states of one round (two key prefixes:
+    the promoted replica, and the old primary a stale worker still talks to): on the primary,
+    range 0 was split at 200 (range 1 is (200, 400]); the replica has one range (0, 400]. C
+    claims range 0 on the replica and reads; while C is in its chunk (150, 200], D claims range
+    1 on the primary, its ledger step after C's (a newer generation, which C's claim could not
+    take), and commits (200, 400]. C's commit of (200, 250] then overlaps D's interval: it is
+    refused and rolled back (``LeaseLostError``); the next claim of range 0 passes (200, 400].
+    Every key once. (The generation fence alone lets C through: 200 keys written twice.) Not
+    on SQLite: C's open transaction holds the database's write lock, so D would wait for it."""
+    url = target_url(request, kind, pg_schema_url, tmp_path)
+    engine = sa.create_engine(url, poolclass=NullPool)
+    with engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE effects (seq bigint NOT NULL)"))
+    make_events(pg_engine, list(range(1, 401)))
+    replica = traversal(pg_schema_url, redis_url, f"{key_prefix}:replica", target_url=url)
+    primary = traversal(pg_schema_url, redis_url, f"{key_prefix}:primary", target_url=url)
+    rnd = replica.plan(max_ranges=1, start_key=0, end_key=400)
+    assert primary.plan(max_ranges=1, start_key=0, end_key=400).round_id == rnd.round_id
+    claim = primary.store.claim(rnd.round_id, 0, "old#1", "old", 60_000)
+    assert primary.store.request_split(rnd.round_id, 0, "idle-task") == "asked"
+    assert primary.store.split(rnd.round_id, 0, claim.token, encode_key((200,))) == 1
+    primary.store.release(rnd.round_id, 0, claim.token)
+    kw = dict(chunk_size=50, exactly_once=True)
+    results = []
+
+    def c_proc(chunk: Any) -> None:
+        write(chunk)
+        if chunk.keys[0] == 151 and not results:  # D, on the primary, meanwhile
+            results.append(primary.traverse(rnd.round_id, 1, write, **kw))
+
+    with pytest.raises(LeaseLostError, match="committed by another owner"):
+        replica.traverse(rnd.round_id, 0, c_proc, **kw)
+    assert results[0].complete and results[0].done == 200
+    res = replica.traverse(rnd.round_id, 0, write, **kw)
+    assert res.complete and res.done == 400
+    assert twice(engine) == []
+    assert effects(engine) == Counter(range(1, 401))
+    replica.close()
+    primary.close()
+    engine.dispose()
