@@ -224,10 +224,14 @@ class RangeCommits:
         """exactly_once: at the start of a key interval another identity of these keys
         committed (``ledger.py``), flush the group, then move the cursor over the interval in
         one fenced advance with its counters and failed items. True when it did."""
-        skip = self.ledger.due(self.read, self.hi) if self.ledger is not None else None
-        if skip is None:
+        ledger = self.ledger
+        skip = ledger.due(self.read, self.hi) if ledger is not None else None
+        if ledger is None or skip is None:
             return False
         self._flush()
+        if self.state.cursor != skip.start:  # the group's transaction was lost: read it first
+            ledger.skips.insert(0, skip)
+            return True
         with self.heart.lock:
             a = self.store.advance(
                 self.round_id,
@@ -254,8 +258,8 @@ class RangeCommits:
             display_key(skip.start, self.arity),
             display_key(skip.to, self.arity),
         )
+        self.read = a.cursor  # before a split request it carried is answered
         self._committed(a)
-        self.read = a.cursor
         return True
 
     def _bound(self, read: str) -> str:
