@@ -219,6 +219,11 @@ SQLITE: dict[str, KeyType] = {
     "STRICT REAL": _FLOAT,
     "STRICT BLOB": _no(_NO_BYTES, "key by an INTEGER or TEXT column"),
     "STRICT ANY": _no("ANY holds every storage class", "declare the column INTEGER or TEXT"),
+    "SQLAlchemy type": _no(
+        "SQLAlchemy reads and binds this declared type (e.g. DATE_CHAR) as another Python type "
+        "than its affinity's",
+        "declare the column INTEGER or TEXT",
+    ),
 }
 
 #: values an accepted kind may hold in the database but not in the key codec, refused at plan time

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.sqlite import base as sqlite_base
 
 from ...errors import KeyValidationError, UnsupportedKeyTypeError
 from .. import key_types
@@ -36,6 +37,15 @@ if TYPE_CHECKING:
 _COLLATE = re.compile(r"\bCOLLATE\s+([\"'`\[]?)(\w+)[\"'`\]]?", re.IGNORECASE)
 _PK_DESC = re.compile(r"\bPRIMARY\s+KEY\s+DESC\b", re.IGNORECASE)
 _STORAGE_CLASS = {"int": "integer", "text": "text"}
+
+
+def _reads_as(declared: str, kind: str) -> bool:
+    """SQLAlchemy reads (and binds) the declared type as the kind's Python type: ``DATE_CHAR``
+    has TEXT affinity but SQLAlchemy binds it as a date."""
+    base = declared.split("(")[0].strip().upper()
+    found = sqlite_base.ischema_names.get(base)
+    want = sa.Integer if kind == "int" else sa.String
+    return found is None or issubclass(found, want)
 
 
 def affinity(declared: str) -> str:
@@ -170,7 +180,10 @@ class SqliteDialect(Dialect):
             else:
                 form = affinity(c.declared)
             label = f"{c.declared or '(none)'} ({form if table.strict else form + ' affinity'})"
-            out[name] = KeyTypeFound(label, key_types.rule("sqlite", form))
+            r = key_types.rule("sqlite", form)
+            if r.kind is not None and not _reads_as(c.declared, r.kind):
+                r = key_types.SQLITE["SQLAlchemy type"]
+            out[name] = KeyTypeFound(label, r)
         return out
 
     def check_collation(self, src: Relation, key_cols: Sequence[sa.Column]) -> None:
