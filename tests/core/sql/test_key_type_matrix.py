@@ -238,7 +238,7 @@ def test_postgresql_catalog_walk(pg_engine, pg_schema, pg_schema_url, redis_url,
     with pg_engine.begin() as c:
         c.exec_driver_sql("CREATE TYPE mood AS ENUM ('paid', 'archived', 'open')")
         c.exec_driver_sql("CREATE TYPE pair AS (a int, b int)")
-        c.exec_driver_sql("CREATE DOMAIN big AS int8 CHECK (VALUE > -9223372036854775808)")
+        c.exec_driver_sql("CREATE DOMAIN big AS int8 CHECK (VALUE IS NOT NULL)")
         c.exec_driver_sql('CREATE DOMAIN label AS text COLLATE "C"')
         c.exec_driver_sql("CREATE DOMAIN bigger AS big")  # a domain over a domain
         c.exec_driver_sql("CREATE DOMAIN ord AS mood")

@@ -100,7 +100,8 @@ class PostgresqlDialect(Dialect):
         children = conn.execute(_PG_CHILDREN, {"rel": src.rel}).scalar()
         if children:
             raise KeyValidationError(
-                f"{src.qualified_name!r} has {children} INHERITS child table(s): a read of it returns "
+                f"key {src.key_names} of {src.qualified_name!r}: the table has {children} INHERITS "
+                "child table(s), and a read of it returns "
                 "their rows too, which its unique index does not cover (two rows may share a key, "
                 "and their order is not the index's). Fix: traverse each child as its own stream, "
                 "or make the table declaratively partitioned (PARTITION BY), whose unique index "
