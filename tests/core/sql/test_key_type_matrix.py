@@ -277,9 +277,7 @@ def test_postgresql_catalog_walk(pg_engine, pg_schema, pg_schema_url, redis_url,
     assert len(walk.refused) + len(walk.traversed) > 80
 
 
-def test_postgresql_collations_and_table_kinds(
-    pg_engine, pg_schema_url, redis_url, key_prefix
-):
+def test_postgresql_collations_and_table_kinds(pg_engine, pg_schema_url, redis_url, key_prefix):
     walk = Walk(pg_schema_url, redis_url, key_prefix)
     with pg_engine.connect() as conn:
         colls = [
@@ -306,7 +304,9 @@ def test_postgresql_collations_and_table_kinds(
         seen_kinds.add(kind)
         table = f"c{i}"
         with pg_engine.begin() as c:
-            c.exec_driver_sql(f'CREATE TABLE {table} (k text COLLATE "{name}" NOT NULL PRIMARY KEY)')
+            c.exec_driver_sql(
+                f'CREATE TABLE {table} (k text COLLATE "{name}" NOT NULL PRIMARY KEY)'
+            )
         walk.outcome(
             f"collation {name}",
             table,
@@ -322,8 +322,12 @@ def test_postgresql_collations_and_table_kinds(
         c.exec_driver_sql("CREATE TABLE parent (k bigint PRIMARY KEY)")
         c.exec_driver_sql("CREATE TABLE child (k bigint PRIMARY KEY) INHERITS (parent)")
         c.exec_driver_sql("CREATE TABLE part (k bigint PRIMARY KEY) PARTITION BY RANGE (k)")
-        c.exec_driver_sql("CREATE TABLE part_lo PARTITION OF part FOR VALUES FROM (MINVALUE) TO (0)")
-        c.exec_driver_sql("CREATE TABLE part_hi PARTITION OF part FOR VALUES FROM (0) TO (MAXVALUE)")
+        c.exec_driver_sql(
+            "CREATE TABLE part_lo PARTITION OF part FOR VALUES FROM (MINVALUE) TO (0)"
+        )
+        c.exec_driver_sql(
+            "CREATE TABLE part_hi PARTITION OF part FOR VALUES FROM (0) TO (MAXVALUE)"
+        )
         c.exec_driver_sql("INSERT INTO parent VALUES (1)")
         c.exec_driver_sql("INSERT INTO child VALUES (1)")  # the same key twice through parent
     msg = walk.refusal("INHERITS parent", "parent", ["INHERITS"])
@@ -510,8 +514,10 @@ def test_sqlite_affinities_strict_rowid_and_collations(tmp_path, redis_url, key_
     forms: list[tuple[str, str]] = [
         (f"k {d} NOT NULL PRIMARY KEY", f"{d or '(none)'}") for d in declared
     ]
-    forms += [(f"k {d} NOT NULL PRIMARY KEY) STRICT", f"STRICT {d}") for d in
-              ("INT", "INTEGER", "REAL", "TEXT", "BLOB", "ANY")]
+    forms += [
+        (f"k {d} NOT NULL PRIMARY KEY) STRICT", f"STRICT {d}")
+        for d in ("INT", "INTEGER", "REAL", "TEXT", "BLOB", "ANY")
+    ]
     forms += [
         ("k INTEGER PRIMARY KEY", "rowid"),
         ("k BIGINT PRIMARY KEY", "BIGINT PRIMARY KEY without NOT NULL"),
@@ -528,7 +534,11 @@ def test_sqlite_affinities_strict_rowid_and_collations(tmp_path, redis_url, key_
         with engine.begin() as c:
             c.exec_driver_sql(f"CREATE TABLE {table} ({body}")
         aff = entry.replace("STRICT ", "")
-        values = texts if any(s in aff.upper() for s in ("CHAR", "TEXT", "CLOB", "NOCASE", "RTRIM", "BINARY")) else ints
+        values = (
+            texts
+            if any(s in aff.upper() for s in ("CHAR", "TEXT", "CLOB", "NOCASE", "RTRIM", "BINARY"))
+            else ints
+        )
         walk.outcome(
             entry,
             table,
@@ -552,7 +562,10 @@ def test_sqlite_affinities_strict_rowid_and_collations(tmp_path, redis_url, key_
         "INTEGER PRIMARY KEY DESC",
     } <= set(walk.refused), walk.traversed
     # a value of another storage class in a column of a table that is not STRICT
-    for table, bad in ((f"t{declared.index('BIGINT')}", "zzz"), (f"t{declared.index('TEXT')}", b"\x00")):
+    for table, bad in (
+        (f"t{declared.index('BIGINT')}", "zzz"),
+        (f"t{declared.index('TEXT')}", b"\x00"),
+    ):
         _sqlite_insert(engine, table, [bad])
         assert "storage class" in walk.refusal(f"{table} holding {bad!r}", table, [])
     engine.dispose()
@@ -569,7 +582,12 @@ def _sqlite_insert(engine: sa.Engine, table: str, values: list[Any]) -> None:
 
 def test_every_rule_names_a_kind_the_codec_has_or_a_fix():
     kinds = {"int", "decimal", "text", "timestamp", "timestamptz", "date", "uuid"}
-    for table in (key_types.POSTGRESQL, key_types.POSTGRESQL_KINDS, key_types.MYSQL, key_types.SQLITE):
+    for table in (
+        key_types.POSTGRESQL,
+        key_types.POSTGRESQL_KINDS,
+        key_types.MYSQL,
+        key_types.SQLITE,
+    ):
         for name, r in table.items():
             assert (r.kind in kinds) if r.kind else r.fix, name
     assert sqlite3.sqlite_version_info >= (3, 37)  # STRICT tables and PRAGMA table_list
