@@ -133,6 +133,14 @@ POSTGRESQL_KINDS: dict[str, KeyType] = {
     "A": _no("an array has no key encoding"),
     "p": _no("a pseudo-type holds no stored values"),
 }
+_PG_KIND_NAMES = {
+    "e": "any enum",
+    "r": "any range",
+    "m": "any multirange",
+    "c": "any composite type",
+    "A": "any array",
+    "p": "any pseudo-type",
+}
 _PG_DEFAULT = _no("no key encoding for this type (its order is its own)")
 
 _MY_TEXT = (
@@ -271,7 +279,7 @@ def docs_table() -> str:
             "PostgreSQL",
             [
                 *POSTGRESQL.items(),
-                *((f"typtype/category {k}", v) for k, v in POSTGRESQL_KINDS.items()),
+                *((_PG_KIND_NAMES[k], v) for k, v in POSTGRESQL_KINDS.items()),
             ],
             _PG_DEFAULT,
         ),

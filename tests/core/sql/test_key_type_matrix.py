@@ -289,13 +289,12 @@ def test_postgresql_collations_and_table_kinds(pg_engine, pg_schema_url, redis_u
                 )
             )
         ]
-    with pg_engine.begin() as c:
-        with contextlib.suppress(sa.exc.DBAPIError), c.begin_nested():
-            c.exec_driver_sql(
-                "CREATE COLLATION nd (provider = icu, locale = 'und-u-ks-level2', "
-                "deterministic = false)"
-            )
-            colls.append(("nd", "i", False))
+    with pg_engine.begin() as c, contextlib.suppress(sa.exc.DBAPIError), c.begin_nested():
+        c.exec_driver_sql(
+            "CREATE COLLATION nd (provider = icu, locale = 'und-u-ks-level2', "
+            "deterministic = false)"
+        )
+        colls.append(("nd", "i", False))
     seen_kinds: set[tuple[str, bool]] = set()
     for i, (name, provider, deterministic) in enumerate(colls):
         kind = (provider, deterministic)
