@@ -47,6 +47,13 @@ class Walk:
         self.traversed: dict[str, int] = {}
         self.n = 0
 
+    def report(self, what: str) -> None:
+        """One line per walk in the test log: what was traversed, how much was refused."""
+        print(
+            f"{what}: {len(self.traversed)} traversed ({', '.join(sorted(self.traversed))}); "
+            f"{len(self.refused)} refused"
+        )
+
     def traversal(self, table: str, key: str = "k") -> KeysetTraversal:
         self.n += 1
         return KeysetTraversal(
@@ -275,6 +282,7 @@ def test_postgresql_catalog_walk(pg_engine, pg_schema, pg_schema_url, redis_url,
         walk.traversed
     ), walk.traversed
     assert len(walk.refused) + len(walk.traversed) > 80
+    walk.report("PostgreSQL types")
 
 
 def test_postgresql_collations_and_table_kinds(pg_engine, pg_schema_url, redis_url, key_prefix):
@@ -344,6 +352,7 @@ def test_postgresql_collations_and_table_kinds(pg_engine, pg_schema_url, redis_u
             ints,
         )
     assert {"table child", "table part"} <= set(walk.traversed)
+    walk.report("PostgreSQL collations and table kinds")
 
 
 def _pg_insert(engine: sa.Engine, table: str, values: list[Any]) -> None:
@@ -462,6 +471,7 @@ def test_mariadb_catalog_walk(mariadb_db_url, redis_url, key_prefix):
             c.exec_driver_sql("SET SESSION sql_mode = ''")
             c.exec_driver_sql(f"INSERT INTO {table} (k) VALUES ('0000-00-00')")
         assert "zero date" in walk.refusal(f"{name} zero date", table, [])
+    walk.report("MariaDB types")
     engine.dispose()
 
 
@@ -499,6 +509,7 @@ def test_mariadb_collations(mariadb_db_url, redis_url, key_prefix):
     assert "utf8mb4_nopad_bin" in walk.traversed
     assert {"utf8mb4_bin", "utf8mb4_general_ci", "utf8mb4_unicode_ci"} <= set(walk.refused)
     assert all(c in walk.refused[c] for c in walk.refused if "collation" in walk.refused[c])
+    walk.report("MariaDB collations")
     engine.dispose()
 
 
@@ -567,6 +578,7 @@ def test_sqlite_affinities_strict_rowid_and_collations(tmp_path, redis_url, key_
     ):
         _sqlite_insert(engine, table, [bad])
         assert "storage class" in walk.refusal(f"{table} holding {bad!r}", table, [])
+    walk.report("SQLite declared types")
     engine.dispose()
 
 
