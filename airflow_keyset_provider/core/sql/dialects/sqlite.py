@@ -201,6 +201,12 @@ class SqliteDialect(Dialect):
                     "recreate the column without COLLATE (BINARY), or page by another key."
                 )
 
+    def not_null_fix(self, src: Relation, col: sa.Column) -> str:
+        return (
+            f"recreate {src.qualified_name} with {col.name} declared NOT NULL (SQLite cannot alter "
+            "a column; only a column declared exactly INTEGER PRIMARY KEY is the rowid, never NULL)"
+        )
+
     def never_null(self, table: sa.Table, col: sa.Column) -> bool:
         # only the rowid alias can never be NULL although it reflects as nullable
         return self._table is not None and self._table.rowid == col.name
