@@ -532,6 +532,7 @@ def test_sqlite_affinities_strict_rowid_and_collations(tmp_path, redis_url, key_
         ("k INTEGER PRIMARY KEY", "rowid"),
         ("k BIGINT PRIMARY KEY", "BIGINT PRIMARY KEY without NOT NULL"),
         ("k INTEGER PRIMARY KEY DESC", "INTEGER PRIMARY KEY DESC"),
+        ("k INTEGER PRIMARY KEY) WITHOUT ROWID", "INTEGER PRIMARY KEY WITHOUT ROWID"),
         ("k TEXT COLLATE NOCASE NOT NULL PRIMARY KEY", "NOCASE"),
         ("k TEXT COLLATE RTRIM NOT NULL PRIMARY KEY", "RTRIM"),
         ("k TEXT COLLATE BINARY NOT NULL PRIMARY KEY", "BINARY"),
@@ -540,7 +541,7 @@ def test_sqlite_affinities_strict_rowid_and_collations(tmp_path, redis_url, key_
     texts = ["", " ", "a", "a ", "a\t", "\t", "b", "A", "é", "\U0001f600", "a  "]
     for i, (ddl, entry) in enumerate(forms):
         table = f"t{i}"
-        body = ddl if ddl.endswith("STRICT") else ddl + ")"
+        body = ddl if ddl.endswith(("STRICT", "ROWID")) else ddl + ")"
         with engine.begin() as c:
             c.exec_driver_sql(f"CREATE TABLE {table} ({body}")
         aff = entry.replace("STRICT ", "")
@@ -557,9 +558,15 @@ def test_sqlite_affinities_strict_rowid_and_collations(tmp_path, redis_url, key_
             lambda t=table: _my_read(engine, t),
             values,
         )
-    assert {"rowid", "STRICT INTEGER", "BIGINT", "BINARY", "TEXT", "STRICT TEXT"} <= set(
-        walk.traversed
-    ), walk.refused
+    assert {
+        "rowid",
+        "STRICT INTEGER",
+        "BIGINT",
+        "BINARY",
+        "TEXT",
+        "STRICT TEXT",
+        "INTEGER PRIMARY KEY WITHOUT ROWID",
+    } <= set(walk.traversed), walk.refused
     assert {
         "NOCASE",
         "RTRIM",

@@ -208,8 +208,12 @@ class SqliteDialect(Dialect):
         )
 
     def never_null(self, table: sa.Table, col: sa.Column) -> bool:
-        # only the rowid alias can never be NULL although it reflects as nullable
-        return self._table is not None and self._table.rowid == col.name
+        # the rowid alias, and a primary key column of a WITHOUT ROWID table (SQLite enforces
+        # NOT NULL there), can never be NULL although they reflect as nullable
+        t = self._table
+        if t is None:
+            return False
+        return t.rowid == col.name or (t.without_rowid and t.columns[col.name].pk > 0)
 
     def implicit_unique(self, table: sa.Table) -> list[set[str]]:
         rowid = self._table.rowid if self._table is not None else None
