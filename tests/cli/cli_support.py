@@ -24,7 +24,9 @@ def make_events(url: str, n: int = ROWS) -> None:
     try:
         with engine.begin() as c:
             c.execute(
-                sa.text("CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL)")
+                sa.text(
+                    "CREATE TABLE events (seq bigint NOT NULL PRIMARY KEY, payload text NOT NULL)"
+                )
             )
             c.execute(
                 sa.text("INSERT INTO events VALUES (:s, :p)"),

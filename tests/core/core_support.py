@@ -13,7 +13,9 @@ from airflow_keyset_provider.core import KeysetTraversal, Round
 
 def make_events(engine: sa.Engine, keys: list[int]) -> None:
     with engine.begin() as c:
-        c.execute(sa.text("CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL)"))
+        c.execute(
+            sa.text("CREATE TABLE events (seq bigint NOT NULL PRIMARY KEY, payload text NOT NULL)")
+        )
         if keys:
             c.execute(
                 sa.text("INSERT INTO events VALUES (:s, :p)"),

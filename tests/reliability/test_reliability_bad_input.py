@@ -207,7 +207,7 @@ CASES = [
         [
             "'k'",
             "double precision",
-            "use an integer, text, timestamp, date, uuid or numeric column",
+            "fix: key by an integer or numeric/decimal column",
         ],
     ),
     Case(

@@ -37,7 +37,9 @@ def _source(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'src.db'}"
     engine = sa.create_engine(url)
     with engine.begin() as c:
-        c.execute(sa.text("CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL)"))
+        c.execute(
+            sa.text("CREATE TABLE events (seq bigint NOT NULL PRIMARY KEY, payload text NOT NULL)")
+        )
         c.execute(
             sa.text("INSERT INTO events VALUES (:s, :p)"),
             [{"s": k, "p": f"e{k}"} for k in range(1, 101)],

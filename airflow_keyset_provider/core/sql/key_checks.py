@@ -1,7 +1,7 @@
 """Refusing a source whose key does not define a stable total order (``SqlSource.validate``).
 
 Guarantee: ``validate`` refuses a database no ``dialects`` module implements, and a key that does
-not define a stable total order (missing, nullable, not covered by a unique index/constraint
+not define a stable total order (a type ``key_types`` does not accept, missing, nullable, not covered by a unique index/constraint
 *without predicate, expression or prefix*, no ordered index to page by, a type whose order cannot
 be encoded exactly, a text column whose collation does not sort by code point) with an error that
 names the object and the fix. It reads the catalog only (through the source's ``Dialect``), never
@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from ..errors import ConfigurationError, KeyValidationError, UnsupportedKeyTypeError
+from ..errors import ConfigurationError, KeyValidationError
+from . import key_types
 from .dialects import SUPPORTED_DIALECTS
 
 if TYPE_CHECKING:
     from .dialects import Dialect
     from .relation import Relation
 
-__all__ = ["SUPPORTED_DIALECTS", "key_kind", "validate"]
+__all__ = ["SUPPORTED_DIALECTS", "key_kinds", "validate"]
 # collation names that sort by code point (libc C/POSIX/C.UTF-8, PostgreSQL 17+ builtin); the check
 # itself goes by provider and locale (catalog.sorts_by_code_point), this list serves tests
 _BYTE_ORDER_COLLATIONS = {
@@ -41,29 +42,22 @@ _BYTE_ORDER_COLLATIONS = {
 }
 
 
-def key_kind(col: sa.Column) -> str:
-    """The key codec's kind for a key column; refuses a type whose order is not exact."""
-    t = col.type
-    if isinstance(t, (sa.Float, sa.Boolean)):
-        raise UnsupportedKeyTypeError(
-            f"key column {col.name!r} has type {t}, whose values are not exact or not unique "
-            "enough to order by. Use an integer, text, timestamp, date, UUID or numeric column."
-        )
-    if isinstance(t, sa.DateTime):
-        return "timestamptz" if t.timezone else "timestamp"
-    for cls, kind in (
-        (sa.Integer, "int"),
-        (sa.Numeric, "decimal"),
-        (sa.Date, "date"),
-        (sa.Uuid, "uuid"),
-        (sa.String, "text"),
-    ):
-        if isinstance(t, cls):
-            return kind
-    raise UnsupportedKeyTypeError(
-        f"key column {col.name!r} has type {t}, which has no exact order-preserving encoding. "
-        "Supported: integer, text/varchar, timestamp(tz), date, uuid, numeric."
-    )
+def key_kinds(src: Relation, db: Dialect, key_cols: Sequence[sa.Column]) -> list[str]:
+    """The key codec's kind of each key column, from its catalog type's rule in ``key_types``
+    (the one allowlist); refuses the table kind (``Dialect.check_relation``) and a type without
+    a kind, naming the column, the type, why and the fix."""
+    with src.engine.connect() as conn:
+        db.check_relation(conn, src)
+        found = db.key_types(conn, src, [c.name for c in key_cols])
+    kinds = []
+    for col in key_cols:
+        f = found[col.name]
+        if f.rule.kind is None:
+            raise key_types.refuse(
+                col.name, src.qualified_name, f.label, f.rule, **dict(f.fix_values)
+            )
+        kinds.append(f.rule.kind)
+    return kinds
 
 
 def validate(src: Relation, db: Dialect | None) -> tuple[sa.Table, list[str]]:
@@ -71,10 +65,11 @@ def validate(src: Relation, db: Dialect | None) -> tuple[sa.Table, list[str]]:
     db = check_dialect(src, db)
     table = reflect_table(src)
     key_cols = [table.c[k] for k in src.key_names]
+    kinds = key_kinds(src, db, key_cols)
     check_not_null(src, db, table, key_cols)
     check_unique_and_indexed(src, db, table)
-    db.check_collation(src, key_cols)
-    return table, [key_kind(c) for c in key_cols]
+    db.check_collation(src, [c for c, k in zip(key_cols, kinds, strict=True) if k == "text"])
+    return table, kinds
 
 
 def check_dialect(src: Relation, db: Dialect | None) -> Dialect:
@@ -108,7 +103,7 @@ def reflect_table(src: Relation) -> sa.Table:
 def check_not_null(
     src: Relation, db: Dialect, table: sa.Table, key_cols: Sequence[sa.Column]
 ) -> None:
-    """Every key column is NOT NULL and of a type whose order can be encoded exactly."""
+    """Every key column is NOT NULL (its type was accepted by ``key_kinds``)."""
     for col in key_cols:
         if col.nullable and not db.never_null(table, col):
             raise KeyValidationError(
@@ -117,7 +112,6 @@ def check_not_null(
                 "(after filling NULLs)."
             )
         db.check_key_column(src, col)
-        key_kind(col)
 
 
 def check_unique_and_indexed(src: Relation, db: Dialect, table: sa.Table) -> None:

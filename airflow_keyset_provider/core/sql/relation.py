@@ -63,6 +63,18 @@ class Relation(Protocol):
         """``stmt`` compiled once for the driver, and its parameter converter."""
         ...
 
+    def probe(
+        self,
+        conn: sa.Connection,
+        condition: str,
+        params: dict[str, Any],
+        select: str = "1",
+        order: str = "",
+    ) -> Any:
+        """The first value of ``SELECT select FROM table WHERE condition [AND where] [ORDER BY
+        order] LIMIT 1`` (None: no row); ``condition`` is trusted SQL, ``params`` bound."""
+        ...
+
     def estimate_rows(self, lo: str, hi: str) -> int:
         """The planner's row estimate for ``lo < key <= hi``."""
         ...

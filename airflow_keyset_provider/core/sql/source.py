@@ -4,7 +4,10 @@ Guarantees (what differs per database is the source's ``Dialect``, ``dialects/``
 
 - ``validate`` refuses a database other than PostgreSQL, SQLite and MySQL/MariaDB, and a key
   that does not define a stable total order, with an error that names the object and the fix; it
-  reads the catalog only (``key_checks``).
+  reads the catalog only (``key_checks``; the accepted key types are listed once, in ``key_types``).
+  ``upper_bound`` and ``wait_for_commit_order`` also refuse values those types hold but the key
+  codec cannot (infinities, NaN, zero dates, another SQLite storage class) at the leading key
+  column's edges, honouring ``where`` (``Dialect.check_key_values``).
 - ``upper_bound`` returns a bound such that every key ``<= bound`` that will ever commit has
   committed (or aborted) when it returns: on PostgreSQL it waits, bounded, for the transactions of
   this database (prepared ones included) that were open when ``max(key)`` was read
@@ -335,6 +338,7 @@ class SqlSource:
         self.ensure_validated()
         with self.engine.connect() as conn:
             self._check_commit_order(conn)
+            self._check_key_values(conn)
             top = self.max_key(conn)
             self._settle(conn)
         return None if top is None else encode_key(top)
@@ -346,7 +350,32 @@ class SqlSource:
         self.ensure_validated()
         with self.engine.connect() as conn:
             self._check_commit_order(conn)
+            self._check_key_values(conn)
             self._settle(conn)
+
+    def probe(
+        self,
+        conn: sa.Connection,
+        condition: str,
+        params: dict[str, Any],
+        select: str = "1",
+        order: str = "",
+    ) -> Any:
+        """See ``Relation.probe``: one index probe of the dialects' value checks."""
+        sql = f"SELECT {select} FROM {self.rel} WHERE ({condition})"
+        if self.where:
+            sql += f" AND ({self.where})"
+        if order:
+            sql += f" ORDER BY {order}"
+        return conn.execute(
+            sa.text(sql + " LIMIT 1").bindparams(**params, **self.where_params)
+        ).scalar()
+
+    def _check_key_values(self, conn: sa.Connection) -> None:
+        """Refuse values the key's types hold but the key codec cannot, where they sort
+        (``Dialect.check_key_values``, ``key_types.VALUE_RULES``)."""
+        assert self.db is not None  # validated
+        self.db.check_key_values(self, conn)
 
     def _settle(self, conn: sa.Connection) -> None:
         """Right after the bound was read: the dialect's wait (see module doc)."""

@@ -34,7 +34,7 @@ assert lua.is_file(), lua
 
 engine = sa.create_engine(sqlite_url)
 with engine.begin() as c:
-    c.execute(sa.text("CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL)"))
+    c.execute(sa.text("CREATE TABLE events (seq bigint NOT NULL PRIMARY KEY, payload text NOT NULL)"))
     c.execute(sa.text("INSERT INTO events VALUES (:s, :p)"),
               [{"s": k, "p": f"e{k}"} for k in range(1, 251)])
 engine.dispose()

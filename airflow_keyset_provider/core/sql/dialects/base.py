@@ -7,10 +7,12 @@ it with an error naming the object and the fix, never silently skips the check.
 - key validation: ``unique_indexes`` (what the catalog proves unique, and which indexes are ordered
   so a chunk is a range scan), ``never_null`` / ``implicit_unique`` (a key the catalog cannot show
   as NOT NULL or unique although it is, e.g. SQLite's rowid), ``check_key_column`` (types the key
-  codec supports, beyond ``key_checks.key_kind``), ``check_collation`` (text keys sort by code
+  codec supports: ``key_types`` reads the catalog type, ``key_types.py`` is the one list of
+  accepted types; ``check_relation``, ``check_key_column``), ``check_collation`` (text keys sort by code
   point) and ``not_null_fix`` (the statement a refusal quotes);
 - the chunk filter: ``key_after`` / ``key_at_most`` (``key > lo`` and ``key <= hi`` in the form the
   database turns into an index range);
+- values at plan time: ``check_key_values`` (what an accepted type holds but the codec cannot);
 - commit order: ``check_commit_order`` (refuse what no wait can prove) and ``settle`` (wait until
   every key at or below the bound that will ever commit has committed);
 - the planner: ``estimate_rows`` and ``sampled_cuts`` (``None``: cut exactly);
@@ -23,15 +25,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
+
+from ..key_types import KeyType
 
 if TYPE_CHECKING:
     from ..catalog import IndexInfo
     from ..relation import Relation
 
 RowErrorKind = Literal["row", "retry"]
+
+
+@dataclass(frozen=True)
+class KeyTypeFound:
+    """A key column's type as the catalog names it (``label``), its rule, and the values the
+    rule's fix is formatted with (e.g. the collation to use)."""
+
+    label: str
+    rule: KeyType
+    fix_values: tuple[tuple[str, str], ...] = ()
 
 
 class Dialect:
@@ -58,11 +73,25 @@ class Dialect:
         """Column sets unique without an index the catalog lists."""
         return []
 
+    def key_types(
+        self, conn: sa.Connection, src: Relation, columns: Sequence[str]
+    ) -> dict[str, KeyTypeFound]:
+        """Each key column's catalog type and its rule in ``key_types`` (the one allowlist)."""
+        raise NotImplementedError
+
+    def check_relation(self, conn: sa.Connection, src: Relation) -> None:
+        """Refuse a table whose reads are not the rows its indexes cover (e.g. inheritance)."""
+
     def check_key_column(self, src: Relation, col: sa.Column) -> None:
-        """Refuse a key column whose type this database orders differently from the key codec."""
+        """Refuse a key column whose accepted type still needs a session setting."""
+
+    def check_key_values(self, src: Relation, conn: sa.Connection) -> None:
+        """At plan time: refuse values an accepted type holds but the key codec cannot
+        (``key_types.VALUE_RULES``), where they sort: at the leading key column's edges."""
 
     def check_collation(self, src: Relation, key_cols: Sequence[sa.Column]) -> None:
-        """Refuse a text key column that does not sort by code point (the cursors' order)."""
+        """Refuse a text key column (``key_cols``: the key's columns of kind text) that does not
+        sort by code point (the cursors' order)."""
 
     def not_null_fix(self, src: Relation, col: sa.Column) -> str:
         return f"ALTER TABLE {src.qualified_name} ALTER COLUMN {col.name} SET NOT NULL"

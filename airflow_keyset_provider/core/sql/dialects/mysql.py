@@ -3,9 +3,10 @@
 - uniqueness: a unique ``BTREE``/``HASH`` index or the primary key whose key parts are whole
   columns (no ``SUB_PART`` prefix, no functional key part), on NOT NULL columns; paging needs an
   ordered (``BTREE``) index starting with the key columns (``mysql_catalog.indexes``);
-- key types: ENUM and SET (they sort by their ordinal), fixed-width CHAR (stored padded: ``'a\\t'``
-  sorts before ``'a'`` even under a NO PAD collation) and binary strings (the key codec has no
-  bytes type) are refused; TIMESTAMP only when the session time zone is a fixed offset (its
+- key types: ``DATA_TYPE``'s rule in ``key_types`` (ENUM and SET sort by their ordinal, fixed-width
+  CHAR is stored padded: ``'a\\t'`` sorts before ``'a'`` even under a NO PAD collation, MariaDB's
+  UUID sorts by swapped segments, binary strings have no key encoding); zero dates at the leading
+  column's low edge are refused at plan time (``check_key_values``); TIMESTAMP only when the session time zone is a fixed offset (its
   values are read in the session time zone, which a DST change makes ambiguous);
 - text keys: only a NO PAD binary collation of UTF-8 (``utf8mb4_nopad_bin`` on MariaDB,
   ``utf8mb4_0900_bin`` on MySQL 8, and their utf8mb3 forms) orders like the key encoding. PAD
@@ -39,9 +40,9 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql as sa_mysql
 
 from ...errors import ConfigurationError, KeyValidationError, UnsupportedKeyTypeError
-from .. import commit_order
+from .. import commit_order, key_types
 from . import mysql_catalog, mysql_quantiles
-from .base import Dialect, RowErrorKind
+from .base import Dialect, KeyTypeFound, RowErrorKind
 
 if TYPE_CHECKING:
     from ..catalog import IndexInfo
@@ -120,27 +121,38 @@ class MysqlDialect(Dialect):
         ddl = col.type.compile(dialect=self.sa_dialect)
         return f"ALTER TABLE {src.qualified_name} MODIFY {col.name} {ddl} NOT NULL"
 
+    def key_types(
+        self, conn: sa.Connection, src: Relation, columns: Sequence[str]
+    ) -> dict[str, KeyTypeFound]:
+        """``information_schema.COLUMNS.DATA_TYPE``'s rule in ``key_types``."""
+        fix = (("collation", self._fix_collation()),)
+        return {
+            c: KeyTypeFound(label, key_types.rule("mysql", data_type), fix)
+            for c, data_type, label in mysql_catalog.column_types(
+                conn, src.schema, src.table_name, list(columns)
+            )
+        }
+
+    def check_key_values(self, src: Relation, conn: sa.Connection) -> None:
+        """The leading key column of a date/time kind holds no date below 0001-01-01 (zero
+        dates, legal under the default ``sql_mode``, sort there): one index probe."""
+        if src.key_kinds[0] not in ("date", "timestamp"):
+            return
+        name = src.key_names[0]
+        col = src.engine.dialect.identifier_preparer.quote(name)
+        if src.probe(conn, f"{col} < :lo", {"lo": "0001-01-01"}) is not None:
+            raise UnsupportedKeyTypeError(
+                f"key column {name!r} of {src.qualified_name!r} holds a zero date ('0000-00-00') or "
+                "a date in year 0, which Python cannot hold: the key encoding has no place for it, "
+                f"so its rows could never be delivered. Fix: UPDATE those rows (WHERE {name} < "
+                f"'0001-01-01') or exclude them with where=..., and add NO_ZERO_DATE,NO_ZERO_IN_DATE "
+                "to the server's sql_mode."
+            )
+
     def check_key_column(self, src: Relation, col: sa.Column) -> None:
+        """A TIMESTAMP key needs a fixed-offset session time zone."""
         t = col.type
         where = f"key column {col.name!r} of {src.qualified_name!r}"
-        if isinstance(t, (sa.Enum, sa_mysql.SET)):
-            raise UnsupportedKeyTypeError(
-                f"{where} is {t}, which sorts by the members' ordinal, not by their text. "
-                f"Fix: key by a VARCHAR column COLLATE {self._fix_collation()}, or an integer."
-            )
-        if isinstance(t, sa.CHAR) or (isinstance(t, sa.String) and type(t).__name__ == "NCHAR"):
-            raise UnsupportedKeyTypeError(
-                f"{where} is fixed-width {t}: values are stored padded with spaces, so 'a\\t' sorts "
-                "before 'a' whatever the collation, unlike the key encoding. Fix: ALTER TABLE "
-                f"{src.qualified_name} MODIFY {col.name} VARCHAR({t.length or 255}) CHARACTER SET "
-                f"utf8mb4 COLLATE {self._fix_collation()} NOT NULL."
-            )
-        if isinstance(t, sa.types._Binary):
-            raise UnsupportedKeyTypeError(
-                f"{where} is the binary string type {t}: the key codec has no bytes type, so its "
-                f"values have no key encoding. Fix: key by a VARCHAR column COLLATE "
-                f"{self._fix_collation()} (byte order of UTF-8), or by an integer."
-            )
         if isinstance(t, sa_mysql.TIMESTAMP):
             with src.engine.connect() as conn:
                 zone = str(conn.exec_driver_sql("SELECT @@session.time_zone").scalar())
@@ -153,7 +165,7 @@ class MysqlDialect(Dialect):
                 )
 
     def check_collation(self, src: Relation, key_cols: Sequence[sa.Column]) -> None:
-        text = [c.name for c in key_cols if isinstance(c.type, sa.String)]
+        text = [c.name for c in key_cols]
         if not text:
             return
         with src.engine.connect() as conn:

@@ -6,6 +6,7 @@
   ``HASH`` index, e.g. MariaDB's long unique on a TEXT column, proves uniqueness but gives no
   order to page by);
 - ``text_columns``: character set, collation and data type of text key columns;
+- ``column_types``: the data type of each key column (its rule in ``key_types``);
 - ``table_engine``: the storage engine (only InnoDB's transactions are listed in ``INNODB_TRX``).
 """
 
@@ -88,3 +89,18 @@ def table_engine(conn: sa.Connection, schema: str | None, table: str) -> str:
         {"schema": schema, "table": table},
     ).scalar()
     return str(found or "")
+
+
+def column_types(
+    conn: sa.Connection, schema: str | None, table: str, columns: list[str]
+) -> list[tuple[str, str, str]]:
+    """(column, ``DATA_TYPE`` lowercased, ``COLUMN_TYPE``) of the given columns."""
+    rows = conn.execute(
+        sa.text(
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE "
+            f"FROM information_schema.COLUMNS {_WHERE}AND COLUMN_NAME IN :cols "
+            "ORDER BY ORDINAL_POSITION"
+        ).bindparams(sa.bindparam("cols", expanding=True)),
+        {"schema": schema, "table": table, "cols": columns},
+    )
+    return [(str(c), str(t).lower(), str(ct)) for c, t, ct in rows]

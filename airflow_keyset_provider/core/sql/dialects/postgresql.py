@@ -2,6 +2,9 @@
 ``commit_order``; this module decides and words the refusals).
 
 - uniqueness: a valid unique index without predicate or expression (``catalog.unique_indexes``);
+- key types: the base type's rule in ``key_types`` (enums, ranges, composites, arrays by
+  typtype); a table with ``INHERITS`` children is refused; at plan time the leading key column's
+  infinities, out-of-range years and NaN are refused (``check_key_values``);
 - text keys: the column's collation, provider included, sorts by code point
   (``catalog.sorts_by_code_point``);
 - commit order: refuses a standby and a key fed by a sequence with ``CACHE > 1`` unless
@@ -23,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ...errors import ConfigurationError, KeyValidationError
+from ...errors import ConfigurationError, KeyValidationError, UnsupportedKeyTypeError
 from ...keys import MIN_KEY, encode_key
-from .. import catalog, commit_order
-from .base import Dialect, RowErrorKind
+from .. import catalog, commit_order, key_types
+from .base import Dialect, KeyTypeFound, RowErrorKind
 
 if TYPE_CHECKING:
     from ..catalog import IndexInfo
@@ -36,6 +39,35 @@ log = logging.getLogger(__name__)
 
 _RETRY_SQLSTATES = {"40001", "40P01", "55P03", "57014"}
 
+_PG_KEY_TYPES = sa.text(
+    # each column's type, then down a domain's base types to the first non-domain
+    "WITH RECURSIVE t(attname, label, typ, is_domain) AS ("
+    "  SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid, false "
+    "  FROM pg_attribute a WHERE a.attrelid = CAST(:rel AS regclass) AND a.attname = ANY(:cols) "
+    "    AND NOT a.attisdropped "
+    "  UNION ALL "
+    "  SELECT t.attname, t.label, p.typbasetype, true FROM t JOIN pg_type p ON p.oid = t.typ "
+    "  WHERE p.typtype = 'd') "
+    "SELECT t.attname, t.label, p.typname, p.typtype::text, p.typcategory::text, n.nspname, "
+    "       t.is_domain "
+    "FROM t JOIN pg_type p ON p.oid = t.typ JOIN pg_namespace n ON n.oid = p.typnamespace "
+    "WHERE p.typtype <> 'd'"
+)
+_PG_CHILDREN = sa.text(
+    "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhparent "
+    "WHERE i.inhparent = CAST(:rel AS regclass) AND c.relkind = 'r'"
+)
+#: the range Python's datetime/date holds, per kind: (SQL type, lowest, highest)
+_PG_TIME_RANGE = {
+    "timestamptz": (
+        "timestamptz",
+        "0001-01-01 00:00:00+00",
+        "9999-12-31 23:59:59.999999+00",
+    ),
+    "timestamp": ("timestamp", "0001-01-01 00:00:00", "9999-12-31 23:59:59.999999"),
+    "date": ("date", "0001-01-01", "9999-12-31"),
+}
+
 
 class PostgresqlDialect(Dialect):
     name = "postgresql"
@@ -43,9 +75,78 @@ class PostgresqlDialect(Dialect):
     def unique_indexes(self, conn: sa.Connection, src: Relation) -> list[IndexInfo]:
         return catalog.unique_indexes(conn, src.rel)
 
+    def key_types(
+        self, conn: sa.Connection, src: Relation, columns: Sequence[str]
+    ) -> dict[str, KeyTypeFound]:
+        """The base type of each column (a domain's, recursively) by ``pg_type``: its typtype
+        (enum, range, composite...) or array category decides first, then its name; a type
+        outside ``pg_catalog`` (an extension's) is accepted only if listed by that name and not
+        shadowing a built-in (``citext`` is listed as refused)."""
+        out = {}
+        for name, label, typname, typtype, category, schema, is_domain in conn.execute(
+            _PG_KEY_TYPES, {"rel": src.rel, "cols": list(columns)}
+        ):
+            r = key_types.rule("postgresql", typname, "A" if category == "A" else typtype)
+            if r.kind is not None and schema != "pg_catalog":
+                r = key_types.rule("postgresql", f"{schema}.{typname}")
+            shown = f"{label} (a domain over {typname})" if is_domain else label
+            out[name] = KeyTypeFound(shown, r)
+        return out
+
+    def check_relation(self, conn: sa.Connection, src: Relation) -> None:
+        """A table with ``INHERITS`` children is read with them (no ``ONLY``), while its unique
+        index covers its own rows only; a partitioned table's unique index covers every
+        partition and is accepted."""
+        children = conn.execute(_PG_CHILDREN, {"rel": src.rel}).scalar()
+        if children:
+            raise KeyValidationError(
+                f"key {src.key_names} of {src.qualified_name!r}: the table has {children} INHERITS "
+                "child table(s), and a read of it returns "
+                "their rows too, which its unique index does not cover (two rows may share a key, "
+                "and their order is not the index's). Fix: traverse each child as its own stream, "
+                "or make the table declaratively partitioned (PARTITION BY), whose unique index "
+                "covers every partition."
+            )
+
+    def check_key_values(self, src: Relation, conn: sa.Connection) -> None:
+        """The leading key column holds no value the codec cannot: infinities, years past 9999
+        or BC (timestamp, timestamptz, date); NaN and infinities (numeric). Two index probes."""
+        kind = src.key_kinds[0]
+        col = src.engine.dialect.identifier_preparer.quote(src.key_names[0])
+        if kind in _PG_TIME_RANGE:
+            cast, lo, hi = _PG_TIME_RANGE[kind]
+            outside = f"({col} < CAST(:lo AS {cast}) OR {col} > CAST(:hi AS {cast}))"
+            params: dict[str, Any] = {"lo": lo, "hi": hi}
+            what = (
+                "'infinity', '-infinity', a year past 9999 or a BC date, which Python cannot hold"
+            )
+            fix = (
+                f"move or delete those rows (isfinite({src.key_names[0]}) is false for the "
+                f"infinities), exclude them with where=..., then ALTER TABLE {src.qualified_name} ADD "
+                f"CHECK ({src.key_names[0]} BETWEEN '{lo}' AND '{hi}')"
+            )
+        elif kind == "decimal":
+            outside = (
+                f"({col} >= CAST('Infinity' AS numeric) OR {col} <= CAST('-Infinity' AS numeric))"
+            )
+            params = {}
+            what = "'NaN' or an infinity, which sort above (below) every number"
+            fix = (
+                "replace or exclude those rows (where=...), then ALTER TABLE "
+                f"{src.qualified_name} ADD CHECK ({src.key_names[0]} NOT IN ('NaN', 'Infinity', "
+                "'-Infinity'))"
+            )
+        else:
+            return
+        if src.probe(conn, outside, params) is not None:
+            raise UnsupportedKeyTypeError(
+                f"key column {src.key_names[0]!r} of {src.qualified_name!r} holds {what}: the key "
+                f"encoding has no place for it, so its rows could never be delivered. Fix: {fix}."
+            )
+
     def check_collation(self, src: Relation, key_cols: Sequence[sa.Column]) -> None:
         """Every text key column sorts by code point, as the cursors in Redis compare."""
-        text_cols = [c.name for c in key_cols if isinstance(c.type, sa.String)]
+        text_cols = [c.name for c in key_cols]
         if not text_cols:
             return
         with src.engine.connect() as conn:
