@@ -288,7 +288,7 @@ def test_replay_dead_letters_snippet(
         key_prefix=snippet_env["KEYSET_KEY_PREFIX"],
     )
     try:
-        rnd = t.plan(max_ranges=2)
+        rnd = t.plan(max_ranges=2, new_stream=True)
         for spec in rnd.ranges:
             t.traverse(
                 rnd.round_id, spec.range_id, coupon_processors.expire_coupons, item_retry_delay=0.0
@@ -987,7 +987,7 @@ def test_troubleshooting_quotes_runtime_errors(
         conn.close()
 
     t = traversal()
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
 
     def down(chunk: Any) -> None:
         raise RetryableError("HTTP 503 from dispatch-api")
