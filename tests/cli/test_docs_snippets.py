@@ -1141,6 +1141,28 @@ def test_troubleshooting_quotes_runtime_errors(
     unreachable.close()
 
 
+def test_troubleshooting_quotes_the_stream_refusals(
+    pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """``StreamStateLostError``: no state in Redis and nothing to restore it from; a round open
+    when Redis lost it (``core/rounds/durability.py``)."""
+    from airflow_keyset_provider.core import KeysetTraversal
+    from airflow_keyset_provider.core.rounds.durability import PlannedRound, StreamRecord
+
+    make_events(pg_schema_url, 10)
+    t = KeysetTraversal(
+        pg_schema_url, "events", "seq", redis_url=redis_url, stream="s", key_prefix=key_prefix
+    )
+    _quoted(_raised(t.plan), "has no state in Redis (no round counter, no watermark)")
+    lost = StreamRecord(source="record", last_round="r1", planned=PlannedRound("r2", "", ""))
+    _quoted(
+        _raised(lambda: t.plan(record=lost)),
+        "was open when Redis lost it",
+        "Its committed cursors are gone",
+    )
+    t.close()
+
+
 def test_troubleshooting_quotes_the_airflow_adapters() -> None:
     _in_source(
         "sensors/keyset.py",
