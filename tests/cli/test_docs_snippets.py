@@ -976,7 +976,7 @@ def test_troubleshooting_quotes_runtime_errors(
         conn.cursor().execute("SELECT txid_current()")  # opens a transaction and keeps it open
         t = traversal(commit_wait_timeout=0.5)
         _quoted(
-            _raised(t.plan),
+            _raised(lambda: t.plan(new_stream=True)),
             " transaction(s) open when the upper bound of '",
             "(idle in transaction). A key they hold could fall inside the round, so no round was saved. Let them "
             "finish (or terminate them), or raise commit_wait_timeout.",

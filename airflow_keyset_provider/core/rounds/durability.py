@@ -175,14 +175,20 @@ def _forward_from(
 
 
 def _choices(stream: str, start: str | None, arity: int) -> str:
-    bound = f"start_key={display_key(start, arity)}" if start else "start_key=<last key done>"
+    if start == "":  # the lost round started below every key: planning it again is (3)
+        again = "(2) the lost round started below every key, so planning it again is (3)"
+    else:
+        bound = f"start_key={display_key(start, arity)}" if start else "start_key=<last key done>"
+        again = (
+            f"(2) plan with explicit bounds ({bound}, end_key=...): those keys are delivered "
+            "again, knowingly, and chained plans continue from that round's end once it closes"
+        )
     return (
         "Choose one: (1) restore the stream's Redis state (a Redis backup), or configure a "
         "checkpoint mirror (checkpoint_url / checkpoint_conn_id) so the next loss restores itself; "
-        f"(2) plan with explicit bounds ({bound}, end_key=...): those keys are delivered again, "
-        "knowingly, and chained plans continue from that round's end once it closes; (3) declare "
-        f"a new stream (new_stream=True on the plan: PlanRangesOperator, the decorator or KeysetTraversal.plan) to start stream {stream!r} "
-        "below every key again, delivering the whole table again. Nothing was written."
+        f"{again}; (3) declare a new stream (new_stream=True on the plan: PlanRangesOperator, the "
+        f"decorator or KeysetTraversal.plan) to start stream {stream!r} below every key again, "
+        "delivering the whole table again. Nothing was written."
     )
 
 
