@@ -31,6 +31,12 @@ their bounds do not depend on the watermark.
 The choices a refusal names: restore Redis (or configure ``checkpoint_url`` /
 ``checkpoint_conn_id`` so the next loss restores itself), plan the lost range of keys again with
 explicit bounds (its keys are delivered again, knowingly), or declare a new stream.
+
+Seams for tests and the reliability model: ``CursorStore.delete_stream()`` is Redis losing the
+stream (every key under its hash tag); a ``StreamRecord`` stands in for Airflow's asset state
+(build it from what the model saw closed and planned); ``KeysetTraversal.plan(record=...,
+new_stream=...)`` then restores, starts new, or raises ``StreamStateLostError`` with nothing
+written (``tests/core/rounds/test_durable_by_default.py``).
 """
 
 from __future__ import annotations
