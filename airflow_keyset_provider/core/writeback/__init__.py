@@ -66,7 +66,7 @@ from .guarded import guarded_update
 from .insert_or_update import upsert
 from .outcome import WriteOutcome
 from .reflection import clear_table_cache
-from .update_values import update_rows
+from .update_values import update_columns, update_rows
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -74,6 +74,7 @@ __all__ = [
     "claim_skip_locked",
     "clear_table_cache",
     "guarded_update",
+    "update_columns",
     "update_rows",
     "upsert",
 ]

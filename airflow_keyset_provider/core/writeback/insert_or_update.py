@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow_keyset_provider.core.errors import ConfigurationError
 
-from .batching import DEFAULT_BATCH_SIZE, as_mapping, check_batch_size, group_by_columns
+from .batching import DEFAULT_BATCH_SIZE, as_mappings, check_batch_size, group_by_columns
 from .columns import from_rows
 from .connect import Bind, connection, resolve
 from .isolation import BatchWriter, ColumnarWriter
@@ -47,7 +47,7 @@ def upsert(
         target, backend = resolve(c, table, key if key is not None else conflict_cols)
         target.check_columns(conflict_cols, "conflict")
         target.check_columns(update_cols, "update")
-        items = [as_mapping(r) for r in rows]
+        items = as_mappings(rows)
         cols = from_rows(target, items, "upsert")
         if cols is not None:
             target.check_columns(cols.data, "rows")

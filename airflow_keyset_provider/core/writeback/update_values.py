@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection
 from airflow_keyset_provider.core.errors import ConfigurationError
 
 from .backends import Backend
-from .batching import DEFAULT_BATCH_SIZE, as_mapping, check_batch_size, group_by_columns
+from .batching import DEFAULT_BATCH_SIZE, as_mappings, check_batch_size, group_by_columns
 from .columns import Columns, from_mapping, from_rows
 from .connect import Bind, connection, resolve
 from .isolation import BatchWriter, ColumnarWriter
@@ -41,7 +41,7 @@ def update_rows(
     with connection(conn) as c:
         target, backend = resolve(c, table, key)
         guard = target.guard(expected)
-        items = [as_mapping(r) for r in rows]
+        items = as_mappings(rows)
         cols = from_rows(target, items, "update_rows")
         if cols is not None:
             outcome = _columnar(c, target, backend, cols, expected, batch_size, isolate_failures)

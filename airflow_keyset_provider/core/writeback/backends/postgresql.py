@@ -19,7 +19,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ..batching import guard_params
 from ..columns import positions
-from ..direct import cursor_of, execute, send
+from ..direct import cursor_of, execute, send, wrap
 from ..target import Guard, Key, Target
 from .base import Backend, Builder, ColumnarPlan, KeyIn, Plan, returning
 from .case_when import TemplateCache
@@ -164,11 +164,7 @@ def run(conn: Connection, sql: str, params: dict[str, Any], isolate: bool) -> li
                 prefix = f"SAVEPOINT {_SAVEPOINT}; "
                 rows = execute(conn, cursor, sql, params, fetch=True, prefix=prefix)
             else:
-                # psycopg 3 binds on the server: one statement per execute. (A pipeline sending
-                # the three at once lost psycopg's prepared statements after a failed batch:
-                # "prepared statement _pg3_N does not exist".)
-                send(conn, cursor, f"SAVEPOINT {_SAVEPOINT}")
-                rows = execute(conn, cursor, sql, params, fetch=True)
+                return _pipelined(conn, cursor, sql, params)
             send(conn, cursor, f"RELEASE SAVEPOINT {_SAVEPOINT}")
             return rows
         except BaseException:
@@ -176,6 +172,42 @@ def run(conn: Connection, sql: str, params: dict[str, Any], isolate: bool) -> li
             raise
     finally:
         cursor.close()
+
+
+def _pipelined(conn: Connection, cursor: Any, sql: str, params: dict[str, Any]) -> list:
+    """psycopg 3 binds on the server, one statement per execute: ``SAVEPOINT``, the statement
+    and ``RELEASE`` go in one pipeline (one round trip). The savepoint statements are never
+    prepared: psycopg would count one that the server skipped after the error as prepared
+    ("prepared statement _pg3_N does not exist" on its next use)."""
+    raw = conn.connection.dbapi_connection
+    if (
+        getattr(raw, "pipeline", None) is None or not _pipeline_supported()
+    ):  # libpq < 14: three round trips
+        send(conn, cursor, f"SAVEPOINT {_SAVEPOINT}")
+        rows = execute(conn, cursor, sql, params, fetch=True)
+        send(conn, cursor, f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        return rows
+    dispatch = conn.dispatch
+    for fn in dispatch.before_cursor_execute:
+        fn(conn, cursor, sql, params, None, False)
+    try:
+        with raw.pipeline():  # type: ignore[union-attr]
+            cursor.execute(f"SAVEPOINT {_SAVEPOINT}", prepare=False)
+            cursor.execute(sql, params)
+            with raw.cursor() as release:  # type: ignore[union-attr]
+                release.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}", prepare=False)
+        rows = cursor.fetchall()
+    except Exception as exc:
+        raise wrap(conn, cursor, sql, params, exc) from exc
+    for fn in dispatch.after_cursor_execute:
+        fn(conn, cursor, sql, params, None, False)
+    return rows
+
+
+def _pipeline_supported() -> bool:
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
 
 
 def _rollback_to_savepoint(conn: Connection) -> None:
