@@ -86,19 +86,28 @@ class Outcome:
 
 
 class Database:
-    """One database family: its tables, its hand-written statements."""
+    """One database family: its tables, its hand-written statements. ``values``: the columns
+    written and their PostgreSQL types (the guard is always ``status = 'PENDING'``)."""
 
     aware = True
     target = PG_TARGET
 
-    def __init__(self, engine: sa.Engine, table: str, shape: Shape, rows: int) -> None:
+    def __init__(
+        self,
+        engine: sa.Engine,
+        table: str,
+        shape: Shape,
+        rows: int,
+        values: dict[str, str] | None = None,
+    ) -> None:
         self.engine, self.table, self.shape, self.rows = engine, table, shape, rows
+        self.values = values or {"status": "text"}
 
     def reset(self, op: str) -> None:
         raise NotImplementedError
 
-    def baseline(self, op: str, raw: Any, chunk: list[Any], cols: dict[str, list]) -> int:
-        """Write one chunk by hand; the number of keys applied."""
+    def baseline(self, op: str, raw: Any, chunk: list[Any], cols: dict[str, list]) -> set:
+        """Write one chunk by hand; the keys applied (the others are not applied)."""
         raise NotImplementedError
 
 
@@ -126,33 +135,34 @@ class Postgres(Database):
             conn = conn.execution_options(isolation_level="AUTOCOMMIT")
             conn.exec_driver_sql(f"VACUUM ANALYZE {self.table}")
 
-    def baseline(self, op: str, raw: Any, chunk: list[Any], cols: dict[str, list]) -> int:
-        single = self.shape.name == "single"
-        arrays = (
-            "%s::bigint[], %s::text[]" if single else "%s::timestamptz[], %s::bigint[], %s::text[]"
-        )
-        names = "id, status" if single else "created_at, id, status"
-        ret = "id" if single else "created_at, id"
-        params = [cols[n] for n in (*self.shape.key, "status")]
+    def baseline(self, op: str, raw: Any, chunk: list[Any], cols: dict[str, list]) -> set:
+        key = self.shape.key
+        types = {"id": "bigint", "created_at": "timestamptz", **self.values}
+        names = [*key, *self.values]
+        arrays = ", ".join(f"%s::{types[n]}[]" for n in names)
+        ret = ", ".join(key)
+        params = [cols[n] for n in names]
         if op == "upsert":
+            sets = ", ".join(f"{c} = excluded.{c}" for c in self.values)
+            differs = " OR ".join(
+                f"{self.table}.{c} IS DISTINCT FROM excluded.{c}" for c in self.values
+            )
             sql = (
-                f"INSERT INTO {self.table} ({names}) SELECT * FROM unnest({arrays}) "
-                f"ON CONFLICT ({ret}) DO UPDATE SET status = excluded.status "
-                f"WHERE {self.table}.status IS DISTINCT FROM excluded.status RETURNING {ret}"
+                f"INSERT INTO {self.table} ({', '.join(names)}) SELECT * FROM unnest({arrays}) "
+                f"ON CONFLICT ({ret}) DO UPDATE SET {sets} WHERE {differs} RETURNING {ret}"
             )
         else:
-            on = " AND ".join(f"t.{k} = v.{k}" for k in self.shape.key)
-            ret_t = ", ".join(f"t.{k}" for k in self.shape.key)
+            on = " AND ".join(f"t.{k} = v.{k}" for k in key)
+            sets = ", ".join(f"{c} = v.{c}" for c in self.values)
             sql = (
-                f"UPDATE {self.table} AS t SET status = v.status FROM unnest({arrays}) AS "
-                f"v({names}) WHERE {on} AND t.status = 'PENDING' RETURNING {ret_t}"
+                f"UPDATE {self.table} AS t SET {sets} FROM unnest({arrays}) AS "
+                f"v({', '.join(names)}) WHERE {on} AND t.status = 'PENDING' "
+                f"RETURNING {', '.join(f't.{k}' for k in key)}"
             )
         with raw.cursor() as cur:
             cur.execute(sql, params)
             found = cur.fetchall()
-        applied = {r[0] for r in found} if single else {tuple(r) for r in found}
-        not_applied = [k for k in chunk if k not in applied]
-        return len(chunk) - len(not_applied)
+        return {r[0] for r in found} if len(key) == 1 else {tuple(r) for r in found}
 
 
 class Mariadb(Database):
@@ -174,36 +184,40 @@ class Mariadb(Database):
             for start in range(0, len(values), 5000):
                 cur.executemany(sql, values[start : start + 5000])
 
-    def baseline(self, op: str, raw: Any, chunk: list[Any], cols: dict[str, list]) -> int:
+    def baseline(self, op: str, raw: Any, chunk: list[Any], cols: dict[str, list]) -> set:
         t, key = self.table, self.shape.key
         n = len(chunk)
-        single = self.shape.name == "single"
+        single = len(key) == 1
         flat_keys = chunk if single else [v for k in chunk for v in k]
-        one = "%s" if single else "(%s, %s)"
-        key_in = f"{key[0]} IN " if single else "(created_at, id) IN "
+        one = "%s" if single else f"({', '.join(['%s'] * len(key))})"
+        key_in = f"({', '.join(key)}) IN " if not single else f"{key[0]} IN "
         key_in += f"({', '.join([one] * n)})"
-        names = (*key, "status")
+        names = (*key, *self.values)
         derived = "SELECT " + ", ".join(f"%s AS {c}" for c in names)
         derived += (" UNION ALL SELECT " + ", ".join(["%s"] * len(names))) * (n - 1)
         flat_rows = [v for row in zip(*(cols[c] for c in names), strict=True) for v in row]
         on = " AND ".join(f"{t}.{k} = v.{k}" for k in key)
         with raw.cursor() as cur:
             if op == "upsert":
+                differs = " OR ".join(
+                    f"NOT (CAST({t}.{c} AS BINARY) <=> CAST(v.{c} AS BINARY))" for c in self.values
+                )
                 cur.execute(
-                    f"SELECT {', '.join(f'{t}.{k}' for k in key)}, NOT (CAST({t}.status AS "
-                    f"BINARY) <=> CAST(v.status AS BINARY)) FROM {t} JOIN ({derived}) AS v "
-                    f"ON {on} FOR UPDATE",
+                    f"SELECT {', '.join(f'{t}.{k}' for k in key)}, {differs} FROM {t} JOIN "
+                    f"({derived}) AS v ON {on} FOR UPDATE",
                     flat_rows,
                 )
-                found = cur.fetchall()
-                unchanged = {(r[0] if single else tuple(r[:2])) for r in found if not r[-1]}
+                unchanged = {
+                    (r[0] if single else tuple(r[:-1])) for r in cur.fetchall() if not r[-1]
+                }
                 row = f"({', '.join(['%s'] * len(names))})"
+                sets = ", ".join(f"{c} = VALUES({c})" for c in self.values)
                 cur.execute(
                     f"INSERT INTO {t} ({', '.join(names)}) VALUES {', '.join([row] * n)} "
-                    "ON DUPLICATE KEY UPDATE status = VALUES(status)",
+                    f"ON DUPLICATE KEY UPDATE {sets}",
                     flat_rows,
                 )
-                return n - len([k for k in chunk if k in unchanged])
+                return {k for k in chunk if k not in unchanged}
             cur.execute(
                 f"SELECT {', '.join(key)} FROM {t} WHERE {key_in} AND status = 'PENDING' "
                 "FOR UPDATE",
@@ -216,13 +230,13 @@ class Mariadb(Database):
                     ["DONE", *flat_keys],
                 )
             else:
+                sets = ", ".join(f"{t}.{c} = v.{c}" for c in self.values)
                 cur.execute(
-                    f"UPDATE {t} JOIN ({derived}) AS v ON {on} SET {t}.status = v.status "
+                    f"UPDATE {t} JOIN ({derived}) AS v ON {on} SET {sets} "
                     f"WHERE {t}.status = 'PENDING'",
                     flat_rows,
                 )
-        not_applied = [k for k in chunk if k not in locked]
-        return n - len(not_applied)
+        return locked
 
 
 # ------------------------------------------------------------------ one run of one variant
@@ -249,7 +263,8 @@ def _inputs(db: Database, op: str) -> list[tuple[list, dict[str, list], list[dic
     return out
 
 
-def _helper(db: Database, op: str, conn: sa.Connection, chunk: list, cols: dict, rows: list) -> Any:
+def helper(db: Database, op: str, conn: sa.Connection, chunk: list, cols: dict, rows: list) -> Any:
+    """The helper ``op`` on one chunk, given as keys (guarded), columns or rows."""
     from airflow_keyset_provider.core import writeback as wb
 
     key = list(db.shape.key)
@@ -260,7 +275,7 @@ def _helper(db: Database, op: str, conn: sa.Connection, chunk: list, cols: dict,
         return wb.update_columns(conn, db.table, key, cols, guard)
     if op == "guarded_update":
         return wb.guarded_update(conn, db.table, key, chunk, {"status": "DONE"}, guard)
-    return wb.upsert(conn, db.table, rows, key, ["status"])
+    return wb.upsert(conn, db.table, rows, key, list(db.values))
 
 
 def _run(db: Database, op: str, variant: str, inputs: list) -> Outcome:
@@ -270,12 +285,13 @@ def _run(db: Database, op: str, variant: str, inputs: list) -> Outcome:
         raw = conn.connection.dbapi_connection
         for chunk, cols, rows in inputs:
             if variant == "project":
-                out = _helper(db, op, conn, chunk, cols, rows)
+                out = helper(db, op, conn, chunk, cols, rows)
                 if out.failed:
                     raise RuntimeError(f"{op}: {len(out.failed)} keys failed")
                 applied += len(out.applied)
             else:
-                applied += db.baseline(op, raw, chunk, cols)
+                found = db.baseline(op, raw, chunk, cols)
+                applied += len(chunk) - len([k for k in chunk if k not in found])
             total += len(chunk)
     return Outcome(sw.seconds, applied, total - applied)
 

@@ -97,25 +97,38 @@ def key_values(data: Mapping[str, list], target: Target) -> list:
     return flat(data, target.key_names)
 
 
-def column_bytes(values: list) -> int:
-    """A generous estimate of the statement bytes of a column's values: 4 bytes a character
-    (UTF-8 at worst, or an escaped byte), and 40 bytes for any other value and its comma."""
+def column_bytes(values: list, text: bool) -> int:
+    """A generous estimate of the statement bytes of a column's values: for a text column 4
+    bytes a character (UTF-8 at worst, or an escaped byte) and 12 around each value; 40 bytes a
+    value of any other column (numbers, dates)."""
+    if not text:
+        return 40 * len(values)
     try:
         return 4 * sum(map(len, values)) + 12 * len(values)
-    except TypeError:  # not all str/bytes
+    except TypeError:  # None or a non-text value among them
         return sum(
             4 * len(v) + 12 if isinstance(v, str | bytes | bytearray) else 40 for v in values
         )
 
 
-def batch_bytes(names: Sequence[str]) -> Callable[[dict[str, list]], int]:
+def batch_bytes(table: sa.Table, names: Sequence[str]) -> Callable[[dict[str, list]], int]:
     """Estimated bytes of the biggest statement of a batch of ``names``: each name appears in
-    one statement once, the keys twice (the locking read and the write), 2 kB of text."""
+    one statement once, and 2 kB of statement text."""
+    text = {n: _is_text(table.c[n].type) for n in names}
 
     def size(data: dict[str, list]) -> int:
-        return 2048 + sum(column_bytes(data[n]) for n in names)
+        return 2048 + sum(column_bytes(data[n], text[n]) for n in names)
 
     return size
+
+
+def _is_text(type_: sa.types.TypeEngine) -> bool:
+    """Can a value of this column be long (text, bytes, or a type SQLAlchemy does not know)?"""
+    if isinstance(type_, sa.String | sa.LargeBinary | sa.types.NullType):
+        return True
+    return not isinstance(
+        type_, sa.Integer | sa.Numeric | sa.Date | sa.DateTime | sa.Time | sa.Boolean
+    )
 
 
 def update_plan(
@@ -176,7 +189,7 @@ def update_plan(
         found = (tuple(r[:nkey]) for r in locked) if target.composite else (r[0] for r in locked)
         return positions(target, data, found)
 
-    return ColumnarPlan(write, batch_bytes=batch_bytes(names), budget=budget)
+    return ColumnarPlan(write, batch_bytes=batch_bytes(target.table, names), budget=budget)
 
 
 def only_unique_key(table: sa.Table, names: Sequence[str]) -> bool:
@@ -260,7 +273,7 @@ def upsert_plan(
             cursor.close()
         return todo
 
-    return ColumnarPlan(write, batch_bytes=batch_bytes(columns), budget=budget)
+    return ColumnarPlan(write, batch_bytes=batch_bytes(table, columns), budget=budget)
 
 
 def _binary(table: sa.Table, name: str, expr: str) -> str:
