@@ -52,12 +52,12 @@ def upsert(
         if cols is not None:
             target.check_columns(cols.data, "rows")
             _check_carried(cols.data, conflict_cols, update_cols)
-            plan = backend.columnar_upsert(
+            by_columns = backend.columnar_upsert(
                 c, target, list(cols.data), conflict_cols, update_cols, isolate_failures
             )
-            if plan is not None:
+            if by_columns is not None:
                 columnar = ColumnarWriter(c, backend, isolate_failures)
-                columnar.write(plan, cols, batch_size)
+                columnar.write(by_columns, cols, batch_size)
                 return columnar.outcome(cols)
         keyed = target.key_rows(items, "upsert")
         writer = BatchWriter(c, target, backend, isolate_failures)

@@ -270,3 +270,23 @@ def test_update_columns_refuses_columns_of_different_lengths(pg_engine):
             update_columns(conn, "t", "id", {"id": [1, 2], "status": ["x"]})
         with pytest.raises(ConfigurationError, match="appears twice"):
             update_columns(conn, "t", "id", {"id": [1, 1], "status": ["x", "y"]})
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_callers_savepoint_decides_as_the_exactly_once_ledger_needs(engine, op):
+    """The ledger keeps each chunk in a savepoint of the target transaction (``core/run/
+    ledger.py``): rolling it back must undo the helper's writes of that chunk, even after a
+    row failed inside the helper, while the transaction's earlier work commits."""
+    db = _db(engine, "single", op)
+    keys, cols, rows = _input(db, op, bad=5 if op in WITH_VALUES else None)
+    _fill(db)
+    before = _state(db)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"UPDATE {db.table} SET qty = 0 WHERE id = 1")  # earlier work
+        chunk = conn.begin_nested()
+        out = helper(db, op, conn, keys, cols, rows)
+        assert out.applied
+        chunk.rollback()  # the processor raised after the helper: the chunk is replayed
+    after = _state(db)
+    assert after.pop(1) == (before.pop(1)[0], 0)
+    assert after == before

@@ -151,8 +151,8 @@ def update_plan(
     guard_sql, guard_values = sql.guard(guard)
     sets = [f"{sql.table}.{sql.q(n)} = %s" for n in constants]
     const_values = list(constants.values())
-    shape = (target.table, target.key_names, tuple(value_cols), tuple(constants))
-    shape += (tuple((n, v is None) for n, v in guard.items()),)
+    guard_shape = tuple((n, v is None) for n, v in guard.items())
+    shape = (target.table, target.key_names, tuple(value_cols), tuple(constants), guard_shape)
     names = [*target.key_names, *value_cols]
     nkey = len(target.key_names)
 
