@@ -1,6 +1,8 @@
 """Runs a helper's batch writes and, when a batch fails on a row's data, finds the guilty rows.
 
-A batch that fails on a row's data is retried row by row, so only the guilty rows end up in
+:class:`ColumnarWriter` (the columnar path) halves a failed batch down to the guilty rows and
+takes no savepoint of its own (see its docstring). :class:`BatchWriter` (the row path): a batch
+that fails on a row's data is retried row by row, so only the guilty rows end up in
 ``failed`` and the others are written. Every attempt runs in a SAVEPOINT where the backend asks
 for one (PostgreSQL: an error aborts the whole transaction otherwise), rolled back on error, so
 a failed key leaves no trace and the caller's transaction stays usable. Whether an error is a
