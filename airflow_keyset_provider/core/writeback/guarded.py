@@ -46,14 +46,13 @@ def guarded_update(
     with connection(conn) as c:
         target, backend = resolve(c, table, key)
         target.check_columns(values, "values")
+        guard = target.guard(expected)  # its checks first (columns exist)
         plan_c = backend.columnar_update(c, target, (), values, expected, isolate_failures)
         if plan_c is not None:
-            target.guard(expected)  # its checks (columns exist)
             cols = from_keys(target, keys)
             columnar = ColumnarWriter(c, backend, isolate_failures)
             columnar.write(plan_c, cols, batch_size)
             return columnar.outcome(cols)
-        guard = target.guard(expected)
         wanted = target.normalize_keys(keys)
         plan = backend.guarded_update(target, values, guard, expected)
         writer = BatchWriter(c, target, backend, isolate_failures)
