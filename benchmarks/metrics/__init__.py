@@ -10,6 +10,7 @@ import importlib
 from collections.abc import Callable
 
 from benchmarks.context import BenchContext
+from benchmarks.metrics import writeback_sql as _wb_sql
 from benchmarks.report import Metric
 
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -29,6 +30,9 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         "writeback_mysql",
         ("writeback_mysql_vs_onebyone", "writeback_mysql_vs_executemany"),
     ),
+    # the verdict of issue 29: the helpers against hand-written SQL of the same outcome
+    "writeback_sql": ("writeback_sql", _wb_sql.metric_names(_wb_sql.GROUP_PG)),
+    "writeback_sql_mysql": ("writeback_sql_mysql", _wb_sql.metric_names(_wb_sql.GROUP_MYSQL)),
     "parallel": ("parallel", ("two_processes",)),
     "offset": ("offset", ("keyset_vs_offset",)),
     "airflow": ("airflow", ("airflow_overhead",)),

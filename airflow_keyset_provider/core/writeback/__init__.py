@@ -26,6 +26,16 @@ by error number on MySQL/MariaDB.
 With ``isolate_failures=True`` (the default) the caller's transaction is still usable after it,
 the helper's own partial writes of that call undone only if the caller rolls back.
 
+The hot path (``direct.py``, ``columns.py``, ``isolation.ColumnarWriter``): a call's rows become
+one list per column, and each batch is one statement compiled once per shape and run on the
+driver's cursor of the caller's connection, its outcome read back as positions. PostgreSQL:
+``UPDATE ... FROM unnest(%s::T[], ...) WITH ORDINALITY ... RETURNING`` the position, in a
+savepoint sent in the same round trip; MySQL/MariaDB: a locking read and one ``UPDATE`` /
+``UPDATE ... JOIN`` / ``INSERT ... ON DUPLICATE KEY UPDATE``, no savepoint (InnoDB rolls a failed
+statement back alone). A batch that fails on a row's data is written again in halves. Types with
+a Python bind processor, guard expressions and SQL-expression values take the row path below.
+``update_columns`` takes the columns directly (no mapping per row).
+
 Tables are ``sqlalchemy.Table`` objects or names (``"name"`` or ``"schema.name"``), reflected once
 per engine and name. Identifiers are quoted by SQLAlchemy and every value is a bound parameter.
 Supported databases: PostgreSQL (psycopg2, psycopg 3), SQLite >= 3.35 (``RETURNING``), MariaDB
@@ -35,7 +45,8 @@ writes first, see ``backends/mysql.py``).
 The four helpers are one concept, "write a batch back and say what happened to each key"; the
 package keeps one module per helper and one per shared piece:
 
-- ``guarded.py`` (:func:`guarded_update`), ``update_values.py`` (:func:`update_rows`),
+- ``guarded.py`` (:func:`guarded_update`), ``update_values.py`` (:func:`update_rows`,
+  :func:`update_columns`),
   ``insert_or_update.py`` (:func:`upsert`), ``claim.py`` (:func:`claim_skip_locked`);
 - ``outcome.py``: :class:`WriteOutcome`;
 - ``target.py``: the table and its key, pure data (it imports no backend); ``connect.py``: the
@@ -66,7 +77,7 @@ from .guarded import guarded_update
 from .insert_or_update import upsert
 from .outcome import WriteOutcome
 from .reflection import clear_table_cache
-from .update_values import update_rows
+from .update_values import update_columns, update_rows
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -74,6 +85,7 @@ __all__ = [
     "claim_skip_locked",
     "clear_table_cache",
     "guarded_update",
+    "update_columns",
     "update_rows",
     "upsert",
 ]

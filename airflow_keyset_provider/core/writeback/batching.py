@@ -24,6 +24,14 @@ def as_mapping(row: Any) -> Mapping[str, Any]:
     return mapping
 
 
+def as_mappings(rows: Any) -> list[Mapping[str, Any]]:
+    """``rows`` as a list of mappings (:func:`as_mapping` each, unless all are dicts already)."""
+    items = rows if isinstance(rows, list) else list(rows)
+    if all(type(r) is dict for r in items):
+        return items
+    return [as_mapping(r) for r in items]
+
+
 def group_by_columns(
     rows: list[Mapping[str, Any]],
 ) -> list[tuple[tuple[str, ...], list[Mapping[str, Any]]]]:

@@ -8,8 +8,9 @@ from typing import Any
 from airflow_keyset_provider.core.errors import ConfigurationError
 
 from .batching import DEFAULT_BATCH_SIZE, check_batch_size
+from .columns import from_keys
 from .connect import Bind, connection, resolve
-from .isolation import BatchWriter
+from .isolation import BatchWriter, ColumnarWriter
 from .outcome import WriteOutcome
 from .reflection import TableRef
 from .target import Guard, Key
@@ -45,7 +46,13 @@ def guarded_update(
     with connection(conn) as c:
         target, backend = resolve(c, table, key)
         target.check_columns(values, "values")
-        guard = target.guard(expected)
+        guard = target.guard(expected)  # its checks first (columns exist)
+        plan_c = backend.columnar_update(c, target, (), values, expected, isolate_failures)
+        if plan_c is not None:
+            cols = from_keys(target, keys)
+            columnar = ColumnarWriter(c, backend, isolate_failures)
+            columnar.write(plan_c, cols, batch_size)
+            return columnar.outcome(cols)
         wanted = target.normalize_keys(keys)
         plan = backend.guarded_update(target, values, guard, expected)
         writer = BatchWriter(c, target, backend, isolate_failures)

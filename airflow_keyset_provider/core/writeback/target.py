@@ -122,11 +122,11 @@ class KeyIndex:
         if found is not self._MISSING:
             return found
         if self._loose is None:
-            self._loose = {_loose(k): k for k in self._exact}
-        return self._loose.get(_loose(value), value)
+            self._loose = {loose_key(k): k for k in self._exact}
+        return self._loose.get(loose_key(value), value)
 
 
-def _loose(k: Key) -> Any:
+def loose_key(k: Key) -> Any:
     if isinstance(k, tuple):
         return tuple(_loose_part(p) for p in k)
     return _loose_part(k)

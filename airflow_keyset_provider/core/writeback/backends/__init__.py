@@ -11,12 +11,13 @@ from sqlalchemy.engine import Connection
 from airflow_keyset_provider.core.errors import ConfigurationError
 
 from ..failures import Fault, fault_of
-from .base import Backend, BatchWrite, Builder, KeyIn, Plan, returning
+from .base import Backend, BatchWrite, Builder, ColumnarPlan, KeyIn, Plan, returning
 
 __all__ = [
     "Backend",
     "BatchWrite",
     "Builder",
+    "ColumnarPlan",
     "KeyIn",
     "Plan",
     "backend_for",

@@ -52,6 +52,25 @@ class Plan:
     row_bytes: Callable[[Any], int] | None = None
 
 
+#: Writes the columns of one batch (``{column: values}``, ``n`` rows) inside the caller's
+#: transaction and returns the positions (0-based, within the batch) of the rows it wrote. A
+#: row's data error leaves as ``sa.exc.DBAPIError`` with the caller's transaction usable (the
+#: columnar writer then bisects the batch, see ``isolation.py``).
+ColumnarWrite = Callable[[Connection, dict[str, list], int], list[int]]
+
+
+@dataclass(frozen=True)
+class ColumnarPlan:
+    """How batches of one shape are written from columns on one database: one statement per
+    batch (PostgreSQL) or a locking read and one statement (MySQL/MariaDB), compiled once."""
+
+    write: ColumnarWrite
+    max_rows: int | None = None  # most rows one statement should carry on this database
+    #: Estimated statement bytes of a batch's columns (``max_allowed_packet``); None: no limit.
+    batch_bytes: Callable[[dict[str, list]], int] | None = None
+    budget: int = 0  # most estimated bytes of a batch when ``batch_bytes`` is set
+
+
 def returning(target: Target, build: Builder) -> BatchWrite:
     """A batch write for statements that end in ``RETURNING <key columns>``."""
 
@@ -142,6 +161,34 @@ class Backend:
         """Insert rows of ``columns``; on a ``conflict_cols`` conflict keep the row or set
         ``update_cols`` where they differ; write back the keys of rows inserted or changed."""
         raise NotImplementedError
+
+    def columnar_update(
+        self,
+        conn: Connection,
+        target: Target,
+        value_cols: Sequence[str],
+        constants: Mapping[str, Any],
+        expected: Guard,
+        isolate: bool,
+    ) -> ColumnarPlan | None:
+        """``SET value_cols = each row's values, constants = the same value for every row``
+        where the key matches and the ``{column: value}`` guard holds, from columns; None when
+        this database, these column types or this guard need the row path (the default).
+        ``isolate``: keep the caller's transaction usable when the statement fails."""
+        return None
+
+    def columnar_upsert(
+        self,
+        conn: Connection,
+        target: Target,
+        columns: Sequence[str],
+        conflict_cols: Sequence[str],
+        update_cols: Sequence[str],
+        isolate: bool,
+    ) -> ColumnarPlan | None:
+        """The upsert of :meth:`upsert` from columns; positions of rows inserted or changed.
+        None when the row path is needed (the default)."""
+        return None
 
     def fault(self, exc: sa.exc.DBAPIError) -> Fault:
         """Whose fault ``exc`` is (row, dependency, configuration), see ``failures.py``."""

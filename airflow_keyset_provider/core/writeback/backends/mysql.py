@@ -41,8 +41,9 @@ from airflow_keyset_provider.core.errors import ConfigurationError
 
 from ..failures import Fault
 from ..target import Guard, Key, KeyIndex, Target
-from .base import Backend, BatchWrite, KeyIn, Plan
+from .base import Backend, BatchWrite, ColumnarPlan, KeyIn, Plan
 from .case_when import TemplateCache, case_params, case_parts, update_case_when
+from .mysql_columnar import PACKET_SHARE, update_plan, upsert_plan
 
 _ROW, _DEP, _CONF = Fault.ROW, Fault.DEPENDENCY, Fault.CONFIGURATION
 #: MySQL/MariaDB error numbers (``exc.orig.args[0]``) and whose fault they are.
@@ -96,8 +97,6 @@ _MYSQL_MAX_PARAMS = 65_535
 # CASE is evaluated WHEN by WHEN, so a CASE statement costs O(rows^2); this many rows per
 # statement keeps that small next to the round trip
 _CASE_MAX_ROWS = 1_000
-# a statement is kept under this share of max_allowed_packet (escaping, statement text)
-_PACKET_SHARE = 0.5
 _PACKETS: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
 _PACKETS_LOCK = threading.Lock()
 
@@ -196,9 +195,33 @@ class MysqlBackend(Backend):
     def lock_for_claim(self, stmt: sa.Select) -> sa.Select:
         return stmt.with_for_update(skip_locked=True)
 
+    def columnar_update(
+        self,
+        conn: Connection,
+        target: Target,
+        value_cols: Sequence[str],
+        constants: Mapping[str, Any],
+        expected: Guard,
+        isolate: bool,
+    ) -> ColumnarPlan | None:
+        budget = int(max_allowed_packet(conn) * PACKET_SHARE)
+        return update_plan(conn, target, value_cols, constants, expected, budget)
+
+    def columnar_upsert(
+        self,
+        conn: Connection,
+        target: Target,
+        columns: Sequence[str],
+        conflict_cols: Sequence[str],
+        update_cols: Sequence[str],
+        isolate: bool,
+    ) -> ColumnarPlan | None:
+        budget = int(max_allowed_packet(conn) * PACKET_SHARE)
+        return upsert_plan(conn, target, columns, conflict_cols, update_cols, budget)
+
     def batches(self, conn: Connection, items: list, batch_size: int, plan: Plan) -> Iterator[list]:
         """Batches by count (``Backend.batches``), each split further to fit the packet."""
-        budget = int(max_allowed_packet(conn) * _PACKET_SHARE)
+        budget = int(max_allowed_packet(conn) * PACKET_SHARE)
         for batch in super().batches(conn, items, batch_size, plan):
             if plan.row_bytes is None:
                 yield batch

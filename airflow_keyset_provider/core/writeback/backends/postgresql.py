@@ -18,8 +18,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from ..batching import guard_params
+from ..columns import positions
+from ..direct import cursor_of, execute, send, wrap
 from ..target import Guard, Key, Target
-from .base import Backend, Builder, KeyIn, Plan, returning
+from .base import Backend, Builder, ColumnarPlan, KeyIn, Plan, returning
+from .case_when import TemplateCache
 from .on_conflict import insert_many, on_conflict
 
 # PostgreSQL's wire protocol counts bind parameters in an int16 (psycopg 3 binds server-side;
@@ -68,6 +71,215 @@ class PostgresBackend(Backend):
 
     def lock_for_claim(self, stmt: sa.Select) -> sa.Select:
         return stmt.with_for_update(skip_locked=True)
+
+    def columnar_update(
+        self,
+        conn: Connection,
+        target: Target,
+        value_cols: Sequence[str],
+        constants: Mapping[str, Any],
+        expected: Guard,
+        isolate: bool,
+    ) -> ColumnarPlan | None:
+        """``UPDATE t SET c = v.c, d = :d FROM unnest(:k::K[], :c::C[]) WITH ORDINALITY AS
+        v(k, c, n) WHERE t.k = v.k AND <guard> RETURNING v.n``: one array per column, one
+        text (and one server plan) for any batch size; the positions come back, not the keys."""
+        table, dialect = target.table, conn.dialect
+        arrays = [*target.key_names, *value_cols]
+        guard = _mapping_guard(expected)
+        if (
+            guard is None
+            or any(isinstance(v, sa.sql.ClauseElement) for v in constants.values())
+            or not _arrays_fit(table, arrays)
+            or not _plain(dialect, table, [*arrays, *constants, *guard])
+        ):
+            return None
+        shape = (table, dialect.driver, target.key_names, tuple(value_cols), tuple(constants))
+        sql = _STATEMENTS.get(
+            (*shape, _guard_shape(guard)),
+            lambda: _columnar_update_sql(dialect, target, value_cols, list(constants), guard),
+        )
+        fixed = {f"keyset_set_{i}": v for i, v in enumerate(constants.values())}
+        fixed.update(_guard_params(guard))
+        names = [(f"keyset_col_{i}", n) for i, n in enumerate(arrays)]
+
+        def write(conn: Connection, data: dict[str, list], n: int) -> list[int]:
+            params = {param: data[name] for param, name in names}
+            params.update(fixed)
+            return [r[0] - 1 for r in run(conn, sql, params, isolate)]
+
+        return ColumnarPlan(write)
+
+    def columnar_upsert(
+        self,
+        conn: Connection,
+        target: Target,
+        columns: Sequence[str],
+        conflict_cols: Sequence[str],
+        update_cols: Sequence[str],
+        isolate: bool,
+    ) -> ColumnarPlan | None:
+        """``INSERT INTO t (cols) SELECT * FROM unnest(...) ON CONFLICT ... RETURNING key``,
+        the statement of :meth:`upsert` run on the driver's cursor."""
+        table, dialect = target.table, conn.dialect
+        if (
+            not _arrays_fit(table, columns)
+            or _python_defaults_needed(table, columns)
+            or not _plain(dialect, table, columns)
+        ):
+            return None
+        key = (table, dialect.driver, target.key_names, tuple(columns), tuple(conflict_cols))
+        sql = _STATEMENTS.get(
+            (*key, tuple(update_cols)),
+            lambda: _compile(
+                dialect,
+                _insert_from_arrays(target, list(columns), conflict_cols, list(update_cols))([])[0],
+            ),
+        )
+        names = [(f"keyset_col_{i}", n) for i, n in enumerate(columns)]
+        nkey = len(target.key_names)
+
+        def write(conn: Connection, data: dict[str, list], n: int) -> list[int]:
+            rows = run(conn, sql, {param: data[name] for param, name in names}, isolate)
+            found = (tuple(r[:nkey]) for r in rows) if target.composite else (r[0] for r in rows)
+            return positions(target, data, found)
+
+        return ColumnarPlan(write)
+
+
+_STATEMENTS = TemplateCache(128)
+_SAVEPOINT = "keyset_wb"
+
+
+def run(conn: Connection, sql: str, params: dict[str, Any], isolate: bool) -> list:
+    """Run ``sql`` and return its rows; with ``isolate``, inside a savepoint (psycopg2: sent in
+    the same text as the statement), released after, and rolled back if the statement fails, so
+    the caller's transaction stays usable."""
+    cursor = cursor_of(conn)
+    try:
+        if not isolate:
+            return execute(conn, cursor, sql, params, fetch=True)
+        try:
+            if conn.dialect.driver == "psycopg2":
+                prefix = f"SAVEPOINT {_SAVEPOINT}; "
+                rows = execute(conn, cursor, sql, params, fetch=True, prefix=prefix)
+            else:
+                return _pipelined(conn, cursor, sql, params)
+            send(conn, cursor, f"RELEASE SAVEPOINT {_SAVEPOINT}")
+            return rows
+        except BaseException:
+            _rollback_to_savepoint(conn)
+            raise
+    finally:
+        cursor.close()
+
+
+def _pipelined(conn: Connection, cursor: Any, sql: str, params: dict[str, Any]) -> list:
+    """psycopg 3 binds on the server, one statement per execute: ``SAVEPOINT``, the statement
+    and ``RELEASE`` go in one pipeline (one round trip). The savepoint statements are never
+    prepared: psycopg would count one that the server skipped after the error as prepared
+    ("prepared statement _pg3_N does not exist" on its next use)."""
+    raw = conn.connection.dbapi_connection
+    if (
+        getattr(raw, "pipeline", None) is None or not _pipeline_supported()
+    ):  # libpq < 14: three round trips
+        send(conn, cursor, f"SAVEPOINT {_SAVEPOINT}")
+        rows = execute(conn, cursor, sql, params, fetch=True)
+        send(conn, cursor, f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        return rows
+    dispatch = conn.dispatch
+    for fn in dispatch.before_cursor_execute:
+        fn(conn, cursor, sql, params, None, False)
+    try:
+        with raw.pipeline():  # type: ignore[union-attr]
+            cursor.execute(f"SAVEPOINT {_SAVEPOINT}", prepare=False)
+            cursor.execute(sql, params)
+            with raw.cursor() as release:  # type: ignore[union-attr]
+                release.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}", prepare=False)
+        rows = cursor.fetchall()
+    except Exception as exc:
+        raise wrap(conn, cursor, sql, params, exc) from exc
+    for fn in dispatch.after_cursor_execute:
+        fn(conn, cursor, sql, params, None, False)
+    return rows
+
+
+def _pipeline_supported() -> bool:
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
+
+
+def _rollback_to_savepoint(conn: Connection) -> None:
+    """Undo the failed statement (the savepoint's work) and drop the savepoint. Best effort: on
+    a lost connection, or when the savepoint was never made, the statement's own error is the
+    one raised."""
+    if conn.invalidated:
+        return
+    try:
+        with conn.connection.dbapi_connection.cursor() as cursor:  # type: ignore[union-attr]
+            send(conn, cursor, f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+            send(conn, cursor, f"RELEASE SAVEPOINT {_SAVEPOINT}")
+    except sa.exc.DBAPIError:
+        pass
+
+
+def _mapping_guard(expected: Guard) -> dict[str, Any] | None:
+    """A ``{column: value}`` guard as a dict ({} for none); None for a guard expression (which
+    takes the row path: its bound values are not known by name here)."""
+    if expected is None:
+        return {}
+    return dict(expected) if isinstance(expected, Mapping) else None
+
+
+def _guard_shape(guard: Mapping[str, Any]) -> tuple:
+    return tuple((name, value is None) for name, value in guard.items())
+
+
+def _guard_params(guard: Mapping[str, Any]) -> dict[str, Any]:
+    return {f"keyset_guard_{i}": v for i, v in enumerate(guard.values()) if v is not None}
+
+
+def _plain(dialect: sa.Dialect, table: sa.Table, names: Iterable[str]) -> bool:
+    """Do values of these columns go to the driver as they are (no SQLAlchemy bind processor:
+    JSON, enums of Python classes, type decorators take the row path)?"""
+    for name in names:
+        type_ = _unbounded(table.c[name].type)
+        if type_.dialect_impl(dialect).bind_processor(dialect) is not None:
+            return False
+    return True
+
+
+def _compile(dialect: sa.Dialect, stmt: Any) -> str:
+    return str(stmt.compile(dialect=dialect))
+
+
+def _columnar_update_sql(
+    dialect: sa.Dialect,
+    target: Target,
+    value_cols: Sequence[str],
+    constants: list[str],
+    guard: Mapping[str, Any],
+) -> str:
+    table = target.table
+    v, _ = _rows_as_arrays(table, [*target.key_names, *value_cols], ordinality="keyset_n")
+    sets: dict[Any, Any] = {table.c[n]: v.c[n] for n in value_cols}
+    for i, name in enumerate(constants):
+        sets[table.c[name]] = sa.bindparam(f"keyset_set_{i}", type_=_unbounded(table.c[name].type))
+    stmt = (
+        sa.update(table)
+        .values(sets)
+        .where(*(table.c[n] == v.c[n] for n in target.key_names))
+        .returning(v.c.keyset_n)
+    )
+    for i, (name, value) in enumerate(guard.items()):
+        col = table.c[name]
+        stmt = stmt.where(
+            col.is_(None)
+            if value is None
+            else col == sa.bindparam(f"keyset_guard_{i}", type_=_unbounded(col.type))
+        )
+    return _compile(dialect, stmt)
 
 
 class _ArrayKeyIn(KeyIn):
@@ -124,7 +336,7 @@ def _python_defaults_needed(table: sa.Table, columns: Iterable[str]) -> bool:
 
 
 def _rows_as_arrays(
-    table: sa.Table, names: list[str]
+    table: sa.Table, names: list[str], ordinality: str | None = None
 ) -> tuple[Any, Callable[[list[Mapping[str, Any]]], dict[str, list]]]:
     """``unnest(CAST(:a AS T1[]), CAST(:b AS T2[])) AS keyset_rows(a, b)``, a derived table with
     one row per batch row and one bound array per column: SQLAlchemy compiles the statement once
@@ -139,7 +351,11 @@ def _rows_as_arrays(
         params.append((param, name))
         args.append(sa.cast(sa.bindparam(param, type_=array), array))
         cols.append(sa.column(name, element))
-    derived = sa.func.unnest(*args).table_valued(*cols).render_derived(name=alias)
+    derived = (
+        sa.func.unnest(*args)
+        .table_valued(*cols, with_ordinality=ordinality)
+        .render_derived(name=alias)
+    )
 
     def bind(batch: list[Mapping[str, Any]]) -> dict[str, list]:
         return {param: [row[name] for row in batch] for param, name in params}
