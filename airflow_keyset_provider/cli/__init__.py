@@ -54,6 +54,7 @@ from .commands import (
     cmd_status,
     cmd_throttle,
     connect_redis,
+    safe_text,
     where,
 )
 from .exits import (
@@ -335,34 +336,42 @@ def main(
     try:
         return int(args.func(args, out))
     except CliError as exc:
-        err.write(f"airflow-keyset: {exc}\n")
+        err.write(f"airflow-keyset: {safe_text(args, exc)}\n")
         return exc.code
     except RoundStateLostError as exc:
-        err.write(f"airflow-keyset: round state lost: {exc}\n")
+        err.write(f"airflow-keyset: round state lost: {safe_text(args, exc)}\n")
         return EXIT_LOST
     except LeaseHeldError as exc:
-        err.write(f"airflow-keyset: refused: {exc}\n")
+        err.write(f"airflow-keyset: refused: {safe_text(args, exc)}\n")
         return EXIT_REFUSED
     except RoundNotFoundError as exc:
-        err.write(f"airflow-keyset: {exc}\n")
+        err.write(f"airflow-keyset: {safe_text(args, exc)}\n")
         return EXIT_NOT_FOUND
     except ConfigurationError as exc:
-        err.write(f"airflow-keyset: {exc}\n")
+        err.write(f"airflow-keyset: {safe_text(args, exc)}\n")
         return EXIT_USAGE
     except redis.AuthenticationError as exc:
-        err.write(f"airflow-keyset: Redis ({where(args)}) refused the credentials: {exc}\n")
+        err.write(
+            f"airflow-keyset: Redis ({where(args)}) refused the credentials: {safe_text(args, exc)}\n"
+        )
         return EXIT_ERROR
     except (StoreUnavailableError, redis.ConnectionError, redis.TimeoutError) as exc:
-        err.write(f"airflow-keyset: Redis is unreachable ({where(args)}): {exc}\n")
+        err.write(f"airflow-keyset: Redis is unreachable ({where(args)}): {safe_text(args, exc)}\n")
         return EXIT_ERROR
     except (KeysetError, redis.RedisError) as exc:
-        err.write(f"airflow-keyset: {type(exc).__name__}: {exc}\n")
+        err.write(f"airflow-keyset: {type(exc).__name__}: {safe_text(args, exc)}\n")
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `airflow-keyset status --json | head`: the reader left, not an error
         _silence_stdout()
         return EXIT_OK
+    except Exception as exc:  # a bug: one line, no traceback (it may hold a row's data)
+        err.write(
+            f"airflow-keyset: unexpected {type(exc).__name__}: {safe_text(args, exc)} "
+            "(please report it)\n"
+        )
+        return EXIT_ERROR
 
 
 def _silence_stdout() -> None:
