@@ -137,7 +137,7 @@ def secrets_of(url: Any) -> list[str]:
     for name, value in parse_qsl(query, keep_blank_values=True):
         if name.lower() not in SAFE_QUERY_PARAMS:
             found.update({value, *re.split(r"[#/?@:&=]", value)})
-    return sorted((s for s in found if len(s) >= 2), key=len, reverse=True)
+    return sorted((s for s in found if len(s) >= 3), key=len, reverse=True)
 
 
 def scrub(text: str, *urls: Any) -> str:
@@ -159,6 +159,7 @@ def url_error(what: str, url: Any, exc: BaseException) -> str:
         scheme = shown.partition("://")[0] if shown != UNPARSABLE else "?"
         reason = f"no installed SQLAlchemy dialect or driver for {scheme!r}"
     elif isinstance(exc, ValueError) or type(exc).__name__ == "ArgumentError":
+        shown = UNPARSABLE  # never echoed: what did not parse may be a piece of the password
         reason = (
             "it could not be parsed (check the port, and percent-encode '@', ':', '/', '?' "
             "and '#' in the user name and the password)"
