@@ -200,7 +200,7 @@ def _pg_names(orig: Any) -> dict[str, str]:
 
 
 def _mysql_message(orig: Any) -> str:
-    args = getattr(orig, "args", ())
+    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
     return args[1] if len(args) > 1 and isinstance(args[1], str) else ""
 
 
