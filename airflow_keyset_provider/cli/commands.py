@@ -51,7 +51,9 @@ def connect_redis(args: argparse.Namespace) -> Any:
             return redis.RedisCluster.from_url(url, socket_connect_timeout=5, socket_timeout=30)
         return redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
     except (ValueError, redis.RedisError) as exc:
-        raise CliError(url_error("--redis-url", url, exc), EXIT_USAGE) from exc
+        raise CliError(
+            url_error("--redis-url", url, exc), EXIT_USAGE
+        ) from None  # the cause may quote the password
 
 
 def where(args: argparse.Namespace) -> str:

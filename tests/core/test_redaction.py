@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import logging
 import socket
+import traceback
 
 import pytest
 import redis
@@ -104,7 +105,7 @@ def test_the_engine_s_errors_never_carry_a_secret(caplog: pytest.LogCaptureFixtu
             client = connect_redis(url)
             client.ping()
         except (ConfigurationError, redis.RedisError) as exc:
-            messages.append(str(exc))
+            messages.append("".join(traceback.format_exception(exc)))  # with its causes
     for url in sql_urls().values():
         for make in (make_engine, make_target_engine, CheckpointMirror):
             try:
@@ -112,7 +113,7 @@ def test_the_engine_s_errors_never_carry_a_secret(caplog: pytest.LogCaptureFixtu
                 engine = made.engine if isinstance(made, CheckpointMirror) else made
                 engine.dispose()
             except ConfigurationError as exc:
-                messages.append(str(exc))
+                messages.append("".join(traceback.format_exception(exc)))
     assert len(messages) >= 10, messages  # the malformed ones were refused, each with a message
     assert any("could not be parsed" in m for m in messages)
     _assert_clean(*messages, _log_text(caplog))

@@ -105,7 +105,9 @@ class CheckpointMirror:
                 url if isinstance(url, Engine) else sa.create_engine(url, pool_pre_ping=True)
             )
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
-            raise ConfigurationError(url_error("checkpoint mirror URL", url, exc)) from exc
+            raise ConfigurationError(
+                url_error("checkpoint mirror URL", url, exc)
+            ) from None  # the cause may quote the password
         schema, _, name = table.rpartition(".")
         self.table = sa.Table(
             name,

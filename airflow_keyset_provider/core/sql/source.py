@@ -65,7 +65,9 @@ def make_engine(url: str | Engine) -> Engine:
             url, isolation_level="AUTOCOMMIT", pool_pre_ping=True, hide_parameters=hide_parameters()
         )
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
-        raise ConfigurationError(url_error("source URL", url, exc)) from exc
+        raise ConfigurationError(
+            url_error("source URL", url, exc)
+        ) from None  # the cause may quote the password
 
     @sa.event.listens_for(engine, "connect")
     def _timeouts(dbapi_conn: Any, _record: Any) -> None:

@@ -29,7 +29,9 @@ def make_target_engine(url: Any) -> sa.Engine:
     try:
         return sa.create_engine(url, pool_pre_ping=True, hide_parameters=hide_parameters())
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
-        raise ConfigurationError(url_error("target URL", url, exc)) from exc
+        raise ConfigurationError(
+            url_error("target URL", url, exc)
+        ) from None  # the cause may quote the password
 
 
 __all__ = ["make_target_engine"]

@@ -33,7 +33,9 @@ def connect_redis(url: str) -> redis.Redis:
             return redis.cluster.RedisCluster.from_url(plain, **opts)  # type: ignore[return-value]
         return redis.Redis.from_url(url, health_check_interval=30, **opts)
     except (ValueError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
-        raise ConfigurationError(url_error("redis_url", url, exc)) from exc
+        raise ConfigurationError(
+            url_error("redis_url", url, exc)
+        ) from None  # the cause may quote the password
 
 
 def check_eviction_policy(client: redis.Redis, stream: str, *, allow_unverified: bool) -> str:
