@@ -14,6 +14,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from .core import names
 from .core.errors import (
     ConfigurationError,
     ProcessorContractError,
@@ -43,6 +44,18 @@ def configured_key_prefix() -> str:
     from airflow.sdk.configuration import conf
 
     return conf.get(CONFIG_SECTION, "key_prefix", fallback=DEFAULT_KEY_PREFIX) or DEFAULT_KEY_PREFIX
+
+
+_NAME_RULES = {"stream": names.stream, "key_prefix": names.key_prefix, "round_id": names.round_id}
+
+
+def check_names(**values: Any) -> None:
+    """Check an operator's literal names when the DAG is parsed (``core/names.py``: a full match;
+    ``InvalidNameError`` names the rule). A value that is not a plain string yet (a Jinja
+    template, an ``XComArg``, None) is checked when it is rendered, by the store."""
+    for kind, value in values.items():
+        if isinstance(value, str) and "{{" not in value and "{%" not in value:
+            _NAME_RULES[kind](value)
 
 
 #: Engine errors no retry can fix: the task fails at once, without retries.

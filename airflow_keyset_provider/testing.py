@@ -37,6 +37,7 @@ from .core.chunk import Chunk, ChunkResult
 from .core.errors import ConfigurationError
 from .core.keys import MIN_KEY, encode_key
 from .core.options import TraverseOptions
+from .core.redaction import url_error
 from .core.traversal import KeysetTraversal, RangeResult, load_processor
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -174,9 +175,11 @@ def _scratch_traversal(
 
 
 def _redis_from_url(redis_url: str | None) -> redis.Redis:
-    return redis.Redis.from_url(
-        redis_url or os.environ.get("KEYSET_REDIS_URL") or DEFAULT_REDIS_URL
-    )
+    url = redis_url or os.environ.get("KEYSET_REDIS_URL") or DEFAULT_REDIS_URL
+    try:
+        return redis.Redis.from_url(url)
+    except ValueError as exc:  # the parser's message may quote a piece of the password
+        raise ConfigurationError(url_error("redis_url", url, exc)) from None
 
 
 def _check_rows(rows: Any, end_key: Any) -> None:

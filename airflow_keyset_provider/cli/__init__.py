@@ -29,6 +29,7 @@ codes); this module holds the parser and ``main``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -45,6 +46,15 @@ from ..core.errors import (
     RoundStateLostError,
     StoreUnavailableError,
 )
+from .arguments import (
+    COUNT_ARG,
+    PREFIX_ARG,
+    RANGE_ARG,
+    RATE_ARG,
+    ROUND_ARG,
+    SECONDS_ARG,
+    STREAM_ARG,
+)
 from .commands import (
     cmd_dead_letters,
     cmd_pause,
@@ -54,6 +64,7 @@ from .commands import (
     cmd_status,
     cmd_throttle,
     connect_redis,
+    safe_text,
     where,
 )
 from .exits import (
@@ -123,6 +134,7 @@ def _common_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--key-prefix",
+        type=PREFIX_ARG,
         default=os.environ.get("KEYSET_KEY_PREFIX", DEFAULT_KEY_PREFIX),
         help="Redis key prefix the traversal used (default: $KEYSET_KEY_PREFIX or %(default)s)",
     )
@@ -176,27 +188,34 @@ def _status_command(add: Adder) -> None:
         cmd_status,
     )
     p.add_argument(
-        "stream", nargs="?", metavar="STREAM", help="stream name; omit to list every stream"
+        "stream",
+        nargs="?",
+        type=STREAM_ARG,
+        metavar="STREAM",
+        help="stream name; omit to list every stream",
     )
     p.add_argument(
-        "--round", metavar="ROUND", help="show this round (open or closed) instead of the open ones"
+        "--round",
+        metavar="ROUND",
+        type=ROUND_ARG,
+        help="show this round (open or closed) instead of the open ones",
     )
     p.add_argument(
         "--sample",
-        type=float,
+        type=SECONDS_ARG,
         default=0.0,
         metavar="SECONDS",
         help="read twice, SECONDS apart, to show per-range rates and ETAs",
     )
     p.add_argument(
         "--watch",
-        type=float,
+        type=SECONDS_ARG,
         default=0.0,
         metavar="SECONDS",
         help="refresh every SECONDS until Ctrl-C",
     )
     p.add_argument(
-        "--count", type=int, default=0, help="with --watch: stop after this many refreshes"
+        "--count", type=COUNT_ARG, default=0, help="with --watch: stop after this many refreshes"
     )
     p.add_argument(
         "--until-closed", action="store_true", help="with --watch: stop when no round is open"
@@ -213,8 +232,8 @@ def _round_commands(add: Adder) -> None:
         "every range of one round: bounds, cursor, state, owner, lease, counters",
         cmd_ranges,
     )
-    p.add_argument("stream", metavar="STREAM")
-    p.add_argument("round", metavar="ROUND", help="round id, e.g. r3")
+    p.add_argument("stream", metavar="STREAM", type=STREAM_ARG)
+    p.add_argument("round", metavar="ROUND", type=ROUND_ARG, help="round id, e.g. r3")
     p.add_argument("--check", action="store_true", help="exit 3 if the round has unfinished ranges")
 
     p = add(
@@ -222,11 +241,14 @@ def _round_commands(add: Adder) -> None:
         "dead-lettered items of one round (newest first per range)",
         cmd_dead_letters,
     )
-    p.add_argument("stream", metavar="STREAM")
-    p.add_argument("round", metavar="ROUND")
-    p.add_argument("--range", type=int, default=None, metavar="N", help="only range N")
+    p.add_argument("stream", metavar="STREAM", type=STREAM_ARG)
+    p.add_argument("round", metavar="ROUND", type=ROUND_ARG)
+    p.add_argument("--range", type=RANGE_ARG, default=None, metavar="N", help="only range N")
     p.add_argument(
-        "--limit", type=int, default=100, help="at most this many per range (default %(default)s)"
+        "--limit",
+        type=COUNT_ARG,
+        default=100,
+        help="at most this many per range (default %(default)s)",
     )
 
     p = add(
@@ -234,8 +256,8 @@ def _round_commands(add: Adder) -> None:
         "delete one round's control state (never moves the watermark)",
         cmd_reset_round,
     )
-    p.add_argument("stream", metavar="STREAM")
-    p.add_argument("round", metavar="ROUND")
+    p.add_argument("stream", metavar="STREAM", type=STREAM_ARG)
+    p.add_argument("round", metavar="ROUND", type=ROUND_ARG)
     p.add_argument("--yes", action="store_true", help="confirm: without it nothing is deleted")
     p.add_argument(
         "--force", action="store_true", help="reset even while a live owner holds a range"
@@ -248,10 +270,14 @@ def _replay_command(add: Adder) -> None:
         "run a processor again over a round's dead letters (fenced, at-least-once)",
         cmd_replay,
     )
-    p.add_argument("stream", metavar="STREAM")
-    p.add_argument("round", metavar="ROUND")
+    p.add_argument("stream", metavar="STREAM", type=STREAM_ARG)
+    p.add_argument("round", metavar="ROUND", type=ROUND_ARG)
     p.add_argument(
-        "--range", type=int, default=None, metavar="N", help="only range N (default: every range)"
+        "--range",
+        type=RANGE_ARG,
+        default=None,
+        metavar="N",
+        help="only range N (default: every range)",
     )
     p.add_argument("--source-url", default=None, help="SQLAlchemy URL of the source database")
     p.add_argument(
@@ -299,20 +325,20 @@ def _control_commands(add: Adder) -> None:
         "deferred, worker slot freed) until resumed",
         cmd_pause,
     )
-    p.add_argument("stream", metavar="STREAM")
+    p.add_argument("stream", metavar="STREAM", type=STREAM_ARG)
     p.add_argument("--reason", default="", help="why (shown by status and the UI page)")
     p.add_argument("--by", default="", help="who (default: $USER)")
     p = add("resume", "resume a paused stream; tasks continue from their cursors", cmd_resume)
-    p.add_argument("stream", metavar="STREAM")
+    p.add_argument("stream", metavar="STREAM", type=STREAM_ARG)
     p = add(
         "throttle",
         "set or lift the stream's rows-per-second budget, shared by every task (takes effect "
         "within a second, also while a round runs)",
         cmd_throttle,
     )
-    p.add_argument("stream", metavar="STREAM")
+    p.add_argument("stream", metavar="STREAM", type=STREAM_ARG)
     p.add_argument(
-        "--max-rows-per-second", type=float, default=None, metavar="R", help="the budget"
+        "--max-rows-per-second", type=RATE_ARG, default=None, metavar="R", help="the budget"
     )
     p.add_argument("--off", action="store_true", help="lift the budget")
 
@@ -324,8 +350,9 @@ def main(
     out = sys.stdout if stdout is None else stdout
     err = sys.stderr if stderr is None else stderr
     parser = build_parser()
-    try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+    try:  # argparse writes --help, --version and usage errors to the streams given
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            args = parser.parse_args(list(argv) if argv is not None else None)
     except SystemExit as exc:  # argparse: --help/--version exit 0, bad usage exits 2
         return int(exc.code or 0)
     if args.verbose:
@@ -334,35 +361,43 @@ def main(
         )
     try:
         return int(args.func(args, out))
-    except CliError as exc:
+    except CliError as exc:  # built with the URL redacted (core/redaction.py)
         err.write(f"airflow-keyset: {exc}\n")
         return exc.code
     except RoundStateLostError as exc:
-        err.write(f"airflow-keyset: round state lost: {exc}\n")
+        err.write(f"airflow-keyset: round state lost: {safe_text(args, exc)}\n")
         return EXIT_LOST
     except LeaseHeldError as exc:
-        err.write(f"airflow-keyset: refused: {exc}\n")
+        err.write(f"airflow-keyset: refused: {safe_text(args, exc)}\n")
         return EXIT_REFUSED
     except RoundNotFoundError as exc:
-        err.write(f"airflow-keyset: {exc}\n")
+        err.write(f"airflow-keyset: {safe_text(args, exc)}\n")
         return EXIT_NOT_FOUND
     except ConfigurationError as exc:
-        err.write(f"airflow-keyset: {exc}\n")
+        err.write(f"airflow-keyset: {safe_text(args, exc)}\n")
         return EXIT_USAGE
     except redis.AuthenticationError as exc:
-        err.write(f"airflow-keyset: Redis ({where(args)}) refused the credentials: {exc}\n")
+        err.write(
+            f"airflow-keyset: Redis ({where(args)}) refused the credentials: {safe_text(args, exc)}\n"
+        )
         return EXIT_ERROR
     except (StoreUnavailableError, redis.ConnectionError, redis.TimeoutError) as exc:
-        err.write(f"airflow-keyset: Redis is unreachable ({where(args)}): {exc}\n")
+        err.write(f"airflow-keyset: Redis is unreachable ({where(args)}): {safe_text(args, exc)}\n")
         return EXIT_ERROR
     except (KeysetError, redis.RedisError) as exc:
-        err.write(f"airflow-keyset: {type(exc).__name__}: {exc}\n")
+        err.write(f"airflow-keyset: {type(exc).__name__}: {safe_text(args, exc)}\n")
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `airflow-keyset status --json | head`: the reader left, not an error
         _silence_stdout()
         return EXIT_OK
+    except Exception as exc:  # a bug: one line, no traceback (it may hold a row's data)
+        err.write(
+            f"airflow-keyset: unexpected {type(exc).__name__}: {safe_text(args, exc)} "
+            "(please report it)\n"
+        )
+        return EXIT_ERROR
 
 
 def _silence_stdout() -> None:

@@ -19,6 +19,7 @@ import redis
 from ..core.errors import ConfigurationError
 from ..core.keys import decode_user_key as decode
 from ..core.keys import display_key, to_json
+from ..core.redaction import redact_url, scrub, url_error
 from ..core.rounds.control import StreamControl, list_streams
 from ..core.rounds.status import StreamStatus, iso_ms
 from ..core.store.cursor_store import CursorStore
@@ -42,7 +43,7 @@ def connect_redis(args: argparse.Namespace) -> Any:
             return RedisHook(redis_conn_id=args.redis_conn_id).get_conn()
         except Exception as exc:
             raise CliError(
-                f"Airflow connection {args.redis_conn_id!r} is not usable: {exc}"
+                f"Airflow connection {args.redis_conn_id!r} is not usable: {scrub(str(exc))}"
             ) from exc
     url = args.redis_url
     try:
@@ -50,24 +51,22 @@ def connect_redis(args: argparse.Namespace) -> Any:
             return redis.RedisCluster.from_url(url, socket_connect_timeout=5, socket_timeout=30)
         return redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
     except (ValueError, redis.RedisError) as exc:
-        raise CliError(f"--redis-url {redact(url)!r} is not usable: {exc}", EXIT_USAGE) from exc
-
-
-def redact(url: str) -> str:
-    """The URL without its password (for messages)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    cred, _, host = rest.rpartition("@")
-    user = cred.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in cred else url
+        raise CliError(
+            url_error("--redis-url", url, exc), EXIT_USAGE
+        ) from None  # the cause may quote the password
 
 
 def where(args: argparse.Namespace) -> str:
     """Which Redis the command talked to, for error messages (never a password)."""
     if args.redis_conn_id:
         return f"Airflow connection {args.redis_conn_id!r}"
-    return redact(args.redis_url)
+    return redact_url(args.redis_url)
+
+
+def safe_text(args: argparse.Namespace, exc: BaseException) -> str:
+    """``exc``'s message without a secret of the Redis URL in use (``core/redaction.py``)."""
+    urls = [getattr(args, name, None) for name in ("redis_url", "source_url")]
+    return scrub(str(exc), *[u for u in urls if u])
 
 
 def _control(args: argparse.Namespace, *, require: bool = True) -> StreamControl:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, ProcessorContractError
 
 Key = Any  # a scalar for a one-column key, a tuple for a composite key
 
@@ -104,6 +104,64 @@ class Chunk:
 
     def __repr__(self) -> str:
         return f"Chunk(round={self.round_id!r}, range={self.range_id}, rows={len(self)})"
+
+
+def check_result(result: Any, where: str = "the chunk") -> ChunkResult | None:
+    """``result`` if it has the shape of a processor's verdict: None, or a ``ChunkResult`` whose
+    ``failed`` is a mapping of hashable keys to ``str`` reasons and whose ``skipped`` is a
+    collection (list, tuple, set) of hashable keys. Anything else raises
+    ``ProcessorContractError`` naming the field, the expected type and what was given: a bug in
+    the processor, refused at once (never retried, nothing of the chunk committed: the engine
+    checks it before it commits the call's transaction). ``where`` names the chunk's range."""
+    if result is None:
+        return None
+    done = f" Nothing of {where} was committed."
+    if not isinstance(result, ChunkResult):
+        raise ProcessorContractError(
+            f"processor returned {type(result).__name__}; it must return ChunkResult or None.{done}"
+        )
+    if not isinstance(result.failed, Mapping):
+        raise ProcessorContractError(
+            f"ChunkResult.failed is {type(result.failed).__name__}; expected a mapping "
+            f"{{key: reason (str)}}, e.g. ChunkResult(failed={{key: 'why'}}).{done}"
+        )
+    for key, reason in result.failed.items():
+        _hashable(key, "failed", done)
+        if not isinstance(reason, str):
+            raise ProcessorContractError(
+                f"ChunkResult.failed has a reason of type {type(reason).__name__}; expected "
+                f"str.{done}"
+            )
+    skipped = result.skipped
+    if isinstance(skipped, str | bytes | Mapping) or not isinstance(
+        skipped, Sequence | set | frozenset
+    ):
+        raise ProcessorContractError(
+            f"ChunkResult.skipped is {type(skipped).__name__}; expected a list, tuple or set "
+            f"of keys (an empty tuple for none).{done}"
+        )
+    for key in skipped:
+        _hashable(key, "skipped", done)
+    return result
+
+
+def checked(
+    processor: Callable[[Chunk], Any], where: str = "the chunk"
+) -> Callable[[Chunk], ChunkResult | None]:
+    """``processor`` whose every return value goes through ``check_result`` as it returns."""
+
+    def call(chunk: Chunk) -> ChunkResult | None:
+        return check_result(processor(chunk), where)
+
+    return call
+
+
+def _hashable(key: Any, field_name: str, done: str) -> None:
+    if not isinstance(key, Hashable) or isinstance(key, list | dict | set):
+        raise ProcessorContractError(
+            f"ChunkResult.{field_name} has a key of type {type(key).__name__}; expected a key "
+            f"of the chunk (a scalar, or a tuple for a composite key).{done}"
+        )
 
 
 Processor = Callable[[Chunk], "ChunkResult | None"]

@@ -18,6 +18,11 @@ class ConfigurationError(KeysetError, ValueError):
     """A bad argument: wrong type, bad bound, non-positive size. Nothing was written."""
 
 
+class InvalidNameError(ConfigurationError):
+    """A stream, key prefix, round id, range id, DAG id or run id that does not match its rule
+    in full (``core/names.py``). Nothing was read or written."""
+
+
 class KeyValidationError(ConfigurationError):
     """The key does not define a stable total order on the table (or the table/column is missing)."""
 

@@ -17,6 +17,7 @@ from airflow_keyset_provider.common import (
     ROUND_ID_XCOM_KEY,
     ROUND_XCOM_KEY,
     airflow_errors,
+    check_names,
     configured_key_prefix,
     key_label,
     run_key,
@@ -226,6 +227,7 @@ class PlanRangesOperator(BaseOperator):
         self.max_ranges = max_ranges
         self.max_tasks = max_tasks
         self.key_prefix = key_prefix if key_prefix is not None else configured_key_prefix()
+        check_names(stream=stream, key_prefix=self.key_prefix)
         self.commit_wait_timeout = commit_wait_timeout
         self.settle_seconds = settle_seconds
 

@@ -27,6 +27,7 @@ from airflow_keyset_provider.common import (
     DEFAULT_MAP_INDEX_TEMPLATE,
     RANGE_LABEL_CONTEXT_KEY,
     airflow_errors,
+    check_names,
     compact_key,
     run_key,
     supervisor_watch,
@@ -249,6 +250,7 @@ class TraverseRangeOperator(BaseOperator):
         self.lo, self.hi, self.stream = lo, hi, stream
         self.where, self.where_params, self.columns = where, where_params, columns
         self.redis_conn_id, self.key_prefix = redis_conn_id, key_prefix
+        check_names(stream=stream, key_prefix=key_prefix, round_id=round_id)
         self.options = _traverse_options(locals())  # the tuning arguments, checked now
         self.checkpoint_conn_id = checkpoint_conn_id
         self.target_conn_id = target_conn_id

@@ -36,10 +36,18 @@ Guarantees:
   gets a 401 page with a link to Airflow's login that returns here.
 - **Read-only but for pause/resume**: ``GET`` routes only read Redis (see ``status.py``). The two
   ``POST`` routes write the stream's control hash only (pause, reason, who), never a cursor, a
-  round or a watermark; they take a JSON body (so a plain HTML form of another site cannot post
-  them) and are allowed only to users the auth manager lets edit DAGs
+  round or a watermark; they are allowed only to users the auth manager lets edit DAGs
   (``is_authorized_dag(method="PUT")``), others get 403. The stream JSON says ``can_edit`` so the
   page shows the buttons only to them.
+- **No cross-site writes** (``same_origin_json``): both ``POST`` routes take only a JSON body
+  with ``Content-Type: application/json`` (else 415: a plain HTML form cannot send it, and a
+  script of another origin cannot without a CORS preflight), and refuse with 403 a request whose
+  ``Sec-Fetch-Site`` is ``cross-site`` or ``same-site`` or whose ``Origin`` is not the server's
+  own (its ``Host``, ``X-Forwarded-Host`` or ``[api] base_url``). A client that sends neither
+  header (curl, a script with a token) is not a browser acting for a user and is let through.
+- **Names checked first**: every path parameter (stream, round id, DAG id, run id) is validated
+  by its rule (``core/names.py``, a full match) before anything is read: a malformed one gets 400
+  with the rule, never a 500.
 - **No credentials leave the server**: the Redis client is built from the Airflow connection
   ``[keyset] redis_conn_id`` (default ``redis_default``); responses name the connection id and the
   key prefix (``[keyset] key_prefix``, default ``ks``), never a host password or URI.
@@ -52,20 +60,22 @@ import html
 import threading
 from importlib import resources
 from typing import Annotated, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import redis
 from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.configuration import conf
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..common import ROUND_XCOM_KEY
-from ..core.errors import ConfigurationError, StoreUnavailableError
+from ..core import names
+from ..core.errors import ConfigurationError, InvalidNameError, StoreUnavailableError
+from ..core.redaction import scrub
 from . import runs
 from . import status as view
 from .routes import BUNDLE_FILE, UI_ROUTE, URL_PREFIX
@@ -151,6 +161,62 @@ class PauseRequest(BaseModel):
     reason: str = Field(default="", max_length=500)
 
 
+class ResumeRequest(BaseModel):
+    pass
+
+
+#: ``Sec-Fetch-Site`` values of a request the page itself made (or a user typed).
+SAME_SITE_FETCH = frozenset({"same-origin", "none"})
+
+
+def _own_hosts(request: Request) -> set[str]:
+    hosts = {request.headers.get("host", ""), request.headers.get("x-forwarded-host", "")}
+    base_url = conf.get("api", "base_url", fallback="") or ""
+    hosts.add(urlsplit(base_url).netloc)
+    return {h.strip().lower() for h in hosts if h and h.strip()}
+
+
+def same_origin_json(request: Request) -> None:
+    """Refuse a state-changing request that is not JSON (415) or comes from another site (403);
+    see the module docstring (**No cross-site writes**)."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise HTTPException(
+            status.HTTP_415_UNSUPPORTED_MEDIA_TYPE,
+            "send a JSON body with Content-Type: application/json",
+        )
+    fetch_site = request.headers.get("sec-fetch-site", "").strip().lower()
+    if fetch_site and fetch_site not in SAME_SITE_FETCH:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, f"cross-site request refused (Sec-Fetch-Site: {fetch_site})"
+        )
+    origin = request.headers.get("origin")
+    if origin is not None and urlsplit(origin).netloc.lower() not in _own_hosts(request):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, "cross-site request refused (Origin is not this server)"
+        )
+
+
+def json_editor(request: Request, user: EditorUser) -> BaseUser:
+    """An editor (``editor_user``: 401/403 first) whose request passes ``same_origin_json``."""
+    same_origin_json(request)
+    return user
+
+
+JsonEditor = Annotated[BaseUser, Depends(json_editor)]
+
+
+def _checked(**values: str) -> None:
+    """Validate each path parameter by its rule (``core/names.py``); 400 with the rule."""
+    rules = {"stream": names.stream, "round_id": names.round_id}
+    rules |= {"dag_id": names.dag_id, "run_id": names.run_id}
+    try:
+        for kind, value in values.items():
+            rules[kind](value)
+    except InvalidNameError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+
+
 def _read(fn: Any, *args: Any) -> Any:
     """Run one read against Redis and map failures to HTTP errors that name no secret."""
     conn_id, prefix = settings()
@@ -160,13 +226,16 @@ def _read(fn: Any, *args: Any) -> Any:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     except view.StateLost as exc:
         raise HTTPException(status.HTTP_410_GONE, str(exc)) from exc
+    except InvalidNameError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
     except ConfigurationError as exc:  # connection missing or of the wrong type
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from exc
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, scrub(str(exc))) from exc
     except (redis.RedisError, StoreUnavailableError) as exc:
         _forget(conn_id)
         raise HTTPException(
             status.HTTP_503_SERVICE_UNAVAILABLE,
-            f"Redis of connection {conn_id!r} is unavailable: {type(exc).__name__}: {exc}",
+            f"Redis of connection {conn_id!r} is unavailable: {type(exc).__name__}: "
+            f"{scrub(str(exc))}",
         ) from exc
 
 
@@ -238,6 +307,7 @@ def _add_page_routes(app: FastAPI) -> None:
 
     @app.get("/run/{dag_id}/{run_id}", include_in_schema=False)
     def run_page(request: Request, dag_id: str, run_id: str, user: AuthorizedUser) -> Response:
+        _checked(dag_id=dag_id, run_id=run_id)
         return _run_page(request, dag_id, run_id, user)
 
 
@@ -253,17 +323,22 @@ def _add_api_routes(app: FastAPI) -> None:
     def stream(
         stream: str, user: AuthorizedUser, closed: Annotated[int, Query(ge=0, le=20)] = 3
     ) -> dict[str, Any]:
+        _checked(stream=stream)
         out: dict[str, Any] = _read(view.stream_view, stream, closed)
         out["can_edit"] = can_edit(user)
         return out
 
     @app.post("/api/streams/{stream}/pause")
-    def pause(stream: str, body: PauseRequest, user: EditorUser) -> dict[str, Any]:
+    def pause(stream: str, body: PauseRequest, user: JsonEditor) -> dict[str, Any]:
+        _checked(stream=stream)
         who = f"ui:{getattr(user, 'get_name', lambda: '?')()}"
         return {"control": _read(view.pause_stream, stream, body.reason, who)}
 
     @app.post("/api/streams/{stream}/resume")
-    def resume(stream: str, _user: EditorUser) -> dict[str, Any]:
+    def resume(
+        stream: str, _user: JsonEditor, _body: Annotated[ResumeRequest | None, Body()] = None
+    ) -> dict[str, Any]:
+        _checked(stream=stream)
         return {"control": _read(view.resume_stream, stream)}
 
     @app.get("/api/streams/{stream}/rounds/{round_id}")
@@ -273,10 +348,12 @@ def _add_api_routes(app: FastAPI) -> None:
         _user: AuthorizedUser,
         dead: Annotated[int, Query(ge=0, le=50)] = 3,
     ) -> dict[str, Any]:
+        _checked(stream=stream, round_id=round_id)
         return _read(view.round_view, stream, round_id, dead)
 
     @app.get("/api/runs/{dag_id}/{run_id}")
     def run_rounds(dag_id: str, run_id: str, user: AuthorizedUser) -> dict[str, Any]:
+        _checked(dag_id=dag_id, run_id=run_id)
         out: dict[str, Any] = _read(
             runs.run_view, dag_id, run_id, planned_by_airflow(user, dag_id, run_id)
         )

@@ -48,9 +48,11 @@ from airflow_keyset_provider.common import (
     ROUND_ID_XCOM_KEY,
     ROUND_XCOM_KEY,
     airflow_errors,
+    check_names,
     key_label,
 )
 from airflow_keyset_provider.core.keys import to_json
+from airflow_keyset_provider.core.redaction import scrub
 from airflow_keyset_provider.core.rounds.control import StreamControl
 from airflow_keyset_provider.core.rounds.status import RoundState
 from airflow_keyset_provider.durable_record import record_closed
@@ -167,6 +169,7 @@ class BarrierSensor(BaseSensorOperator):
         self.stream = stream
         self.redis_conn_id = redis_conn_id
         self.key_prefix = key_prefix
+        check_names(stream=stream, key_prefix=key_prefix, round_id=round_id)
         self.max_dead_letters = max_dead_letters
         self.deferrable = deferrable
         self.checkpoint_conn_id = checkpoint_conn_id
@@ -319,7 +322,7 @@ class BarrierSensor(BaseSensorOperator):
             round_id, ctl = self._control(context)
             return _lagging_text([r.describe() for r in ctl.check_round(round_id).lagging])
         except Exception as exc:  # the timeout is the error; the listing is a best effort
-            return f"(could not list the lagging ranges: {exc})"
+            return f"(could not list the lagging ranges: {scrub(str(exc))})"
 
     # ---- execution paths -------------------------------------------------------------------
     def execute(self, context: Context) -> Any:

@@ -29,6 +29,7 @@ from airflow_keyset_provider.core.errors import (
     RoundNotFoundError,
     RoundStateLostError,
 )
+from airflow_keyset_provider.core.redaction import scrub
 from airflow_keyset_provider.core.rounds.control import RoundCheck, StreamControl
 from airflow_keyset_provider.core.rounds.status import RangeState
 
@@ -156,7 +157,7 @@ class KeysetRoundTrigger(BaseTrigger):
                 {
                     "status": BarrierEvent.ERROR.value,
                     "round_id": self.round_id,
-                    "message": f"{type(exc).__name__}: {exc}",
+                    "message": f"{type(exc).__name__}: {scrub(str(exc))}",
                 }
             )
         except (KeysetError, redis.RedisError) as exc:  # transient: keep polling until the deadline
@@ -325,7 +326,7 @@ class KeysetResumeTrigger(BaseTrigger):
                         yield TriggerEvent({"status": ResumeEvent.READY.value, **base})
                         return
                 except (RoundStateLostError, RoundNotFoundError) as exc:
-                    message = f"{type(exc).__name__}: {exc}"
+                    message = f"{type(exc).__name__}: {scrub(str(exc))}"
                     yield TriggerEvent(
                         {"status": ResumeEvent.ERROR.value, "message": message, **base}
                     )

@@ -86,7 +86,7 @@ def test_the_flagship_scenario_dead_letters_the_rows_a_trigger_refuses(
     """The documented production scenario end to end: a guarded write-back under
     ``where="status = 'PENDING'"``, a trigger that RAISEs for four rows, the driver Airflow's
     PostgreSQL hook hands out (psycopg 3). The four keys are retried, then dead-lettered with
-    the trigger's message; every other PENDING order is cancelled; the round closes."""
+    the trigger's class (its message withheld); every other PENDING order is cancelled; the round closes."""
     monkeypatch.setenv("AIRFLOW_CONN_ORDERS_DB", postgres_conn(pg_url, airflow_env["schema"]))
     status = make_orders(pg_engine, 2500)
     with pg_engine.begin() as c:

@@ -70,7 +70,7 @@ def test_pause_resume_need_dag_edit_rights(
     )
     form = {**editor, "Content-Type": "application/x-www-form-urlencoded"}
     status, _, _ = srv.http("POST", f"{base}/pause", headers=form, body=None)
-    assert status == 422 and t.control.control_state().paused is False
+    assert status == 415 and t.control.control_state().paused is False
     t.close()
 
 

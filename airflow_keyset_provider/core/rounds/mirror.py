@@ -37,6 +37,7 @@ from sqlalchemy.engine import Engine
 
 from ..errors import ConfigurationError
 from ..pace.sql_timeouts import bounded_connection
+from ..redaction import url_error
 
 _ROUND, _WATERMARK, _KEY = -1, -2, -3
 
@@ -104,7 +105,9 @@ class CheckpointMirror:
                 url if isinstance(url, Engine) else sa.create_engine(url, pool_pre_ping=True)
             )
         except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
-            raise ConfigurationError(f"checkpoint mirror URL is not usable: {exc}") from exc
+            raise ConfigurationError(
+                url_error("checkpoint mirror URL", url, exc)
+            ) from None  # the cause may quote the password
         schema, _, name = table.rpartition(".")
         self.table = sa.Table(
             name,

@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..chunk import Chunk, Processor
+from ..db_reasons import describe_exception
 from ..errors import (
     CursorConflictError,
     DependencyFailedError,
@@ -145,24 +146,24 @@ class RangeCommits:
     def _backoff(self, attempt: int, what: str, exc: BaseException) -> None:
         self.ctx.metrics.incr("dependency.failure", tags=self.ctx.tags)
         cursor = display_key(self.state.cursor, self.arity)
+        last = describe_exception(exc)  # a database error's class, never its values (db_reasons)
         if attempt >= self.o.max_chunk_attempts:
             raise DependencyFailedError(
                 f"round {self.round_id} range {self.range_id}: {what} failed {attempt} times in a "
-                f"row (last: {type(exc).__name__}: {exc}); the cursor stays at {cursor}, nothing "
+                f"row (last: {last}); the cursor stays at {cursor}, nothing "
                 "was skipped. An Airflow retry (or a new traverse) resumes from there."
             ) from exc
         delay = min(self.o.backoff_max, self.o.backoff_base * 2 ** (attempt - 1))
         delay *= random.uniform(0.5, 1.0)
         log.warning(
-            "round %s range %d: %s failed (attempt %d/%d): %s: %s; cursor stays at %s, "
+            "round %s range %d: %s failed (attempt %d/%d): %s; cursor stays at %s, "
             "retrying in %.2f s",
             self.round_id,
             self.range_id,
             what,
             attempt,
             self.o.max_chunk_attempts,
-            type(exc).__name__,
-            exc,
+            last,
             cursor,
             delay,
         )

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..chunk import Chunk, ChunkResult
+from ..db_reasons import describe_exception
 from ..errors import KeysetError, ProcessorContractError, RetryableError
 from ..keys import as_tuple, display_key, encode_key
 from ..sql.source import materialize, release
@@ -144,7 +145,7 @@ class ItemFailures:
         except KeysetError:
             raise  # RetryableError (an outage) and the engine's own errors
         except Exception as exc:
-            return Probe(whole=True, error=f"{type(exc).__name__}: {exc}")
+            return Probe(whole=True, error=describe_exception(exc))  # no row data (db_reasons)
         failed, skipped = self.interpret(chunk, result)
         n = len(rows)
         whole = len(failed) >= 2 and len(failed) > run.o.outage_failure_ratio * n

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from ..chunk import Processor
+from ..chunk import Processor, checked
 from ..errors import (
     KeysetError,
     RetryableError,
@@ -96,7 +96,12 @@ class RangeRun(RangeCommits):
         )
         self.paced_at = time.monotonic()
         self.round_id, self.range_id, self.hi = round_id, range_id, hi
-        self.processor, self.token, self.o = processor, claim.token, options
+        # the verdict's shape is checked as the processor returns, before its transaction commits
+        self.processor, self.token, self.o = (
+            checked(processor, f"round {round_id} range {range_id}"),
+            claim.token,
+            options,
+        )
         self.state = CommittedRange(
             claim.cursor, claim.done, claim.skipped, claim.dead, claim.retries
         )

@@ -37,6 +37,7 @@ from sqlalchemy.engine import Engine
 
 from ..errors import ConfigurationError
 from ..keys import MIN_KEY, decode_key, encode_key
+from ..redaction import url_error
 from ..row_data import hide_parameters
 from . import dialects, key_checks, sampling
 from .fetch import FetchedRows as FetchedRows  # re-exported: the fetcher moved to .fetch
@@ -67,7 +68,9 @@ def make_engine(url: str | Engine) -> Engine:
             url, isolation_level="AUTOCOMMIT", pool_pre_ping=True, hide_parameters=hide_parameters()
         )
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
-        raise ConfigurationError(f"source URL is not usable: {exc}") from exc
+        raise ConfigurationError(
+            url_error("source URL", url, exc)
+        ) from None  # the cause may quote the password
 
     @sa.event.listens_for(engine, "connect")
     def _timeouts(dbapi_conn: Any, _record: Any) -> None:

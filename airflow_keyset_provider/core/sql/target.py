@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..errors import ConfigurationError
+from ..redaction import url_error
 from ..row_data import hide_parameters
 
 
@@ -28,7 +29,9 @@ def make_target_engine(url: Any) -> sa.Engine:
     try:
         return sa.create_engine(url, pool_pre_ping=True, hide_parameters=hide_parameters())
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
-        raise ConfigurationError(f"target URL is not usable: {exc}") from exc
+        raise ConfigurationError(
+            url_error("target URL", url, exc)
+        ) from None  # the cause may quote the password
 
 
 __all__ = ["make_target_engine"]

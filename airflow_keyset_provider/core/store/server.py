@@ -14,6 +14,7 @@ import redis
 import redis.cluster
 
 from ..errors import ConfigurationError, EvictionPolicyError
+from ..redaction import url_error
 from .reads import _s
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -32,7 +33,9 @@ def connect_redis(url: str) -> redis.Redis:
             return redis.cluster.RedisCluster.from_url(plain, **opts)  # type: ignore[return-value]
         return redis.Redis.from_url(url, health_check_interval=30, **opts)
     except (ValueError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
-        raise ConfigurationError(f"redis_url is not valid or not reachable: {exc}") from exc
+        raise ConfigurationError(
+            url_error("redis_url", url, exc)
+        ) from None  # the cause may quote the password
 
 
 def check_eviction_policy(client: redis.Redis, stream: str, *, allow_unverified: bool) -> str:

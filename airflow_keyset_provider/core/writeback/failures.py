@@ -87,6 +87,8 @@ import sqlalchemy as sa
 
 from airflow_keyset_provider.core.errors import RetryableError
 
+from ..db_reasons import describe, error_number, sqlstate
+
 
 class Fault(enum.Enum):
     """Whose fault a database error is (see the module docstring for what each one does)."""
@@ -109,13 +111,6 @@ SQLSTATE_CLASSES: Mapping[str, Fault] = {
 _ROW_CLASSES = (sa.exc.IntegrityError, sa.exc.DataError, sa.exc.InternalError)
 
 
-def sqlstate(exc: sa.exc.DBAPIError) -> str | None:
-    """The SQLSTATE of the driver's error: ``sqlstate`` (psycopg 3), ``pgcode`` (psycopg2)."""
-    orig = exc.orig
-    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    return code if isinstance(code, str) and len(code) == 5 else None
-
-
 def by_sqlstate(code: str) -> Fault:
     """The fault of a SQLSTATE, by exact code, then by class, else CONFIGURATION."""
     code = code.upper()
@@ -136,30 +131,6 @@ def fault_of(exc: sa.exc.DBAPIError, error_numbers: Mapping[int, Fault] | None =
     return _ROW if isinstance(exc, _ROW_CLASSES) else _CONF
 
 
-def error_number(exc: sa.exc.DBAPIError) -> int | None:
-    """The driver's error number (MySQL/MariaDB drivers: ``exc.orig.args[0]``), if any."""
-    args = getattr(exc.orig, "args", ())
-    number = args[0] if args else None
-    return number if isinstance(number, int) and not isinstance(number, bool) else None
-
-
-def describe(exc: sa.exc.DBAPIError) -> str:
-    """The database's own primary message, one line: never the statement, its parameters or
-    the DETAIL line (PostgreSQL's ``Failing row contains (...)`` quotes the row)."""
-    orig = exc.orig
-    primary = getattr(getattr(orig, "diag", None), "message_primary", None)  # both psycopgs
-    args: tuple = getattr(orig, "args", ())
-    if primary is None and error_number(exc) is not None and len(args) > 1:
-        primary = args[1]  # PyMySQL, mysqlclient: (number, message)
-    text = primary if isinstance(primary, str) and primary.strip() else str(orig or "")
-    lines = text.strip().splitlines()
-    return lines[0] if lines else type(orig or exc).__name__
-
-
 def dependency_error(exc: sa.exc.DBAPIError) -> RetryableError:
     """The ``RetryableError`` to raise (``from exc``) for a DEPENDENCY fault."""
-    code, number = sqlstate(exc), error_number(exc)
-    parts = [f"SQLSTATE {code}"] if code else []
-    parts += [f"error {number}"] if number is not None else []
-    where = f" ({', '.join(parts)})" if parts else ""
-    return RetryableError(f"write-back: the database failed{where}: {describe(exc)}")
+    return RetryableError(f"write-back: the database failed: {describe(exc)}")
