@@ -46,6 +46,7 @@ from .run.pull import PullLoop, RoundPullResult
 from .run.state import ProgressCallback, ProgressHook, RangeResult
 from .run.traverse import run_restoring
 from .sql.ledger import LEDGER_TABLE
+from .sql.naming import ConnectionName
 from .sql.source import SqlSource
 from .sql.target import make_target_engine
 from .store.cursor_store import CursorStore, connect_redis
@@ -104,6 +105,7 @@ class KeysetTraversal:
             settle_seconds=settle_seconds,
             commit_wait_timeout=commit_wait_timeout,
             retention_sql=retention_sql,
+            connection_name=ConnectionName(stream),
         )
         self.store = CursorStore(
             redis_client,
@@ -114,7 +116,11 @@ class KeysetTraversal:
         self.mirror = CheckpointMirror(checkpoint_url) if checkpoint_url is not None else None
         self.checkpoint_seconds = checkpoint_seconds
         self._target_url = target_url
-        self.target = make_target_engine(target_url) if target_url is not None else None
+        self.target = (
+            make_target_engine(target_url, self.source.connection_name)
+            if target_url is not None
+            else None
+        )
         self.ledger_table = ledger_table  # exactly_once's table on the target
         self.metrics: Metrics = metrics or NullMetrics()
         self.tags = {"stream": stream}
