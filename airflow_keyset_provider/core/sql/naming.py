@@ -15,9 +15,10 @@ Guarantees:
   next chunk read on the source's held read connection (``SqlSource.fetch``);
 - MariaDB/MySQL: with PyMySQL, the connection attribute ``program_name``
   (``performance_schema.session_connect_attrs``, when the server's performance schema is on), set
-  when the connection opens: the protocol has no way to change it later, so it names the range
-  the traversal was at when the connection opened. mysqlclient exposes no connection attributes:
-  its connections are not named;
+  when the connection opens. The protocol cannot change it later, so a pooled connection checked
+  out after the traversal moved to another range is replaced by a new one (one connect per range
+  and connection), and the source reopens its held read connection. mysqlclient exposes no
+  connection attributes: its connections are not named;
 - an ``Engine`` a caller passed in keeps its own settings (no listener is added to it).
 """
 
@@ -89,6 +90,16 @@ def _set_pg_name(dbapi_conn: Any, text: str) -> None:
         dbapi_conn.commit()
 
 
+def renames_in_place(engine: sa.Engine) -> bool:
+    """The engine's connections take a new name without reconnecting (PostgreSQL)."""
+    return engine.dialect.name == "postgresql"
+
+
+def names_at_connect(engine: sa.Engine) -> bool:
+    """The engine's connections are named only when they open (MariaDB/MySQL with PyMySQL)."""
+    return engine.dialect.name == "mysql" and engine.dialect.driver == "pymysql"
+
+
 def rename(pooled: Any, name: ConnectionName) -> None:
     """Bring one pooled PostgreSQL connection (a ``PoolProxiedConnection`` or the record's
     ``info`` holder) to the current name; nothing if it carries it already."""
@@ -101,8 +112,7 @@ def rename(pooled: Any, name: ConnectionName) -> None:
 
 def name_connections(engine: sa.Engine, name: ConnectionName) -> None:
     """Name every connection ``engine`` opens from now on (see module doc)."""
-    dialect = engine.dialect
-    if dialect.name == "postgresql":
+    if renames_in_place(engine):
 
         @sa.event.listens_for(engine, "do_connect")
         def _pg_connect(_d: Any, record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
@@ -116,12 +126,18 @@ def name_connections(engine: sa.Engine, name: ConnectionName) -> None:
                 _set_pg_name(dbapi_conn, text)
                 record.info[_INFO] = text
 
-    elif dialect.name == "mysql" and dialect.driver == "pymysql":
+    elif names_at_connect(engine):
 
         @sa.event.listens_for(engine, "do_connect")
         def _my_connect(_d: Any, record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
             cparams["program_name"] = name.text
             record.info[_INFO] = name.text
+
+        @sa.event.listens_for(engine, "checkout")
+        def _my_checkout(_dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+            if record.info.get(_INFO) != name.text:
+                # the attribute cannot change on an open connection: the pool opens a new one
+                raise sa.exc.DisconnectionError("renamed: reconnect with the range's name")
 
 
 __all__ = [

@@ -258,11 +258,17 @@ class SqlSource:
         return fetcher(lo, hi, n)
 
     def _rename_held(self, name: naming.ConnectionName) -> None:
-        """The held read connections follow the traversal to its new range (PostgreSQL; a
-        MariaDB connection keeps the name it opened with)."""
-        if self.dialect == "postgresql":
+        """The held read connections follow the traversal to its new range: renamed in place
+        (PostgreSQL) or given back to the pool, whose checkout reopens them under the new name
+        (MariaDB with PyMySQL; ``naming``)."""
+        if naming.renames_in_place(self.engine):
             for conn in self._conns:
                 naming.rename(conn.connection, name)
+        elif naming.names_at_connect(self.engine) and self._conns:
+            conns, self._conns = self._conns, []
+            self._fetchers.clear()
+            for held in conns:
+                held.close()
         self._named = name.text
 
     def driver_call(self, stmt: Any) -> tuple[str, Callable[[dict[str, Any]], Any]]:

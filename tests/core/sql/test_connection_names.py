@@ -10,13 +10,18 @@ waited for (pid, application_name, transaction age), never a row's values.
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
 
 from airflow_keyset_provider.core import KeysetTraversal
 from airflow_keyset_provider.core.errors import CommitOrderTimeoutError
@@ -212,3 +217,142 @@ def test_plan_of_a_key_not_fed_by_a_sequence_still_waits_for_other_streams(
                 b.plan(max_ranges=1)
         finally:
             b.close()
+
+
+# ---------------------------------------------------------------------------- MariaDB
+
+
+@pytest.fixture(scope="module")
+def mariadb_ps_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A throwaway MariaDB server with the performance schema on and metadata locks recorded
+    (the shared test server runs with MariaDB's default, the performance schema off, where no
+    connection attribute can be read). Stopped at the end of the module."""
+    server, install = shutil.which("mariadbd"), shutil.which("mariadb-install-db")
+    if not server or not install:
+        pytest.skip("mariadbd / mariadb-install-db are not installed")
+    home = tmp_path_factory.mktemp("mariadb-ps")
+    data = home / "data"
+    subprocess.run(
+        [
+            install,
+            "--no-defaults",
+            f"--datadir={data}",
+            "--skip-test-db",
+            "--user=root",
+            "--auth-root-authentication-method=normal",  # root without a password over TCP
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            server,
+            "--no-defaults",
+            f"--datadir={data}",
+            f"--socket={home / 'sock'}",
+            f"--port={port}",
+            "--bind-address=127.0.0.1",
+            "--user=root",
+            "--performance-schema=ON",
+            "--performance-schema-instrument=wait/lock/metadata/sql/mdl=ON",
+            "--innodb-buffer-pool-size=32M",
+            "--skip-log-bin",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(home / "err.log", "wb"),  # noqa: SIM115 (closed with the process)
+    )
+    url = f"mysql+pymysql://root@127.0.0.1:{port}/test"
+    try:
+        admin = sa.create_engine(url.replace("/test", "/"), poolclass=NullPool)
+        for _ in range(300):
+            try:
+                with admin.begin() as c:
+                    c.exec_driver_sql("CREATE DATABASE IF NOT EXISTS test CHARACTER SET utf8mb4")
+                break
+            except sa.exc.OperationalError:
+                if proc.poll() is not None:
+                    raise RuntimeError((home / "err.log").read_text()) from None
+                time.sleep(0.1)
+        admin.dispose()
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def _my_tables(url: str) -> sa.Engine:
+    eng = sa.create_engine(url, poolclass=NullPool)
+    with eng.begin() as c:
+        for t in ("a", "a_out", "b"):
+            c.exec_driver_sql(f"DROP TABLE IF EXISTS {t}")
+        c.exec_driver_sql("CREATE TABLE a (id bigint AUTO_INCREMENT PRIMARY KEY, p text NOT NULL)")
+        c.exec_driver_sql("INSERT INTO a (p) VALUES ('x'), ('y')")
+        c.exec_driver_sql("CREATE TABLE a_out (id bigint PRIMARY KEY, p text NOT NULL)")
+        c.exec_driver_sql("CREATE TABLE b (id bigint AUTO_INCREMENT PRIMARY KEY, p text NOT NULL)")
+        c.exec_driver_sql("INSERT INTO b (p) VALUES ('1'), ('2'), ('3')")
+    return eng
+
+
+def test_mariadb_connections_carry_program_name(mariadb_ps_url, redis_url, key_prefix):
+    """PyMySQL: the source's read connection and the target's connection opened for range 0
+    carry ``program_name`` = ``keyset:<stream>:<round>:0`` (``session_connect_attrs``)."""
+    eng = _my_tables(mariadb_ps_url)
+    t = _traversal(mariadb_ps_url, "a", "named", redis_url, key_prefix, target_url=mariadb_ps_url)
+    found: list[tuple[str, int]] = []
+    try:
+        rnd = t.plan(max_ranges=1)
+
+        def processor(chunk):
+            own = chunk.connection.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one()
+            with eng.connect() as c:
+                found.extend(
+                    (str(v), int(pid) == int(own))
+                    for v, pid in c.exec_driver_sql(
+                        "SELECT ATTR_VALUE, PROCESSLIST_ID FROM "
+                        "performance_schema.session_connect_attrs WHERE ATTR_NAME = 'program_name'"
+                    )
+                )
+
+        t.traverse(rnd.round_id, 0, processor, prefetch=False)
+    finally:
+        t.close()
+        eng.dispose()
+    want = f"keyset:named:{rnd.round_id}:0"
+    assert (want, True) in found, found  # the processor's own (target) connection
+    assert [v for v, own in found if not own] and all(v == want for v, _ in found), found
+
+
+def test_mariadb_plan_skips_other_streams_worker_unless_it_writes_the_source(
+    mariadb_ps_url, redis_url, key_prefix
+):
+    """Stream a's worker holds a write on its target ``a_out``: b's plan (AUTO_INCREMENT key)
+    returns at once (before: CommitOrderTimeoutError). When a's worker has inserted into b, the
+    plan waits, and the timeout names its thread, program_name and age, not the row."""
+    eng = _my_tables(mariadb_ps_url)
+    write = f"INSERT INTO a_out VALUES (1, '{SECRET}')"
+    with _worker_holding_a_write(mariadb_ps_url, redis_url, key_prefix, write):
+        b = _traversal(mariadb_ps_url, "b", "b", redis_url, key_prefix, commit_wait_timeout=1.0)
+        try:
+            rnd = b.plan(max_ranges=1)
+            seen: list[int] = []
+            b.traverse(rnd.round_id, 0, lambda ch: seen.extend(ch.keys))
+            assert seen == [1, 2, 3]
+        finally:
+            b.close()
+    write = f"INSERT INTO b (p) VALUES ('{SECRET}')"
+    prefix2 = key_prefix + "x"
+    with _worker_holding_a_write(mariadb_ps_url, redis_url, prefix2, write) as (_a, a_name):
+        b = _traversal(mariadb_ps_url, "b", "b", redis_url, prefix2, commit_wait_timeout=0.5)
+        try:
+            with pytest.raises(CommitOrderTimeoutError) as err:
+                b.plan(max_ranges=1)
+        finally:
+            b.close()
+    text = str(err.value)
+    assert f"program_name {a_name!r}" in text and "writing the source" in text, text
+    assert "thread " in text and "open for" in text and SECRET not in text
+    eng.dispose()
