@@ -147,6 +147,21 @@ def _worker_holding_a_write(
     assert not errors, errors
 
 
+def _plan_b_beside_a_worker(url: str, redis_url: str, prefix: str) -> None:
+    """While stream a's worker holds a write on its target ``a_out`` open, stream b plans (a
+    1 s wait bound) and delivers its three keys."""
+    write = f"INSERT INTO a_out VALUES (1, '{SECRET}')"
+    with _worker_holding_a_write(url, redis_url, prefix, write):
+        b = _traversal(url, "b", "b", redis_url, prefix, commit_wait_timeout=1.0)
+        try:
+            rnd = b.plan(max_ranges=1)
+            seen: list[int] = []
+            b.traverse(rnd.round_id, 0, lambda ch: seen.extend(ch.keys))
+            assert seen == [1, 2, 3]
+        finally:
+            b.close()
+
+
 def _tables(engine: sa.Engine, b_key: str = "id bigserial PRIMARY KEY") -> None:
     with engine.begin() as c:
         c.exec_driver_sql("CREATE TABLE a (id bigserial PRIMARY KEY, p text NOT NULL)")
@@ -167,16 +182,7 @@ def test_plan_does_not_wait_for_another_streams_worker_that_does_not_write_its_s
     of stream b (a bigserial key on table b) returns at once. Before: CommitOrderTimeoutError."""
     _tables(pg_engine)
     url = _url(pg_schema_url, driver)
-    write = f"INSERT INTO a_out VALUES (1, '{SECRET}')"
-    with _worker_holding_a_write(url, redis_url, key_prefix, write):
-        b = _traversal(url, "b", "b", redis_url, key_prefix, commit_wait_timeout=1.0)
-        try:
-            rnd = b.plan(max_ranges=1)
-            seen: list[int] = []
-            b.traverse(rnd.round_id, 0, lambda ch: seen.extend(ch.keys))
-            assert seen == [1, 2, 3]
-        finally:
-            b.close()
+    _plan_b_beside_a_worker(url, redis_url, key_prefix)
 
 
 @pytest.mark.parametrize("driver", PG_DRIVERS)
@@ -333,16 +339,7 @@ def test_mariadb_plan_skips_other_streams_worker_unless_it_writes_the_source(
     returns at once (before: CommitOrderTimeoutError). When a's worker has inserted into b, the
     plan waits, and the timeout names its thread, program_name and age, not the row."""
     eng = _my_tables(mariadb_ps_url)
-    write = f"INSERT INTO a_out VALUES (1, '{SECRET}')"
-    with _worker_holding_a_write(mariadb_ps_url, redis_url, key_prefix, write):
-        b = _traversal(mariadb_ps_url, "b", "b", redis_url, key_prefix, commit_wait_timeout=1.0)
-        try:
-            rnd = b.plan(max_ranges=1)
-            seen: list[int] = []
-            b.traverse(rnd.round_id, 0, lambda ch: seen.extend(ch.keys))
-            assert seen == [1, 2, 3]
-        finally:
-            b.close()
+    _plan_b_beside_a_worker(mariadb_ps_url, redis_url, key_prefix)
     write = f"INSERT INTO b (p) VALUES ('{SECRET}')"
     prefix2 = key_prefix + "x"
     with _worker_holding_a_write(mariadb_ps_url, redis_url, prefix2, write) as (_a, a_name):
