@@ -34,7 +34,7 @@ from .errors import (
 )
 from .keys import MIN_KEY, KeyEncodingError, coerce_bound, decode_user_key, display_key, encode_key
 from .metrics import Metrics, NullMetrics
-from .options import TraverseOptions, call_options
+from .options import DEFAULT_CHUNK_BYTES, TraverseOptions, call_options
 from .pace.stream_control import ControlState, probe_timeout
 from .rounds import stream_key
 from .rounds.control import RangeSpec, Round, RoundTotals, StreamControl
@@ -300,6 +300,7 @@ class KeysetTraversal:
         options: TraverseOptions | None = None,
         on_progress: ProgressCallback | None = None,
         progress_every_seconds: float = 5.0,
+        max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
     ) -> RangeResult:
         """Process every key of one range at least once, resuming from its committed cursor.
 

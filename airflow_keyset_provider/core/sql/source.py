@@ -41,6 +41,7 @@ from .fetch import compile_fetcher
 from .fetch import driver_call as _driver_call_for
 from .fetch import materialize as materialize
 from .fetch import release as release
+from .fetch import sample_rows as sample_rows
 from .key_checks import _BYTE_ORDER_COLLATIONS as _BYTE_ORDER_COLLATIONS  # re-exported
 from .key_checks import SUPPORTED_DIALECTS as SUPPORTED_DIALECTS  # re-exported
 
@@ -154,6 +155,7 @@ class SqlSource:
             sa.Connection
         ] = []  # the hot path's autocommit connections, closed by close()
         self._named = ""  # the name the held read connections carry
+        self._row_width: tuple[float] | None = None  # row_width(), once read
         self.last_sample_percent: float | None = None  # TABLESAMPLE SYSTEM percent of the last plan
 
     # ---- validation --------------------------------------------------------------------------
@@ -382,6 +384,20 @@ class SqlSource:
         ``settle_seconds`` opts in (``Dialect.check_commit_order``)."""
         assert self.db is not None  # validated
         self.db.check_commit_order(self, conn)
+
+    def row_width(self) -> float | None:
+        """The catalog's average bytes of a row of the read columns (``Dialect.row_width``;
+        None without statistics), read once per source; never fails a run."""
+        if self._row_width is None:
+            width: float | None = None
+            try:
+                assert self.db is not None  # validated
+                with self.engine.connect() as conn:
+                    width = self.db.row_width(self, conn)
+            except Exception:  # an estimate only: the chunks' own rows take over
+                log.debug("no catalog row width for %s", self.qualified_name, exc_info=True)
+            self._row_width = (width or 0.0,)
+        return self._row_width[0] or None
 
     # ---- planning support --------------------------------------------------------------------
     def estimate_rows(self, lo: str, hi: str) -> int:

@@ -307,6 +307,12 @@ class MysqlDialect(Dialect):
             return None, None
         return commit_order.other_streams_reader(name.prefix), (src.schema, src.table_name)
 
+    def row_width(self, src: Relation, conn: sa.Connection) -> float | None:
+        """``AVG_ROW_LENGTH`` of the table (InnoDB: data length / estimated rows, all columns:
+        an estimate from above of the read columns); None for an empty or unknown table."""
+        width = mysql_catalog.table_figure(conn, src.schema, src.table_name, "AVG_ROW_LENGTH")
+        return width or None
+
     # ---- the planner ------------------------------------------------------------------------
     def estimate_rows(
         self, src: Relation, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]

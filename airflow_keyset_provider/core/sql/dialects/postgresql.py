@@ -124,6 +124,21 @@ class PostgresqlDialect(Dialect):
             conn, src.commit_wait_timeout, src.settle_seconds, src.qualified_name, list_open, skip
         )
 
+    def row_width(self, src: Relation, conn: sa.Connection) -> float | None:
+        """The sum of ``pg_stats.avg_width`` (ANALYZE's average stored width) of the read
+        columns; None unless every one has statistics."""
+        row = conn.execute(
+            sa.text(
+                "SELECT count(*), sum(s.avg_width) FROM pg_stats s "
+                "JOIN pg_class c ON c.relname = s.tablename "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = s.schemaname "
+                "WHERE c.oid = CAST(:rel AS regclass) AND s.attname = ANY(:cols)"
+            ),
+            {"rel": src.rel, "cols": list(src.column_names)},
+        ).one()
+        found, width = int(row[0] or 0), row[1]
+        return float(width) if found >= len(set(src.column_names)) and width else None
+
     def estimate_rows(
         self, src: Relation, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
     ) -> int:
