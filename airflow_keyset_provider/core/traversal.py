@@ -46,7 +46,7 @@ from .run.pull import PullLoop, RoundPullResult
 from .run.state import ProgressCallback, ProgressHook, RangeResult
 from .run.traverse import run_restoring
 from .sql.ledger import LEDGER_TABLE
-from .sql.naming import ConnectionName
+from .sql.naming import ConnectionName, name_connections
 from .sql.source import SqlSource
 from .sql.target import make_target_engine
 from .store.cursor_store import CursorStore, connect_redis
@@ -114,6 +114,8 @@ class KeysetTraversal:
             allow_unverified_eviction_policy=allow_unverified_eviction_policy,
         )
         self.mirror = CheckpointMirror(checkpoint_url) if checkpoint_url is not None else None
+        if self.mirror is not None and not isinstance(checkpoint_url, sa.Engine):
+            name_connections(self.mirror.engine, self.source.connection_name)
         self.checkpoint_seconds = checkpoint_seconds
         self._target_url = target_url
         self.target = (
