@@ -95,6 +95,7 @@ class KeysetTraversal:
                     "give redis_url (e.g. 'redis://127.0.0.1:6379/0') or redis_client"
                 )
             redis_client = connect_redis(redis_url)
+        name = ConnectionName(stream)  # what every connection of this traversal is called
         self.source = SqlSource(
             source_url,
             table,
@@ -105,7 +106,7 @@ class KeysetTraversal:
             settle_seconds=settle_seconds,
             commit_wait_timeout=commit_wait_timeout,
             retention_sql=retention_sql,
-            connection_name=ConnectionName(stream),
+            connection_name=name,
         )
         self.store = CursorStore(
             redis_client,
@@ -115,14 +116,10 @@ class KeysetTraversal:
         )
         self.mirror = CheckpointMirror(checkpoint_url) if checkpoint_url is not None else None
         if self.mirror is not None and not isinstance(checkpoint_url, sa.Engine):
-            name_connections(self.mirror.engine, self.source.connection_name)
+            name_connections(self.mirror.engine, name)
         self.checkpoint_seconds = checkpoint_seconds
         self._target_url = target_url
-        self.target = (
-            make_target_engine(target_url, self.source.connection_name)
-            if target_url is not None
-            else None
-        )
+        self.target = make_target_engine(target_url, name) if target_url is not None else None
         self.ledger_table = ledger_table  # exactly_once's table on the target
         self.metrics: Metrics = metrics or NullMetrics()
         self.tags = {"stream": stream}
