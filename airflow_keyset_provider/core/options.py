@@ -13,6 +13,12 @@ from typing import Any
 
 from .errors import ConfigurationError
 
+#: the most rows a chunk may have (``chunk_size``, ``max_chunk_size``): a chunk is the replay
+#: bound after a crash and is held in memory whole (twice with prefetch)
+MAX_CHUNK_ROWS = 1_000_000
+#: the default byte budget of one chunk (``max_chunk_bytes``)
+DEFAULT_CHUNK_BYTES = 64 * 2**20
+
 
 @dataclass(frozen=True, kw_only=True)
 class TraverseOptions:
@@ -20,8 +26,16 @@ class TraverseOptions:
     every field is validated when the object is built, and a refusal names the field."""
 
     chunk_size: int = 1000
-    """Rows per chunk handed to the processor (positive integer). Also the replay bound after a
-    crash: at most one chunk (or one group, see ``group_commit_chunks``) is delivered again."""
+    """Rows per chunk handed to the processor (positive integer, at most ``MAX_CHUNK_ROWS``,
+    1,000,000). Also the replay bound after a crash: at most one chunk (or one group, see
+    ``group_commit_chunks``) is delivered again. ``max_chunk_bytes`` lowers it for wide rows."""
+
+    max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES
+    """Byte budget of one chunk (positive integer; default 64 MiB; None: rows only). The next
+    read is capped at this divided by the width of the rows seen so far (a few rows of each
+    chunk, and the catalog's average row width before the first), at least one row; the
+    adaptive size steers within it (``core/pace/adaptive.py``). Text counts by characters,
+    other values 8 bytes; with ``prefetch`` two chunks are held."""
 
     lease_seconds: float = 60
     """How long a claim on the range lives without a heartbeat (at least 1); heartbeats renew it
@@ -152,6 +166,15 @@ class TraverseOptions:
             "max_chunk_size",
         ):
             _check_integer(name, getattr(self, name))
+        for name in ("chunk_size", "max_chunk_size"):
+            if getattr(self, name) > MAX_CHUNK_ROWS:
+                raise ConfigurationError(
+                    f"{name} must be at most {MAX_CHUNK_ROWS:,} rows, got {getattr(self, name):,}: "
+                    "a chunk is held in memory whole and is what a crash replays. For more rows "
+                    "per commit use group_commit_chunks; for wide rows max_chunk_bytes bounds it."
+                )
+        if self.max_chunk_bytes is not None:
+            _check_integer("max_chunk_bytes", self.max_chunk_bytes)
         if self.target_chunk_seconds is not None:
             _check_number("target_chunk_seconds", self.target_chunk_seconds)
         if not self.min_chunk_size <= self.max_chunk_size:
@@ -259,4 +282,10 @@ def _check_integer(name: str, value: Any, *, allow_zero: bool = False) -> None:
         raise ConfigurationError(f"{name} must be a {kind} integer, got {value!r}")
 
 
-__all__ = ["OPTION_NAMES", "TraverseOptions", "call_options"]
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "MAX_CHUNK_ROWS",
+    "OPTION_NAMES",
+    "TraverseOptions",
+    "call_options",
+]

@@ -34,7 +34,7 @@ from .errors import (
 )
 from .keys import MIN_KEY, KeyEncodingError, coerce_bound, decode_user_key, display_key, encode_key
 from .metrics import Metrics, NullMetrics
-from .options import TraverseOptions, call_options
+from .options import DEFAULT_CHUNK_BYTES, TraverseOptions, call_options
 from .pace.stream_control import ControlState, probe_timeout
 from .rounds import stream_key
 from .rounds.control import RangeSpec, Round, RoundTotals, StreamControl
@@ -47,6 +47,7 @@ from .run.pull import PullLoop, RoundPullResult
 from .run.state import ProgressCallback, ProgressHook, RangeResult
 from .run.traverse import run_restoring
 from .sql.ledger import LEDGER_TABLE
+from .sql.naming import ConnectionName, name_connections
 from .sql.source import SqlSource
 from .sql.target import make_target_engine
 from .store.cursor_store import CursorStore, connect_redis
@@ -95,6 +96,7 @@ class KeysetTraversal:
                     "give redis_url (e.g. 'redis://127.0.0.1:6379/0') or redis_client"
                 )
             redis_client = connect_redis(redis_url)
+        name = ConnectionName(stream)  # what every connection of this traversal is called
         self.source = SqlSource(
             source_url,
             table,
@@ -105,6 +107,7 @@ class KeysetTraversal:
             settle_seconds=settle_seconds,
             commit_wait_timeout=commit_wait_timeout,
             retention_sql=retention_sql,
+            connection_name=name,
         )
         self.store = CursorStore(
             redis_client,
@@ -113,9 +116,11 @@ class KeysetTraversal:
             allow_unverified_eviction_policy=allow_unverified_eviction_policy,
         )
         self.mirror = CheckpointMirror(checkpoint_url) if checkpoint_url is not None else None
+        if self.mirror is not None and not isinstance(checkpoint_url, sa.Engine):
+            name_connections(self.mirror.engine, name)
         self.checkpoint_seconds = checkpoint_seconds
         self._target_url = target_url
-        self.target = make_target_engine(target_url) if target_url is not None else None
+        self.target = make_target_engine(target_url, name) if target_url is not None else None
         self.ledger_table = ledger_table  # exactly_once's table on the target
         self.metrics: Metrics = metrics or NullMetrics()
         self.tags = {"stream": stream}
@@ -314,6 +319,7 @@ class KeysetTraversal:
         options: TraverseOptions | None = None,
         on_progress: ProgressCallback | None = None,
         progress_every_seconds: float = 5.0,
+        max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
     ) -> RangeResult:
         """Process every key of one range at least once, resuming from its committed cursor.
 

@@ -25,6 +25,7 @@ from typing import Any
 from airflow.sdk import BaseOperator, TaskGroup
 
 from airflow_keyset_provider.core.chunk import load_processor
+from airflow_keyset_provider.core.options import OPTION_NAMES, TraverseOptions
 from airflow_keyset_provider.operators.plan import PlanRangesOperator
 from airflow_keyset_provider.operators.traverse import TraverseRangeOperator
 from airflow_keyset_provider.sensors.keyset import BarrierSensor
@@ -44,6 +45,18 @@ PLAN_ARGUMENTS = (
 )
 
 
+def _check_options(traverse_kwargs: dict[str, Any]) -> None:
+    """Refuse, when the DAG is parsed, a plain-number engine setting the traverse task would
+    refuse when it runs (an absurd ``chunk_size``, a zero ``max_chunk_bytes``): a mapped task
+    builds its operator only at run time. Templated and XCom values are checked then."""
+    given = {
+        k: v
+        for k, v in traverse_kwargs.items()
+        if k in OPTION_NAMES and (v is None or isinstance(v, (int, float)))
+    }
+    TraverseOptions.from_kwargs(**given)
+
+
 class KeysetTraverseTask:
     """What ``@task.keyset_traverse(...)`` makes of a function (see the module docstring).
 
@@ -53,6 +66,7 @@ class KeysetTraverseTask:
     def __init__(self, function: Callable[..., Any], traverse_kwargs: dict[str, Any]) -> None:
         if "processor" in traverse_kwargs:
             raise TypeError("@task.keyset_traverse: the decorated function is the processor")
+        _check_options(traverse_kwargs)
         self.function = function
         self.traverse_kwargs = traverse_kwargs
         functools.update_wrapper(self, function)

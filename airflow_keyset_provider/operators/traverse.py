@@ -40,7 +40,7 @@ from airflow_keyset_provider.core import (
     RoundPullResult,
     load_processor,
 )
-from airflow_keyset_provider.core.options import TraverseOptions
+from airflow_keyset_provider.core.options import DEFAULT_CHUNK_BYTES, TraverseOptions
 from airflow_keyset_provider.core.run.range_run import BUDGET
 from airflow_keyset_provider.hooks.keyset import KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
@@ -77,6 +77,7 @@ _ENGINE_KNOBS = (
     "target_chunk_seconds",
     "min_chunk_size",
     "max_chunk_size",
+    "max_chunk_bytes",
     "exactly_once",
 )
 
@@ -182,6 +183,7 @@ class TraverseRangeOperator(BaseOperator):
     :param target_chunk_seconds: see ``TraverseOptions.target_chunk_seconds``.
     :param min_chunk_size: see ``TraverseOptions.min_chunk_size``.
     :param max_chunk_size: see ``TraverseOptions.max_chunk_size``.
+    :param max_chunk_bytes: see ``TraverseOptions.max_chunk_bytes`` (64 MiB; None: rows only).
     :param pull: from the plan's output with ``max_tasks``: work through the round's ranges
         (``operators.traverse_pull``) instead of one range; ``range_id`` is then the first one.
     :param worker: from the plan's output in pull mode: this task's slot (0-based), for its label.
@@ -235,6 +237,7 @@ class TraverseRangeOperator(BaseOperator):
         target_chunk_seconds: float | None = None,
         min_chunk_size: int = 10,
         max_chunk_size: int = 100_000,
+        max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES,
         pull: bool = False,
         worker: int | None = None,
         workers: int | None = None,

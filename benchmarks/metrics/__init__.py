@@ -41,6 +41,8 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "ranges": ("many_ranges", ("ranges_overhead",)),
     "mariadb": ("mariadb", ("mariadb_noop_vs_loop", "mariadb_plan_time")),
     "exactly_once": ("exactly_once", ("exactly_once_writeback",)),
+    "reads": ("read_designs", ("read_pg_vs_copy", "read_mariadb_vs_loop")),
+    "airflow_bare": ("airflow_bare", ("airflow_vs_bare",)),
 }
 
 

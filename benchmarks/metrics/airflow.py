@@ -89,10 +89,56 @@ DAG_SOURCE = textwrap.dedent('''\
             task_id="traverse", processor=noop, redis_conn_id=env["KBENCH_AF_REDIS_CONN"],
             chunk_size=int(env["KBENCH_AF_CHUNK_SIZE"]),
         ).expand_kwargs(plan.output)
+        deferrable = env.get("KBENCH_AF_DEFERRABLE") == "1"
         barrier = BarrierSensor(
-            task_id="barrier", plan_task_id="plan", redis_conn_id=env["KBENCH_AF_REDIS_CONN"], mode="poke",
-            deferrable=False, poke_interval=0.1, timeout=600,
+            task_id="barrier", plan_task_id="plan", redis_conn_id=env["KBENCH_AF_REDIS_CONN"],
+            mode="reschedule" if deferrable else "poke", deferrable=deferrable, poke_interval=0.1,
+            timeout=600,
         )
+        plan >> traverse >> barrier
+''')
+
+# The same shape with plain Airflow (issue 29's baseline for the fixed cost per round): a Python
+# plan task returning one kwargs dict per range, mapped no-op Python tasks, and a deferrable
+# sensor whose trigger fires at once.
+BARE_DAG_SOURCE = textwrap.dedent('''\
+    """Bare benchmark DAG (written by benchmarks/metrics/airflow.py): Airflow alone, same shape."""
+
+    from __future__ import annotations
+
+    import datetime as dt
+    import os
+
+    from airflow.providers.standard.operators.python import PythonOperator
+    from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+    from airflow.sdk import DAG, BaseSensorOperator
+
+
+    def plan_ranges(ranges):
+        return [{"op_kwargs": {"range_id": i}} for i in range(int(ranges))]
+
+
+    def noop(range_id):
+        return None
+
+
+    class FiresAtOnce(BaseSensorOperator):
+        def execute(self, context):
+            self.defer(trigger=TimeDeltaTrigger(dt.timedelta(0)), method_name="done")
+
+        def done(self, context, event=None):
+            return None
+
+
+    env = os.environ
+    with DAG(dag_id=env["KBENCH_AF_DAG_ID"] + "_bare", schedule=None,
+             start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC), catchup=False) as dag:
+        plan = PythonOperator(task_id="plan", python_callable=plan_ranges,
+                              op_kwargs={"ranges": env["KBENCH_AF_RANGES"]})
+        traverse = PythonOperator.partial(task_id="traverse", python_callable=noop).expand_kwargs(
+            plan.output
+        )
+        barrier = FiresAtOnce(task_id="barrier", timeout=600)
         plan >> traverse >> barrier
 ''')
 
@@ -103,8 +149,10 @@ RUNNER_SOURCE = textwrap.dedent("""\
     import time
 
     started = time.perf_counter()
+    import importlib  # noqa: E402
+
     sys.path.insert(0, sys.argv[1])
-    import kbench_airflow_dag as module  # noqa: E402
+    module = importlib.import_module(sys.argv[3] if len(sys.argv) > 3 else "kbench_airflow_dag")
 
     imported = time.perf_counter()
     dr = module.dag.test()
@@ -144,6 +192,7 @@ def airflow_home(ctx: BenchContext) -> Path:
     atexit.register(shutil.rmtree, home, True)
     (home / "dags").mkdir()
     (home / "dags" / "kbench_airflow_dag.py").write_text(DAG_SOURCE)
+    (home / "dags" / "kbench_bare_dag.py").write_text(BARE_DAG_SOURCE)
     (home / "run_dag_test.py").write_text(RUNNER_SOURCE)
     airflow_bin = Path(sys.executable).with_name("airflow")
     cmd = [str(airflow_bin)] if airflow_bin.exists() else [sys.executable, "-m", "airflow"]
@@ -200,8 +249,18 @@ def _round_totals(ctx: BenchContext, stream: str, round_id: str = "r1") -> dict[
         client.close()
 
 
-def dag_test(ctx: BenchContext, table: str, rows: int, ranges: int) -> Sample:
-    """One ``dag.test()`` in a fresh process over ``(0, rows]`` with ``ranges`` ranges.
+def dag_test(
+    ctx: BenchContext,
+    table: str,
+    rows: int,
+    ranges: int,
+    *,
+    bare: bool = False,
+    deferrable: bool = False,
+) -> Sample:
+    """One ``dag.test()`` in a fresh process over ``(0, rows]`` with ``ranges`` ranges (``bare``:
+    the plain-Airflow DAG of the same shape, which reads nothing; ``deferrable``: the provider's
+    barrier defers instead of poking).
 
     ``seconds`` is the ``dag.test()`` call; extra: the process wall (Airflow import and DAG
     parse included), the mapped task count and the task instances' own durations."""
@@ -220,12 +279,14 @@ def dag_test(ctx: BenchContext, table: str, rows: int, ranges: int) -> Sample:
         "KBENCH_AF_END": str(rows),
         "KBENCH_AF_RANGES": str(ranges),
         "KBENCH_AF_CHUNK_SIZE": str(ctx.chunk_size),
+        "KBENCH_AF_DEFERRABLE": "1" if deferrable else "0",
     }
+    module = "kbench_bare_dag" if bare else "kbench_airflow_dag"
     out = home / f"result-{stream}.json"
     log_path = home / f"log-{stream}.txt"
     with Stopwatch() as sw, open(log_path, "w") as log_file:
         proc = subprocess.run(
-            [sys.executable, str(home / "run_dag_test.py"), str(home / "dags"), str(out)],
+            [sys.executable, str(home / "run_dag_test.py"), str(home / "dags"), str(out), module],
             cwd=procs.ROOT,
             env=env,
             stdout=log_file,
@@ -247,7 +308,9 @@ def dag_test(ctx: BenchContext, table: str, rows: int, ranges: int) -> Sample:
         raise RuntimeError(
             f"dag.test() over {rows} rows did not succeed: {res}\n{log_text[-3000:]}"
         )
-    totals = _round_totals(ctx, stream)
+    if bare and len(traverse) != ranges:
+        raise RuntimeError(f"dag.test() ran {len(traverse)} mapped tasks, expected {ranges}")
+    totals = {"state": "closed", "done": rows} if bare else _round_totals(ctx, stream)
     if totals["state"] != "closed" or totals["done"] != rows:
         raise RuntimeError(
             f"dag.test() round over {rows} rows: {totals}, expected closed with {rows} done"

@@ -984,7 +984,9 @@ def test_troubleshooting_quotes_runtime_errors(
         _quoted(
             _raised(lambda: t.plan(new_stream=True)),
             " transaction(s) open when the upper bound of '",
-            "(idle in transaction). A key they hold could fall inside the round, so no round was saved. Let them "
+            " application_name '",
+            " end it with SELECT pg_terminate_backend(",
+            ". A key they hold could fall inside the round, so no round was saved. Let them "
             "finish (or terminate them), or raise commit_wait_timeout.",
         )
         t.close()

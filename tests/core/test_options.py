@@ -47,6 +47,10 @@ BAD_VALUES = [
     ("target_chunk_seconds", 0),
     ("min_chunk_size", 0),
     ("max_chunk_size", 1.5),
+    ("max_chunk_size", 10_000_000),
+    ("chunk_size", 1_000_001),
+    ("max_chunk_bytes", 0),
+    ("max_chunk_bytes", 1.5),
     ("max_task_seconds", 0),
     ("max_task_seconds", "3600"),
 ]

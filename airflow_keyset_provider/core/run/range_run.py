@@ -38,9 +38,9 @@ from ..errors import (
 )
 from ..keys import display_key, encode_key
 from ..options import TraverseOptions
-from ..pace.adaptive import ChunkSizer
+from ..pace.adaptive import ChunkSizer, approx_row_bytes
 from ..pace.stream_control import Pace, Pacer
-from ..sql.source import release
+from ..sql.source import release, sample_rows
 from ..store.cursor_store import Claim
 from .commits import RangeCommits
 from .item_failures import IsolationStopped, ItemFailures
@@ -83,17 +83,21 @@ class RangeRun(RangeCommits):
         self.pacer = pacer
         self.yielded = ""  # set when the pacer ended the run early ("paused", "throttled")
         self.charged = 0  # rows_read already charged to the stream's budget
-        self.size = options.chunk_size  # rows of the next read (adaptive with a target)
+        # rows of the next read: chunk_size, capped by the byte budget, steered toward the target
+        # duration (``core/pace/adaptive.py``)
         self.sizer = (
             ChunkSizer(
                 options.chunk_size,
                 options.target_chunk_seconds,
                 options.min_chunk_size,
                 options.max_chunk_size,
+                options.max_chunk_bytes,
+                ctx.source.row_width() if options.max_chunk_bytes else None,
             )
-            if options.target_chunk_seconds is not None
+            if options.target_chunk_seconds is not None or options.max_chunk_bytes
             else None
         )
+        self.size = self.sizer.size if self.sizer is not None else options.chunk_size
         self.paced_at = time.monotonic()
         self.round_id, self.range_id, self.hi = round_id, range_id, hi
         # the verdict's shape is checked as the processor returns, before its transaction commits
@@ -243,6 +247,9 @@ class RangeRun(RangeCommits):
         ``item_failures``); None after a dependency failure (backed off) or a stop request."""
         self.rows_read += len(rows)
         last = encode_key(tuple(rows[-1][: self.arity]))
+        if self.sizer is not None and self.sizer.max_bytes:
+            # before the prefetch below: a chunk of wide rows shrinks the very next read
+            self.size = self.sizer.observe_width(approx_row_bytes(sample_rows(rows)))
         bound = self._bound(last)
         if self.pool is not None and last < bound:
             self.pending = self.pool.submit(self.source.fetch, last, bound, self.size)

@@ -67,6 +67,8 @@ def run_range(
     if claim.complete:
         return _already_complete(round_id, range_id, claim)
     check_retention(ctx, round_id, range_id, token, claim.cursor)
+    if ctx.source.connection_name is not None:  # a DBA sees which range each connection serves
+        ctx.source.connection_name.at_range(round_id, range_id)
     rng = {"lo": claim.lo, "hi": claim.hi}  # read by the claim (only this owner may split)
     log_claim(ctx, round_id, range_id, claim, rng)
     own_pacer = pacer is None

@@ -60,6 +60,17 @@ def release(rows: Sequence[tuple] | None) -> None:
         rows.close()
 
 
+def sample_rows(rows: Sequence[tuple], k: int = 8) -> list[tuple]:
+    """Up to ``k`` rows spread over ``rows``; of a ``FetchedRows`` nobody has read yet only its
+    last row (already a tuple: sampling never turns the driver's buffer into Python objects)."""
+    if isinstance(rows, FetchedRows) and rows._rows is None:
+        return [rows._last] if rows._n else []
+    n = len(rows)
+    if n <= k:
+        return list(rows)
+    return [rows[(i * n) // k] for i in range(k - 1)] + [rows[n - 1]]
+
+
 def driver_call(dialect: sa.Dialect, stmt: Any) -> tuple[str, Callable[[dict[str, Any]], Any]]:
     """Compile ``stmt`` once for this dialect: the SQL string and a function turning a dict of
     bound values into what the DBAPI cursor takes, converted by SQLAlchemy's bind processors."""

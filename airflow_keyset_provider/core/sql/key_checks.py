@@ -83,14 +83,30 @@ def check_dialect(src: Relation, db: Dialect | None) -> Dialect:
 
 
 def reflect_table(src: Relation) -> sa.Table:
-    """The table as the catalog describes it; refuses a missing table or column."""
+    """The table's columns (names, types, nullability) and primary key (in its own column order)
+    as the catalog describes them; refuses a missing table or column. Only what the checks and
+    the chunk query use is read: a full reflection (foreign keys, every index, constraints,
+    comments) cost ~2-4x more queries in every traverse task (docs/performance.md, issue 29)."""
     insp = sa.inspect(src.engine)
-    if not insp.has_table(src.table_name, schema=src.schema):
+    try:
+        columns = insp.get_columns(src.table_name, schema=src.schema)
+        pk = insp.get_pk_constraint(src.table_name, schema=src.schema)
+    except sa.exc.NoSuchTableError:
         raise KeyValidationError(
             f"table {src.qualified_name!r} does not exist (dialect {src.dialect}). Check the "
             "name and schema ('schema.table'), and that the connection points at the right database."
-        )
-    table = sa.Table(src.table_name, sa.MetaData(), schema=src.schema, autoload_with=src.engine)
+        ) from None
+    table = sa.Table(
+        src.table_name,
+        sa.MetaData(),
+        *[sa.Column(c["name"], c["type"], nullable=c["nullable"]) for c in columns],
+        *(
+            [sa.PrimaryKeyConstraint(*pk["constrained_columns"])]
+            if pk.get("constrained_columns")
+            else []
+        ),
+        schema=src.schema,
+    )
     missing = [c for c in src.column_names if c not in table.c]
     if missing:
         raise KeyValidationError(

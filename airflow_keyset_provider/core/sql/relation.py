@@ -12,10 +12,13 @@ of a validated source (``key_checks.validate`` reads only the catalog members be
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+
+if TYPE_CHECKING:
+    from .naming import ConnectionName
 
 
 class Relation(Protocol):
@@ -50,6 +53,8 @@ class Relation(Protocol):
     def commit_wait_timeout(self) -> float: ...
     @property
     def table(self) -> sa.Table: ...
+    @property
+    def connection_name(self) -> ConnectionName | None: ...  # what its connections are called
 
     def range_filter(self, has_lo: bool, on: Any = None) -> list[Any]:
         """``lo < key <= hi [AND where]`` with bound parameters ``c<i>`` / ``h<i>``."""

@@ -39,12 +39,13 @@ from ..errors import ConfigurationError
 from ..keys import MIN_KEY, decode_key, encode_key
 from ..redaction import url_error
 from ..row_data import hide_parameters
-from . import dialects, key_checks, sampling
+from . import dialects, key_checks, naming, sampling
 from .fetch import FetchedRows as FetchedRows  # re-exported: the fetcher moved to .fetch
 from .fetch import compile_fetcher
 from .fetch import driver_call as _driver_call_for
 from .fetch import materialize as materialize
 from .fetch import release as release
+from .fetch import sample_rows as sample_rows
 from .key_checks import _BYTE_ORDER_COLLATIONS as _BYTE_ORDER_COLLATIONS  # re-exported
 from .key_checks import SUPPORTED_DIALECTS as SUPPORTED_DIALECTS  # re-exported
 
@@ -56,11 +57,12 @@ STATEMENT_TIMEOUT_S = 600.0
 LOCK_TIMEOUT_S = 10.0
 
 
-def make_engine(url: str | Engine) -> Engine:
+def make_engine(url: str | Engine, name: naming.ConnectionName | None = None) -> Engine:
     """An autocommit engine: a traversal never holds a transaction (and so a snapshot) open
     between chunks. A bare ``postgresql://`` URL gets SQLAlchemy's default driver (psycopg 3 with
     SQLAlchemy 2.1); ``postgresql+psycopg2://`` selects psycopg2. Both work. An engine created
-    here runs its dialect's timeout statements on every new connection; a caller's is untouched."""
+    here runs its dialect's timeout statements on every new connection, and its connections carry
+    ``name`` (``naming``); a caller's is untouched."""
     if isinstance(url, Engine):
         return url.execution_options(isolation_level="AUTOCOMMIT")
     try:
@@ -71,6 +73,8 @@ def make_engine(url: str | Engine) -> Engine:
         raise ConfigurationError(
             url_error("source URL", url, exc)
         ) from None  # the cause may quote the password
+    if name is not None:
+        naming.name_connections(engine, name)
 
     @sa.event.listens_for(engine, "connect")
     def _timeouts(dbapi_conn: Any, _record: Any) -> None:
@@ -109,6 +113,7 @@ class SqlSource:
         where_params: dict[str, Any] | None = None,
         commit_wait_timeout: float = 60.0,
         retention_sql: str | None = None,
+        connection_name: naming.ConnectionName | None = None,
     ) -> None:
         if not isinstance(table, str) or not table.strip():
             raise ConfigurationError(
@@ -128,7 +133,9 @@ class SqlSource:
         ):
             raise ConfigurationError(f"columns must be a list of column names, got {columns!r}")
         self._owns_engine = not isinstance(url, Engine)  # never dispose a caller's engine
-        self.engine = make_engine(url)
+        #: what this source's connections are called (``naming``); moved by the run per range
+        self.connection_name = connection_name
+        self.engine = make_engine(url, connection_name)
         self.dialect = self.engine.dialect.name
         self.db = dialects.for_engine(self.engine.dialect)  # None: refused by validate
         schema, _, name = table.rpartition(".")
@@ -153,6 +160,8 @@ class SqlSource:
         self._conns: list[
             sa.Connection
         ] = []  # the hot path's autocommit connections, closed by close()
+        self._named = ""  # the name the held read connections carry
+        self._row_width: tuple[float] | None = None  # row_width(), once read
         self.last_sample_percent: float | None = None  # TABLESAMPLE SYSTEM percent of the last plan
 
     # ---- validation --------------------------------------------------------------------------
@@ -248,10 +257,27 @@ class SqlSource:
         """Rows with ``lo < key <= hi`` in key order, at most ``n``: one round trip. The result may
         be a ``FetchedRows`` (lazy); ``materialize`` it to get a list, ``release`` it when done."""
         has_lo = lo != MIN_KEY
+        name = self.connection_name
+        if name is not None and self._owns_engine and self._named != name.text:
+            self._rename_held(name)
         fetcher = self._fetchers.get(has_lo)
         if fetcher is None:
             fetcher = self._fetchers[has_lo] = self._compile_fetcher(has_lo)
         return fetcher(lo, hi, n)
+
+    def _rename_held(self, name: naming.ConnectionName) -> None:
+        """The held read connections follow the traversal to its new range: renamed in place
+        (PostgreSQL) or given back to the pool, whose checkout reopens them under the new name
+        (MariaDB with PyMySQL; ``naming``)."""
+        if naming.renames_in_place(self.engine):
+            for conn in self._conns:
+                naming.rename(conn.connection, name)
+        elif naming.names_at_connect(self.engine) and self._conns:
+            conns, self._conns = self._conns, []
+            self._fetchers.clear()
+            for held in conns:
+                held.close()
+        self._named = name.text
 
     def driver_call(self, stmt: Any) -> tuple[str, Callable[[dict[str, Any]], Any]]:
         """``fetch.driver_call`` for this source's dialect."""
@@ -390,6 +416,20 @@ class SqlSource:
         ``settle_seconds`` opts in (``Dialect.check_commit_order``)."""
         assert self.db is not None  # validated
         self.db.check_commit_order(self, conn)
+
+    def row_width(self) -> float | None:
+        """The catalog's average bytes of a row of the read columns (``Dialect.row_width``;
+        None without statistics), read once per source; never fails a run."""
+        if self._row_width is None:
+            width: float | None = None
+            try:
+                assert self.db is not None  # validated
+                with self.engine.connect() as conn:
+                    width = self.db.row_width(self, conn)
+            except Exception:  # an estimate only: the chunks' own rows take over
+                log.debug("no catalog row width for %s", self.qualified_name, exc_info=True)
+            self._row_width = (width or 0.0,)
+        return self._row_width[0] or None
 
     # ---- planning support --------------------------------------------------------------------
     def estimate_rows(self, lo: str, hi: str) -> int:

@@ -18,20 +18,24 @@ import sqlalchemy as sa
 from ..errors import ConfigurationError
 from ..redaction import url_error
 from ..row_data import hide_parameters
+from . import naming
 
 
-def make_target_engine(url: Any) -> sa.Engine:
+def make_target_engine(url: Any, name: naming.ConnectionName | None = None) -> sa.Engine:
     """A transactional engine on ``url`` (a URL or its string), with ``hide_parameters`` unless
-    row data may be logged. An ``Engine`` is used as given (its own isolation level and logging
-    settings)."""
+    row data may be logged, whose connections carry ``name`` (``naming``). An ``Engine`` is used
+    as given (its own isolation level, logging settings and connection names)."""
     if isinstance(url, sa.Engine):
         return url
     try:
-        return sa.create_engine(url, pool_pre_ping=True, hide_parameters=hide_parameters())
+        engine = sa.create_engine(url, pool_pre_ping=True, hide_parameters=hide_parameters())
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as exc:
         raise ConfigurationError(
             url_error("target URL", url, exc)
         ) from None  # the cause may quote the password
+    if name is not None:
+        naming.name_connections(engine, name)
+    return engine
 
 
 __all__ = ["make_target_engine"]

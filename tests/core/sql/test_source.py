@@ -102,3 +102,30 @@ def test_commit_order_timeout_names_the_transaction_and_saves_nothing(
         blocker.close()
     assert t.store.open_rounds() == []
     assert [k for k in redis_client.scan_iter(f"{key_prefix}:*") if not k.endswith(b":seq")] == []
+
+
+def test_validation_reads_only_what_the_checks_use(pg_engine, pg_schema_url):
+    """Every traverse task validates its source again, so validation's catalog reads are a
+    per-task cost (docs/performance.md, issue 29). It reads the columns, the primary key, the
+    unique indexes and the collations: a handful of statements, where a full SQLAlchemy table
+    reflection (foreign keys, every index and constraint, comments) took 13. The composite
+    primary key keeps its own column order (the index order), not the table's."""
+    with pg_engine.begin() as c:
+        c.exec_driver_sql(
+            "CREATE TABLE ev2 (payload text, id bigint NOT NULL, ts timestamptz NOT NULL, "
+            "PRIMARY KEY (ts, id))"
+        )
+    from airflow_keyset_provider.core.sql.source import SqlSource
+
+    src = SqlSource(pg_schema_url, "ev2", ["ts", "id"])
+    with src.engine.connect():
+        pass  # the dialect's first-connect queries are not validation's
+    statements: list[str] = []
+    sa.event.listen(src.engine, "before_cursor_execute", lambda *a, **k: statements.append(a[2]))
+    try:
+        src.validate()
+        assert [c.name for c in src.table.primary_key.columns] == ["ts", "id"]
+        assert src.key_kinds == ["timestamptz", "int"]
+    finally:
+        src.close()
+    assert len(statements) <= 6, statements

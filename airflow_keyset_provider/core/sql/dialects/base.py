@@ -116,6 +116,12 @@ class Dialect:
         if src.settle_seconds > 0:
             time.sleep(src.settle_seconds)
 
+    # ---- chunk sizing -----------------------------------------------------------------------
+    def row_width(self, src: Relation, conn: sa.Connection) -> float | None:
+        """The catalog's average bytes of a row of ``src``'s read columns, for the first chunk's
+        byte budget (None: no statistics; the chunks' own rows are measured either way)."""
+        return None
+
     # ---- the planner ------------------------------------------------------------------------
     def estimate_rows(
         self, src: Relation, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]

@@ -66,30 +66,70 @@ def _errno(exc: BaseException) -> int | None:
     return args[0] if args and isinstance(args[0], int) else None
 
 
-_OPEN_TRX = sa.text(
+_OPEN_TRX = (
     # Every InnoDB transaction of the server that may write (a session may write to any
     # database), not ours.
     # Identity: thread and start time (a read-only transaction's trx_id changes when it writes).
     # trx_query is not selected: it may hold a row's data.
     "SELECT t.trx_id, t.trx_mysql_thread_id, t.trx_started, t.trx_state, "
-    "       TIMESTAMPDIFF(SECOND, t.trx_started, NOW()), p.USER, p.HOST, p.DB "
+    "       TIMESTAMPDIFF(SECOND, t.trx_started, NOW()), p.USER, p.HOST, p.DB{extra} "
     "FROM information_schema.INNODB_TRX t "
     "LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
     "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() "
     # a lone autocommit SELECT (no FOR UPDATE) or a READ ONLY transaction writes no key
     "AND t.trx_autocommit_non_locking = 0 AND t.trx_is_read_only = 0"
 )
+_PLAIN = sa.text(_OPEN_TRX.format(extra=""))
+_NAMED = sa.text(
+    _OPEN_TRX.format(
+        extra=(
+            # the connection's name (PyMySQL's program_name, ``naming``) and whether it holds a
+            # metadata lock stronger than a read's on the source (a write, or a locking read:
+            # both last until the transaction ends)
+            ", (SELECT a.ATTR_VALUE FROM performance_schema.session_connect_attrs a "
+            "   WHERE a.PROCESSLIST_ID = t.trx_mysql_thread_id AND a.ATTR_NAME = 'program_name' "
+            "   LIMIT 1), "
+            "EXISTS (SELECT 1 FROM performance_schema.metadata_locks m "
+            "   JOIN performance_schema.threads th ON th.THREAD_ID = m.OWNER_THREAD_ID "
+            "   WHERE th.PROCESSLIST_ID = t.trx_mysql_thread_id AND m.OBJECT_TYPE = 'TABLE' "
+            "   AND m.OBJECT_SCHEMA = COALESCE(:schema, DATABASE()) AND m.OBJECT_NAME = :tbl "
+            "   AND m.LOCK_TYPE NOT IN ('SHARED', 'SHARED_HIGH_PRIO', 'SHARED_READ'))"
+        )
+    )
+)
+#: the performance schema records metadata locks (off by default on MariaDB: then a worker's
+#: writes cannot be told, and every transaction is waited for)
+_MDL_RECORDED = sa.text(
+    "SELECT @@performance_schema AND EXISTS (SELECT 1 FROM performance_schema.setup_instruments "
+    "WHERE NAME = 'wait/lock/metadata/sql/mdl' AND ENABLED = 'YES')"
+)
+_AUTO_INCREMENT = sa.text(
+    "SELECT EXTRA FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(:schema, DATABASE()) "
+    "AND TABLE_NAME = :tbl AND COLUMN_NAME = :col"
+)
 
 
-def open_transactions(conn: sa.Connection) -> dict[str, commit_order.Blocker]:
-    """InnoDB transactions open now, by identity (see ``_OPEN_TRX``)."""
+def open_transactions(
+    conn: sa.Connection, watch: tuple[str | None, str] | None = None
+) -> dict[str, commit_order.Blocker]:
+    """InnoDB transactions open now, by identity (see ``_OPEN_TRX``). ``watch`` (schema or None
+    for the connection's database, table): also read each one's ``program_name`` and whether it
+    holds a write lock on that table (``performance_schema``; check ``_MDL_RECORDED`` first)."""
     out = {}
-    for trx_id, thread, started, state, age, user, host, db in conn.execute(_OPEN_TRX):
+    if watch is None:
+        rows = [(*r, "", True) for r in conn.execute(_PLAIN)]
+    else:
+        rows = list(conn.execute(_NAMED, {"schema": watch[0], "tbl": watch[1]}))
+    for trx_id, thread, started, state, age, user, host, db, app, writes in rows:
         ident = f"{thread}@{started}" if thread else f"trx:{trx_id}"
+        named = f" program_name {app!r}" if watch is not None else ""
         out[ident] = commit_order.Blocker(
             ident,
-            f"thread {thread} user {user} host {host} database {db} transaction {trx_id} "
-            f"open for {int(age or 0)} s ({state}; end it with KILL {thread})",
+            f"thread {thread} user {user} host {host}{named} database {db} transaction {trx_id} "
+            f"open for {int(age or 0)} s ({state}{', writing the source' if writes and watch else ''}"
+            f"; end it with KILL {thread})",
+            app or "",
+            bool(writes),
         )
     return out
 
@@ -240,13 +280,50 @@ class MysqlDialect(Dialect):
         if not self.can_wait:
             super().settle(src, conn)
             return
+        skip, watch = self._other_streams_skip(src, conn)
+
+        def list_open(c: sa.Connection) -> dict[str, commit_order.Blocker]:
+            # the module's function looked up at each call (a benchmark narrows it)
+            return open_transactions(c, watch) if watch else open_transactions(c)
+
         commit_order.settle(
             conn,
             src.commit_wait_timeout,
             src.settle_seconds,
             src.qualified_name,
-            open_transactions,
+            list_open,
+            skip,
         )
+
+    def _other_streams_skip(
+        self, src: Relation, conn: sa.Connection
+    ) -> tuple[Any, tuple[str | None, str] | None]:
+        """Skip the provider's workers of other streams that do not write the source (see
+        ``commit_order``) when the first key column is ``AUTO_INCREMENT`` (its value is taken
+        when the row is written) and the performance schema shows connection names and
+        metadata locks; else wait for every transaction (None, None)."""
+        name = src.connection_name
+        if name is None:
+            return None, None
+        where = {"schema": src.schema, "tbl": src.table_name}
+        extra = conn.execute(_AUTO_INCREMENT, {**where, "col": src.key_names[0]}).scalar()
+        if "auto_increment" not in str(extra or "").lower():
+            return None, None
+        try:
+            recorded = bool(conn.execute(_MDL_RECORDED).scalar())
+        except sa.exc.DBAPIError as exc:
+            if _errno(exc) not in _NO_PRIVILEGE:
+                raise
+            recorded = False  # no SELECT on performance_schema
+        if not recorded:
+            return None, None
+        return commit_order.other_streams_reader(name.prefix), (src.schema, src.table_name)
+
+    def row_width(self, src: Relation, conn: sa.Connection) -> float | None:
+        """``AVG_ROW_LENGTH`` of the table (InnoDB: data length / estimated rows, all columns:
+        an estimate from above of the read columns); None for an empty or unknown table."""
+        width = mysql_catalog.table_figure(conn, src.schema, src.table_name, "AVG_ROW_LENGTH")
+        return width or None
 
     # ---- the planner ------------------------------------------------------------------------
     def estimate_rows(

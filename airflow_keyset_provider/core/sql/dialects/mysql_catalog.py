@@ -104,3 +104,14 @@ def column_types(
         {"schema": schema, "table": table, "cols": columns},
     )
     return [(str(c), str(t).lower(), str(ct)) for c, t, ct in rows]
+
+
+def table_figure(conn: sa.Connection, schema: str | None, table: str, figure: str) -> float:
+    """``TABLE_ROWS`` or ``AVG_ROW_LENGTH`` of the table (InnoDB estimates; 0 when unknown)."""
+    if figure not in ("TABLE_ROWS", "AVG_ROW_LENGTH"):
+        raise ValueError(figure)
+    found = conn.execute(
+        sa.text(f"SELECT {figure} FROM information_schema.TABLES {_WHERE}"),
+        {"schema": schema, "table": table},
+    ).scalar()
+    return float(found or 0)

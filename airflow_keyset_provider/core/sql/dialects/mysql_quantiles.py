@@ -111,7 +111,10 @@ def bisected_cuts(
         return []
     lo_v, hi_v = to_int(ends[0]), to_int(ends[1])
     between = _Estimates(src, conn, filt, params, from_int)
-    anchors = _anchors(lo_v, hi_v, between, _table_rows(src, conn) / 4)
+    from .mysql_catalog import table_figure
+
+    table_rows = table_figure(conn, src.schema, src.table_name, "TABLE_ROWS")
+    anchors = _anchors(lo_v, hi_v, between, table_rows / 4)
     sums = [0]
     for x, y in zip([None, *anchors[:-1]], anchors, strict=True):
         sums.append(sums[-1] + between(x, y))
@@ -227,17 +230,6 @@ def _last_keys_at(
         if row is not None:
             cuts.add(encode_key(tuple(row)))
     return sorted(cuts)
-
-
-def _table_rows(src: Relation, conn: sa.Connection) -> float:
-    rows = conn.execute(
-        sa.text(
-            "SELECT TABLE_ROWS FROM information_schema.TABLES "
-            "WHERE TABLE_SCHEMA = COALESCE(:s, DATABASE()) AND TABLE_NAME = :t"
-        ),
-        {"s": src.schema, "t": src.table_name},
-    ).scalar()
-    return float(rows or 0)
 
 
 def _anchors(

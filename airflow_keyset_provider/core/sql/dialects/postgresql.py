@@ -208,7 +208,37 @@ class PostgresqlDialect(Dialect):
             )
 
     def settle(self, src: Relation, conn: sa.Connection) -> None:
-        commit_order.settle(conn, src.commit_wait_timeout, src.settle_seconds, src.qualified_name)
+        """The wait of ``commit_order``; with a first key column fed by a sequence, the
+        provider's workers of other streams that do not write the source are not waited for."""
+        skip, rels = None, None
+        name = src.connection_name
+        if name is not None and src.key_kinds[0] in ("int", "decimal"):
+            fed = catalog.key_sequences(conn, src.rel, [src.key_names[0]])
+            if fed:
+                rels = commit_order.watched_relations(conn, src.rel)
+                skip = commit_order.other_streams_reader(name.prefix)
+
+        def list_open(c: sa.Connection) -> dict[str, commit_order.Blocker]:
+            return commit_order.open_transactions(c, rels)
+
+        commit_order.settle(
+            conn, src.commit_wait_timeout, src.settle_seconds, src.qualified_name, list_open, skip
+        )
+
+    def row_width(self, src: Relation, conn: sa.Connection) -> float | None:
+        """The sum of ``pg_stats.avg_width`` (ANALYZE's average stored width) of the read
+        columns; None unless every one has statistics."""
+        row = conn.execute(
+            sa.text(
+                "SELECT count(*), sum(s.avg_width) FROM pg_stats s "
+                "JOIN pg_class c ON c.relname = s.tablename "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = s.schemaname "
+                "WHERE c.oid = CAST(:rel AS regclass) AND s.attname = ANY(:cols)"
+            ),
+            {"rel": src.rel, "cols": list(src.column_names)},
+        ).one()
+        found, width = int(row[0] or 0), row[1]
+        return float(width) if found >= len(set(src.column_names)) and width else None
 
     def estimate_rows(
         self, src: Relation, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
