@@ -364,7 +364,7 @@ def main(
         err.write(f"airflow-keyset: {exc}\n")
         return exc.code
     except RoundStateLostError as exc:
-        err.write(f"airflow-keyset: round state lost: {exc}\n")
+        err.write(f"airflow-keyset: round state lost: {exc} (Redis read: {where(args)})\n")
         return EXIT_LOST
     except ReplayFailedError as exc:
         err.write(f"airflow-keyset: {exc}\n")
@@ -373,7 +373,7 @@ def main(
         err.write(f"airflow-keyset: refused: {exc}\n")
         return EXIT_REFUSED
     except RoundNotFoundError as exc:
-        err.write(f"airflow-keyset: {exc}\n")
+        err.write(f"airflow-keyset: {exc} (Redis read: {where(args)})\n")
         return EXIT_NOT_FOUND
     except ConfigurationError as exc:
         err.write(f"airflow-keyset: {exc}\n")

@@ -49,18 +49,40 @@ def connect_redis(args: argparse.Namespace) -> Any:
         if args.cluster:
             return redis.RedisCluster.from_url(url, socket_connect_timeout=5, socket_timeout=30)
         return redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30)
-    except (ValueError, redis.RedisError) as exc:
-        raise CliError(f"--redis-url {redact(url)!r} is not usable: {exc}", EXIT_USAGE) from exc
+    except (ValueError, redis.RedisError) as exc:  # its text may quote the URL: never shown
+        raise CliError(
+            f"--redis-url {redact(url)!r} is not usable ({type(exc).__name__}): expected "
+            "redis://[user:password@]host:port/db (a password with '#', '/' or '@' "
+            "percent-encoded)",
+            EXIT_USAGE,
+        ) from exc
+
+
+#: Query-string parameters of a Redis URL that carry a secret (redis-py reads ``password``).
+_SECRET_PARAMS = ("password", "pass", "pwd", "secret", "token", "auth")
 
 
 def redact(url: str) -> str:
-    """The URL without its password (for messages)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
-        return url
-    cred, _, host = rest.rpartition("@")
-    user = cred.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in cred else url
+    """The URL without its secrets, for messages: the userinfo's password and any secret
+    query parameter become ``***``; a URL that does not parse is never echoed. (A minimal local
+    redaction: the provider-wide one is being built on branch ``trust``.)"""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<a Redis URL that does not parse>"
+    if not parts.scheme:
+        return "<a Redis URL that does not parse>"
+    user = parts.username or ""
+    userinfo = f"{user}:***@" if parts.password is not None else (f"{user}@" if user else "")
+    query = urlencode(
+        [(k, "***" if k.lower() in _SECRET_PARAMS else v) for k, v in parse_qsl(parts.query)],
+        safe="*",
+    )
+    return urlunsplit((parts.scheme, f"{userinfo}{host}{port}", parts.path, query, ""))
 
 
 def where(args: argparse.Namespace) -> str:
@@ -95,11 +117,12 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
                 out,
                 {
                     "key_prefix": args.key_prefix,
+                    "redis": where(args),
                     "streams": [s.as_dict(with_rounds=False) for s in streams],
                 },
             )
         else:
-            render.render_streams(render.console(out), streams, args.key_prefix)
+            render.render_streams(render.console(out), streams, args.key_prefix, where(args))
         return EXIT_OK
     ctl = _control(args, require=False)
     if args.watch:
