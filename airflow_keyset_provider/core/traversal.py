@@ -273,9 +273,10 @@ class KeysetTraversal:
         processor: Processor,
         chunk_size: int = 1000,
         lease_seconds: float = 60,
-        max_chunk_attempts: int = 5,
+        max_chunk_attempts: int | None = None,
         max_item_attempts: int = 3,
         *,
+        retry_budget_seconds: float = 90.0,
         owner_lineage: str = "",
         claim_timeout: float | None = None,
         chunk_timeout: float | None = None,
@@ -299,7 +300,8 @@ class KeysetTraversal:
         leases), then takes over. ``owner_lineage`` names the logical worker (an Airflow task
         instance): a new attempt of the same lineage takes over at once, fencing the old one.
         Returns the range's cumulative counters. Raises ``DependencyFailedError`` after
-        ``max_chunk_attempts`` consecutive failures of one chunk (cursor unchanged),
+        ``retry_budget_seconds`` (90 s) of consecutive failures of one chunk, or
+        ``max_chunk_attempts`` of them when set (cursor unchanged),
         ``LeaseLostError`` when another worker took the range (or a processor call ran past
         ``chunk_timeout``, so this try gave the range up), ``RoundStateLostError`` when Redis
         lost the round. ``request_stop`` ends every wait (backoff, retry passes) at once: the call
