@@ -315,6 +315,13 @@ def _replay_command(add: Adder) -> None:
         default=None,
         help="base delay in seconds between item attempts (default 0.5)",
     )
+    p.add_argument(
+        "--retry-budget-seconds",
+        type=float,
+        default=None,
+        help="how long a range's failures in a row may last before the replay fails and puts "
+        "its letters back (default: the DAG's, else 90)",
+    )
 
 
 def _control_commands(add: Adder) -> None:

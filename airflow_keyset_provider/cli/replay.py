@@ -130,7 +130,12 @@ def cmd_replay(args: argparse.Namespace, out: TextIO) -> int:
     options.update(
         {
             name: value
-            for name in ("chunk_size", "max_item_attempts", "item_retry_delay")
+            for name in (
+                "chunk_size",
+                "max_item_attempts",
+                "item_retry_delay",
+                "retry_budget_seconds",
+            )
             if (value := getattr(args, name)) is not None
         }
     )

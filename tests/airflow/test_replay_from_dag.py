@@ -56,7 +56,7 @@ def test_a_decorator_round_is_replayed_through_the_dags_function_and_target(
     letters = ["dead-letters", "cancel_stale_orders", round_id, "--json"]
     letters += ["--redis-conn-id", "redis_default", "--key-prefix", airflow_env["prefix"]]
     before = json.loads(cli(*letters)[1])
-    code, out, err = cli(*replay, "--item-retry-delay", "0")
+    code, out, err = cli(*replay, "--item-retry-delay", "0", "--retry-budget-seconds", "2")
     assert code == 1 and "dead letters again, as they were" in err, err
     after = json.loads(cli(*letters)[1])
     assert after["dead_total"] == 4
