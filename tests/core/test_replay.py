@@ -1,4 +1,5 @@
-"""``KeysetTraversal.replay_dead_letters`` when the replay itself fails, on real PostgreSQL + Redis.
+"""``KeysetTraversal.replay_dead_letters`` when the replay itself fails, on real PostgreSQL + Redis
+(and what a processor that fails for every row is told).
 
 - A replay whose processor's dependency is down (``RetryableError`` on every call) raises
   ``ReplayFailedError`` naming how many letters went back, and the letters are dead letters again
@@ -19,7 +20,11 @@ import pytest
 from core_support import make_events, traversal
 
 from airflow_keyset_provider import ChunkResult, RetryableError
-from airflow_keyset_provider.core import ConfigurationError, ReplayFailedError
+from airflow_keyset_provider.core import (
+    ConfigurationError,
+    DependencyFailedError,
+    ReplayFailedError,
+)
 
 BROKEN = {7, 100, 250}
 
@@ -95,4 +100,27 @@ def test_a_replay_over_other_rows_is_refused_before_anything_moves(
     assert len(t.dead_letters(round_id, 0)) == 3
     assert json.loads(t.store.round_info(round_id)["source"])["where"] is None
     other.close()
+    t.close()
+
+
+def test_a_processor_raising_for_every_row_is_not_called_only_a_dependency_failure(
+    pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """A bug of the processor's own (a ``KeyError`` on every row, from the first chunk: no key
+    ever succeeded to probe with) ends as a dependency failure, as it must (the cursor stays):
+    the message says it may be the processor's own bug and how to tell. A failed read (the
+    source is the dependency) does not get that hint."""
+    make_events(pg_engine, list(range(1, 101)))
+    t = traversal(pg_schema_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=1)
+
+    def buggy(chunk):
+        return [row["no_such_column"] for row in chunk.rows]
+
+    with pytest.raises(DependencyFailedError) as err:
+        t.traverse(rnd.round_id, 0, buggy, chunk_size=20, max_chunk_attempts=2, backoff_base=0.001)
+    msg = str(err.value)
+    assert "KeyError" in msg and "the bug may be the processor's own" in msg, msg
+    assert "run_processor" in msg and "ChunkResult(failed=...)" in msg
+    assert "max_chunk_attempts=2 reached" in msg
     t.close()
