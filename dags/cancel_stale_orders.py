@@ -1,6 +1,7 @@
-"""Example 5: the decorator form. Orders still PENDING when the nightly round reaches them are
-cancelled with a reason, in the transaction the engine opens for each chunk (``target_conn_id``):
-the write and nothing else commits when the function returns; a raise rolls it back."""
+"""Example 5: the decorator form. Orders still PENDING a day after they were placed are
+cancelled with a reason when the nightly round reaches them, in the transaction the engine opens
+for each chunk (``target_conn_id``): the write and nothing else commits when the function
+returns; a raise rolls it back."""
 
 import datetime as dt
 
@@ -28,5 +29,6 @@ with DAG("cancel_stale_orders", schedule="@daily", start_date=dt.datetime(2026, 
         table="orders",
         key=["created_at", "id"],
         columns=["id", "created_at"],
-        where="status = 'PENDING'",
+        # unpaid for a day: an order placed a minute ago is still being paid
+        where="status = 'PENDING' AND created_at < now() - interval '1 day'",
     )

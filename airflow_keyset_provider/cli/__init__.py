@@ -2,7 +2,7 @@
 
 Reads the control state in Redis only (no database, no Airflow) for ``status``, ``ranges``,
 ``dead-letters`` and ``reset-round``; ``replay-dead-letters`` also reads the source table (which
-table, key and filter: from the round's record in Redis).
+table, key and filter: from the DAG's task or the command line, never from Redis).
 Airflow is imported only when a ``--*-conn-id`` option asks for an Airflow connection.
 
 Guarantees:
@@ -42,6 +42,7 @@ from ..core.errors import (
     ConfigurationError,
     KeysetError,
     LeaseHeldError,
+    ReplayFailedError,
     RoundNotFoundError,
     RoundStateLostError,
     StoreUnavailableError,
@@ -267,7 +268,8 @@ def _round_commands(add: Adder) -> None:
 def _replay_command(add: Adder) -> None:
     p = add(
         "replay-dead-letters",
-        "run a processor again over a round's dead letters (fenced, at-least-once)",
+        "run a processor again over a round's dead letters (fenced, at-least-once): the DAG's "
+        "own traverse task (--dag-id), or --processor with the source flags",
         cmd_replay,
     )
     p.add_argument("stream", metavar="STREAM", type=STREAM_ARG)
@@ -279,41 +281,72 @@ def _replay_command(add: Adder) -> None:
         metavar="N",
         help="only range N (default: every range)",
     )
-    p.add_argument("--source-url", default=None, help="SQLAlchemy URL of the source database")
-    p.add_argument(
-        "--source-conn-id", default=None, help="Airflow connection of the source (imports Airflow)"
+    g = p.add_argument_group(
+        "from the DAG",
+        "the DAG's traverse task gives the processor, target connection, exactly_once and "
+        "tuning; its plan gives the source, table, key, where, key prefix and Redis connection",
+    )
+    g.add_argument("--dag-id", default=None, help="the DAG that planned the round")
+    g.add_argument(
+        "--task-id", default=None, help="its traverse task, when it has several for the stream"
+    )
+    g.add_argument(
+        "--dag-file",
+        default=None,
+        help="the DAG's file or folder (default: Airflow's [core] dags_folder)",
     )
     g = p.add_argument_group(
-        "source overrides",
-        "the round keeps the table, key and where it was planned over; these flags override them",
+        "from the command line",
+        "without --dag-id; Redis is never read for the rows a replay reads: the round's record "
+        "is only compared with these",
     )
+    g.add_argument("--processor", default=None, metavar="pkg.mod:fn", help="the processor to run")
+    g.add_argument("--source-url", default=None, help="SQLAlchemy URL of the source database")
     g.add_argument(
-        "--table", default=None, help="table ('schema.table' allowed; default: the round's)"
+        "--source-conn-id", default=None, help="Airflow connection of the source (imports Airflow)"
     )
+    g.add_argument("--table", default=None, help="table ('schema.table' allowed)")
+    g.add_argument("--key", default=None, help="key column(s), comma-separated")
     g.add_argument(
-        "--key", default=None, help="key column(s), comma-separated (default: the round's)"
+        "--where", default=None, help="the round's where filter (with --dag-id: a templated one)"
     )
-    g.add_argument("--where", default=None, help="where filter (default: the round's)")
+    g.add_argument("--where-params", default=None, help="the where's parameters, a JSON object")
     g.add_argument(
         "--columns",
         default=None,
         help="columns the processor needs, comma-separated (default: every column of the table)",
     )
-    p.add_argument("--processor", required=True, metavar="pkg.mod:fn", help="the processor to run")
-    p.add_argument(
-        "--chunk-size", type=int, default=1000, help="keys per processor call (default %(default)s)"
+    g.add_argument(
+        "--target-url",
+        default=None,
+        help="SQLAlchemy URL of the database the processor writes to (chunk.connection)",
     )
+    g.add_argument("--target-conn-id", default=None, help="Airflow connection of that database")
+    g.add_argument(
+        "--exactly-once", action="store_true", help="the target's ledger (needs a target)"
+    )
+    p.add_argument(
+        "--chunk-size", type=int, default=None, help="keys per processor call (default: the "
+        "DAG's, else 1000)",
+    )  # fmt: skip
     p.add_argument(
         "--max-item-attempts",
         type=int,
-        default=3,
-        help="attempts per letter before it is dead-lettered again (default %(default)s)",
+        default=None,
+        help="attempts per letter before it is dead-lettered again (default: the DAG's, else 3)",
     )
     p.add_argument(
         "--item-retry-delay",
         type=float,
-        default=0.5,
-        help="base delay in seconds between item attempts (default %(default)s)",
+        default=None,
+        help="base delay in seconds between item attempts (default 0.5)",
+    )
+    p.add_argument(
+        "--retry-budget-seconds",
+        type=float,
+        default=None,
+        help="how long a range's failures in a row may last before the replay fails and puts "
+        "its letters back (default: the DAG's, else 90)",
     )
 
 
@@ -365,13 +398,16 @@ def main(
         err.write(f"airflow-keyset: {exc}\n")
         return exc.code
     except RoundStateLostError as exc:
-        err.write(f"airflow-keyset: round state lost: {safe_text(args, exc)}\n")
+        err.write(f"airflow-keyset: round state lost: {safe_text(args, exc)} (Redis read: {where(args)})\n")
         return EXIT_LOST
+    except ReplayFailedError as exc:
+        err.write(f"airflow-keyset: {exc}\n")
+        return EXIT_ERROR
     except LeaseHeldError as exc:
         err.write(f"airflow-keyset: refused: {safe_text(args, exc)}\n")
         return EXIT_REFUSED
     except RoundNotFoundError as exc:
-        err.write(f"airflow-keyset: {safe_text(args, exc)}\n")
+        err.write(f"airflow-keyset: {safe_text(args, exc)} (Redis read: {where(args)})\n")
         return EXIT_NOT_FOUND
     except ConfigurationError as exc:
         err.write(f"airflow-keyset: {safe_text(args, exc)}\n")

@@ -94,11 +94,12 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
                 out,
                 {
                     "key_prefix": args.key_prefix,
+                    "redis": where(args),
                     "streams": [s.as_dict(with_rounds=False) for s in streams],
                 },
             )
         else:
-            render.render_streams(render.console(out), streams, args.key_prefix)
+            render.render_streams(render.console(out), streams, args.key_prefix, where(args))
         return EXIT_OK
     ctl = _control(args, require=False)
     if args.watch:

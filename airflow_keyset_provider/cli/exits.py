@@ -15,8 +15,10 @@ EXIT_CODES: dict[int, str] = {
     EXIT_ERROR: "error: Redis unreachable, bad source or processor, unexpected failure",
     EXIT_USAGE: "usage: bad or missing arguments (including reset-round without --yes)",
     EXIT_INCOMPLETE: "round incomplete: --check found unfinished ranges, or a replay left dead letters",
-    EXIT_LOST: "round state lost: Redis no longer has the round (flushed, evicted, restarted)",
-    EXIT_NOT_FOUND: "not found: no such stream or round under this key prefix",
+    EXIT_LOST: "round state lost: the stream is in Redis but one of its rounds is not (evicted, "
+    "deleted)",
+    EXIT_NOT_FOUND: "not found: no such stream or round under this key prefix; also a Redis that "
+    "lost the stream's every key (it cannot be told from a typo)",
     EXIT_REFUSED: "refused: a live owner holds a range (reset-round without --force, replay)",
 }
 

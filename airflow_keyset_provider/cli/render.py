@@ -7,6 +7,7 @@ Renders ``core.status`` records only; every number and every duration comes from
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -19,6 +20,20 @@ from ..core.rounds.status import (
     iso_ms,
 )
 
+#: The width of output that is not a terminal and names none (``COLUMNS`` unset): wide enough
+#: that no table is ever cut (rich shrinks a table only to fit the width it is given).
+PIPE_WIDTH = 10_000
+
+
+def output_width(out: TextIO) -> int | None:
+    """The width tables are laid out in: a terminal's own (rich reads it, ``COLUMNS`` too);
+    elsewhere ``COLUMNS`` when set, else ``PIPE_WIDTH``: a pipe or a file gets every cell in
+    full, never ``ra…`` (rows are as long as their longest cell)."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return None if out.isatty() else PIPE_WIDTH
+
 
 def console(out: TextIO) -> Any:
     from rich.console import Console
@@ -26,7 +41,7 @@ def console(out: TextIO) -> Any:
     interactive = out.isatty()
     return Console(
         file=out,
-        width=None if interactive else 140,
+        width=output_width(out),
         no_color=not interactive,
         highlight=False,
         soft_wrap=True,
@@ -205,9 +220,14 @@ def control_line(snap: StreamStatus) -> str:
     return "; ".join(parts)
 
 
-def render_streams(con: Any, streams: Sequence[StreamStatus], prefix: str) -> None:
+def render_streams(
+    con: Any, streams: Sequence[StreamStatus], prefix: str, redis_label: str = ""
+) -> None:
+    """The streams table; ``redis_label`` (which Redis was read, password redacted) is named
+    when there is none."""
     if not streams:
-        con.print(f"no streams under key prefix {prefix!r}")
+        in_redis = f" in Redis {redis_label}" if redis_label else ""
+        con.print(f"no streams under key prefix {prefix!r}{in_redis}")
         return
     t = table()
     for c in ("stream", "watermark", "retention floor", "open rounds", "planned"):

@@ -1,13 +1,21 @@
 """``airflow-keyset replay-dead-letters``: run a processor again over a round's dead letters.
 
-What the traversal reads comes from the round itself: its hash in Redis keeps the source it was
-planned over (``table``, ``key``, ``where``, ``where_params``, ``dialect``), so the command needs
-only the database (``--source-url`` or ``--source-conn-id``) and the processor. ``--table``,
-``--key`` and ``--where`` override the stored values; the engine still refuses a traversal whose
-source differs from the round's, so an override can only say the same thing differently (e.g. a
-key column list) or fail loudly. The round does not store the extra columns its processor was
-given: without ``--columns`` the rows carry every column of the table (rows are mappings, so a
-processor that reads a subset by name gets what it read before).
+Redis is not a source of SQL: what the replay reads (table, key, ``where``, ``where_params``)
+comes from the DAG or from the command line, never from the round's record in Redis, which is
+only compared with it (the engine refuses a round planned over other rows before any letter
+moves). Two ways to say it:
+
+- ``--dag-id DAG`` (``--task-id``, ``--dag-file``): the DAG's own traverse task gives the
+  processor (``@task.keyset_traverse`` functions included), the target connection,
+  ``exactly_once`` and its tuning, and its plan gives the source connection, table, key,
+  ``where``, columns, key prefix and Redis connection (``cli/dag_task.py``). A templated ``where``
+  is not known outside a run: give it with ``--where`` (compared with the round's).
+- ``--processor pkg.mod:fn`` with ``--source-url``/``--source-conn-id``, ``--table``, ``--key``
+  and, if the round had one, ``--where`` (``--where-params`` as JSON); ``--target-url`` /
+  ``--target-conn-id`` give the processor ``chunk.connection`` and ``--exactly-once`` its ledger.
+
+A replay that fails puts the letters it moved and that did not reach a terminal state back in
+the dead letters, as they were, and says so (exit 1).
 """
 
 from __future__ import annotations
@@ -19,47 +27,67 @@ from typing import Any, TextIO
 
 import sqlalchemy as sa
 
-from ..core.rounds.control import StreamControl
-from ..core.store.cursor_store import CursorStore
+from ..core.errors import ConfigurationError
 from ..extras import PROVIDER_HOOKS, provider_hook
 from . import render
 from .commands import connect_redis
+from .dag_task import DagTraverse, dag_traverse, load_dag, templated
 from .exits import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE, CliError
 
 
 @dataclass(frozen=True)
 class ReplaySource:
-    """The source a replay traverses: the round's stored spec, then the flags over it."""
+    """The rows a replay reads, as the DAG or the command line says (never Redis)."""
 
     table: str
     key: list[str]
     where: str | None
     where_params: dict[str, Any] | None
-    dialect: str | None
     columns: list[str] | None  # None: every column of the table
 
     @classmethod
-    def resolve(cls, stored: Any, args: argparse.Namespace) -> ReplaySource:
-        """``stored`` is the round's ``source`` (a dict; a string or None from a round whose
-        spec cannot be read); each flag given wins over the stored value."""
-        spec = stored if isinstance(stored, dict) else {}
-        table = args.table or spec.get("table")
-        key = _split(args.key) if args.key else spec.get("key")
-        if not table or not key:
-            missing = [f for f, v in (("--table", table), ("--key", key)) if not v]
+    def from_flags(cls, args: argparse.Namespace) -> ReplaySource:
+        missing = [f for f, v in (("--table", args.table), ("--key", args.key)) if not v]
+        if missing:
             raise CliError(
-                f"round {args.round} does not record its source ({stored!r}); give "
-                + " and ".join(missing),
+                "give " + " and ".join(missing) + " (with --where if the round was planned "
+                "with one), or --dag-id to take them from the DAG: a replay never takes the "
+                "rows it reads from Redis",
                 EXIT_USAGE,
             )
-        where = args.where if args.where is not None else spec.get("where")
         return cls(
-            table=str(table),
-            key=[str(k) for k in ([key] if isinstance(key, str) else key)],
-            where=where or None,
-            where_params=spec.get("where_params") if args.where is None else None,
-            dialect=spec.get("dialect"),
+            table=args.table,
+            key=_split(args.key),
+            where=args.where or None,
+            where_params=_where_params(args),
             columns=_split(args.columns) if args.columns else None,
+        )
+
+    @classmethod
+    def from_dag(cls, task: DagTraverse, args: argparse.Namespace) -> ReplaySource:
+        for flag in ("table", "key", "columns", "where_params"):
+            if getattr(args, flag):
+                raise CliError(
+                    f"--{flag.replace('_', '-')} comes from the DAG with --dag-id", EXIT_USAGE
+                )
+        where = task.where
+        if args.where is not None:
+            if not templated([task.where]):
+                raise CliError("--where comes from the DAG with --dag-id", EXIT_USAGE)
+            where = args.where
+        elif templated([task.where, task.table]):
+            raise CliError(
+                f"DAG {task.dag_id!r} task {task.task_id!r} has a templated table or where "
+                f"({task.where!r}), rendered per run; give the round's rendered where with "
+                "--where (it is compared with the round's)",
+                EXIT_USAGE,
+            )
+        return cls(
+            table=task.table,
+            key=[task.key] if isinstance(task.key, str) else list(task.key),
+            where=where or None,
+            where_params=task.where_params,
+            columns=task.columns,
         )
 
 
@@ -67,13 +95,16 @@ def _split(raw: str) -> list[str]:
     return [part.strip() for part in raw.split(",") if part.strip()]
 
 
-def _stored_source(args: argparse.Namespace, client: Any) -> Any:
-    """The round's stored ``source`` (parsed JSON; None when the round has none). Raises the
-    engine's ``RoundNotFoundError`` / ``RoundStateLostError`` for an unknown or lost round."""
-    ctl = StreamControl(CursorStore(client, args.stream, prefix=args.key_prefix))
-    ctl.require_stream()
-    raw = ctl.store.round_info(args.round).get("source")
-    return _parsed(raw) if raw else None
+def _where_params(args: argparse.Namespace) -> dict[str, Any] | None:
+    if not args.where_params:
+        return None
+    try:
+        params = json.loads(args.where_params)
+    except ValueError as exc:
+        raise CliError(f"--where-params is not JSON: {exc}", EXIT_USAGE) from exc
+    if not isinstance(params, dict):
+        raise CliError("--where-params must be a JSON object", EXIT_USAGE)
+    return params
 
 
 def _all_columns(engine: sa.Engine, table: str) -> list[str]:
@@ -87,21 +118,88 @@ def _all_columns(engine: sa.Engine, table: str) -> list[str]:
 
 
 def cmd_replay(args: argparse.Namespace, out: TextIO) -> int:
-    from ..core.sql.source import make_engine
-    from ..core.traversal import KeysetTraversal, load_processor
+    from ..core.chunk import load_processor
 
-    processor = load_processor(args.processor)
-    client = connect_redis(args)
-    src = ReplaySource.resolve(_stored_source(args, client), args)
-    engine = make_engine(_source_engine(args))
-    if src.dialect and engine.dialect.name != src.dialect:
-        raise CliError(
-            f"round {args.round} was planned over a {src.dialect} table; the source given is "
-            f"{engine.dialect.name}",
-            EXIT_USAGE,
+    if args.dag_id:
+        t, processor, options = _from_dag(args)
+    else:
+        if not args.processor:
+            raise CliError("give --processor pkg.mod:fn, or --dag-id to use the DAG's", EXIT_USAGE)
+        processor = load_processor(args.processor)
+        t, options = _from_flags(args), {"exactly_once": args.exactly_once}
+    options.update(
+        {
+            name: value
+            for name in (
+                "chunk_size",
+                "max_item_attempts",
+                "item_retry_delay",
+                "retry_budget_seconds",
+            )
+            if (value := getattr(args, name)) is not None
+        }
+    )
+    try:
+        results = t.replay_dead_letters(
+            args.round,
+            processor=processor,
+            range_id=args.range,
+            owner_lineage=f"airflow-keyset/replay/{args.stream}/{args.round}",
+            **options,
         )
+    finally:
+        t.close()
+    return _report(args, out, [r.as_dict() for r in results])
+
+
+def _from_dag(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+    """The traversal, processor and options of the DAG's traverse task (``dag_task.py``)."""
+    from ..core.chunk import load_processor
+    from ..hooks.keyset import KeysetHook
+
+    for flag in ("source_url", "source_conn_id", "target_url", "target_conn_id"):
+        if getattr(args, flag):
+            raise CliError(
+                f"--{flag.replace('_', '-')} comes from the DAG with --dag-id", EXIT_USAGE
+            )
+    task = dag_traverse(load_dag(args.dag_id, args.dag_file), args.stream, args.task_id)
+    src = ReplaySource.from_dag(task, args)
+    processor = load_processor(args.processor or task.processor)
+    hook = KeysetHook(
+        task.source_conn_id,
+        args.redis_conn_id or task.redis_conn_id,
+        task.checkpoint_conn_id,
+        task.target_conn_id,
+    )
+    args.key_prefix = task.key_prefix  # where the DAG's rounds live (for the report too)
+    try:
+        t = hook.traversal(
+            table=src.table,
+            key=src.key if len(src.key) > 1 else src.key[0],
+            stream=args.stream,
+            where=src.where,
+            where_params=src.where_params,
+            columns=src.columns,
+            key_prefix=task.key_prefix,
+        )
+    except ConfigurationError as exc:
+        raise CliError(f"DAG {task.dag_id!r} task {task.task_id!r}: {exc}", EXIT_USAGE) from exc
+    return t, processor, {**task.engine_options, "exactly_once": task.exactly_once}
+
+
+def _from_flags(args: argparse.Namespace) -> Any:
+    """The traversal the flags describe (``--source-*``, ``--target-*``, ``--table`` ...)."""
+    from ..core.sql.source import make_engine
+    from ..core.traversal import KeysetTraversal
+
+    src = ReplaySource.from_flags(args)
+    client = connect_redis(args)
+    engine = make_engine(_sql_engine(args, "source"))
+    target = _sql_engine(args, "target") if (args.target_url or args.target_conn_id) else None
+    if args.exactly_once and target is None:
+        raise CliError("--exactly-once needs --target-url or --target-conn-id", EXIT_USAGE)
     columns = src.columns if src.columns is not None else _all_columns(engine, src.table)
-    t = KeysetTraversal(
+    return KeysetTraversal(
         engine,
         src.table,
         src.key if len(src.key) > 1 else src.key[0],
@@ -111,42 +209,8 @@ def cmd_replay(args: argparse.Namespace, out: TextIO) -> int:
         columns=columns,
         redis_client=client,
         key_prefix=args.key_prefix,
+        target_url=target,
     )
-    try:
-        _refuse_other_rows(t, args)
-        results = t.replay_dead_letters(
-            args.round,
-            processor=processor,
-            range_id=args.range,
-            chunk_size=args.chunk_size,
-            max_item_attempts=args.max_item_attempts,
-            item_retry_delay=args.item_retry_delay,
-            owner_lineage=f"airflow-keyset/replay/{args.stream}/{args.round}",
-        )
-    finally:
-        t.close()
-        engine.dispose()
-    return _report(args, out, [r.as_dict() for r in results])
-
-
-def _refuse_other_rows(t: Any, args: argparse.Namespace) -> None:
-    """Refuse, before anything is written, a source that is not the round's. The engine checks
-    too, but only when it traverses: by then ``replay_dead_letters`` has moved the first range's
-    letters back into its retry set, where they would wait for the next traversal."""
-    raw = t.store.round_info(args.round).get("source")
-    if raw and _parsed(raw) != _parsed(t.source.fingerprint()):
-        raise CliError(
-            f"round {args.round} was planned over {raw}, not {t.source.fingerprint()}; replay it "
-            "with the same table, key and where (drop the overrides to use the round's own)",
-            EXIT_USAGE,
-        )
-
-
-def _parsed(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
 
 
 def _report(args: argparse.Namespace, out: TextIO, rows: list[dict[str, Any]]) -> int:
@@ -175,18 +239,19 @@ def _report(args: argparse.Namespace, out: TextIO, rows: list[dict[str, Any]]) -
     return EXIT_INCOMPLETE if still_dead else EXIT_OK
 
 
-def _source_engine(args: argparse.Namespace) -> Any:
-    """A SQLAlchemy URL or engine of the source: ``--source-conn-id`` (Airflow) or
-    ``--source-url``."""
-    if args.source_conn_id:
+def _sql_engine(args: argparse.Namespace, role: str) -> Any:
+    """A SQLAlchemy URL or engine of the source or target: ``--<role>-conn-id`` (Airflow) or
+    ``--<role>-url``."""
+    conn_id, url = getattr(args, f"{role}_conn_id"), getattr(args, f"{role}_url")
+    if conn_id:
         try:
             from airflow.sdk import BaseHook
         except ImportError as exc:  # pragma: no cover - Airflow is a dependency
-            raise CliError(f"--source-conn-id needs Apache Airflow: {exc}") from exc
+            raise CliError(f"--{role}-conn-id needs Apache Airflow: {exc}") from exc
         try:
-            conn = BaseHook.get_connection(args.source_conn_id)
+            conn = BaseHook.get_connection(conn_id)
         except Exception as exc:
-            raise CliError(f"Airflow connection {args.source_conn_id!r}: {exc}") from exc
+            raise CliError(f"Airflow connection {conn_id!r}: {exc}") from exc
         if conn.conn_type == "mysql":  # built from the fields: PyMySQL needs no mysql provider
             from ..hooks.mysql_url import mysql_url
 
@@ -197,8 +262,8 @@ def _source_engine(args: argparse.Namespace) -> Any:
             return conn.get_hook().get_sqlalchemy_engine()
         except Exception as exc:
             raise CliError(
-                f"Airflow connection {args.source_conn_id!r} is not usable as a SQL source: {exc}"
+                f"Airflow connection {conn_id!r} is not usable as a SQL {role}: {exc}"
             ) from exc
-    if not args.source_url:
-        raise CliError("give --source-url (a SQLAlchemy URL) or --source-conn-id", EXIT_USAGE)
-    return args.source_url
+    if not url:
+        raise CliError(f"give --{role}-url (a SQLAlchemy URL) or --{role}-conn-id", EXIT_USAGE)
+    return url

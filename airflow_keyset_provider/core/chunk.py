@@ -169,10 +169,28 @@ Processor = Callable[[Chunk], "ChunkResult | None"]
 ``RetryableError`` when a dependency fails. It must be idempotent (at-least-once delivery)."""
 
 
+#: The attribute through which a wrapper names the processor it wraps (``@task.keyset_traverse``
+#: sets it): the engine calls what it names, never the wrapper.
+PROCESSOR_ATTRIBUTE = "__keyset_processor__"
+
+
+def as_processor(processor: Any) -> Callable[..., Any]:
+    """The callable the engine calls for ``processor``: the function a wrapper names through
+    ``PROCESSOR_ATTRIBUTE`` (a ``@task.keyset_traverse`` task), else ``processor`` itself;
+    ``ConfigurationError`` when it is not callable."""
+    fn = getattr(processor, PROCESSOR_ATTRIBUTE, processor)
+    if not callable(fn):
+        raise ConfigurationError(
+            f"processor must be callable (chunk) -> ChunkResult | None, got {processor!r}"
+        )
+    return fn
+
+
 def load_processor(ref: str | Callable[..., Any]) -> Callable[..., Any]:
-    """A callable, or ``"package.module:function"`` (also ``package.module.function``)."""
+    """A callable, or ``"package.module:function"`` (also ``package.module.function``); a
+    ``@task.keyset_traverse`` task gives its function (``as_processor``)."""
     if callable(ref):
-        return ref
+        return as_processor(ref)
     if not isinstance(ref, str) or not ref.strip():
         raise ConfigurationError(
             f"processor must be a callable or 'package.module:function', got {ref!r}"
@@ -189,6 +207,7 @@ def load_processor(ref: str | Callable[..., Any]) -> Callable[..., Any]:
             f"processor {ref!r}: cannot import module {module_name!r}: {exc}"
         ) from exc
     fn = getattr(module, attr, None)
+    fn = getattr(fn, PROCESSOR_ATTRIBUTE, fn)
     if not callable(fn):
         raise ConfigurationError(
             f"processor {ref!r}: module {module_name!r} has no callable {attr!r}"

@@ -100,6 +100,12 @@ class DependencyFailedError(KeysetError):
     at the last committed chunk; an Airflow retry (or a new ``traverse``) resumes from there."""
 
 
+class ReplayFailedError(KeysetError):
+    """A replay of dead letters failed (its ``__cause__`` says why). The letters it had moved
+    back and that did not reach a terminal state are dead letters again, as they were; the
+    message says how many, so the replay can be run again once the cause is fixed."""
+
+
 class RetentionError(KeysetError):
     """The source no longer retains rows the round still has to read (it was truncated past a
     range's cursor). The round is unrecoverable; it is never reported complete."""

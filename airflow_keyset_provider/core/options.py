@@ -41,9 +41,17 @@ class TraverseOptions:
     """How long a claim on the range lives without a heartbeat (at least 1); heartbeats renew it
     every third of it, so a worker that stops beating loses the range after this long."""
 
-    max_chunk_attempts: int = 5
+    max_chunk_attempts: int | None = None
     """Consecutive failures of one chunk (dependency failures: the cursor stays) before
-    ``DependencyFailedError`` is raised (positive integer)."""
+    ``DependencyFailedError`` is raised (positive integer); None (the default): no count, the
+    time budget ``retry_budget_seconds`` alone decides. With both, the first one spent ends it."""
+
+    retry_budget_seconds: float = 90.0
+    """How long one chunk's dependency failures in a row may last before
+    ``DependencyFailedError`` is raised (positive): backoffs are cut to what is left of it, and
+    each retry's log line says how much is left. The default outlives a database failover or
+    restart (30-60 s): the try waits it out with its cursor kept instead of failing on ``the
+    database system is starting up`` after a few seconds."""
 
     max_item_attempts: int = 3
     """Attempts of one failed item before it is dead-lettered and counted as dead (positive
@@ -157,9 +165,11 @@ class TraverseOptions:
     (docs/contract.md, "Exactly-once effects")."""
 
     def __post_init__(self) -> None:
+        if self.max_chunk_attempts is not None:
+            _check_integer("max_chunk_attempts", self.max_chunk_attempts)
+        _check_number("retry_budget_seconds", self.retry_budget_seconds)
         for name in (
             "chunk_size",
-            "max_chunk_attempts",
             "max_item_attempts",
             "group_commit_chunks",
             "min_chunk_size",

@@ -28,10 +28,8 @@ from typing import Any
 import redis
 import sqlalchemy as sa
 
-from .chunk import Processor, load_processor
-from .errors import (
-    ConfigurationError,
-)
+from .chunk import Processor, as_processor, load_processor
+from .errors import ConfigurationError, KeysetError, ReplayFailedError
 from .keys import MIN_KEY, KeyEncodingError, coerce_bound, decode_user_key, display_key, encode_key
 from .metrics import Metrics, NullMetrics
 from .options import DEFAULT_CHUNK_BYTES, TraverseOptions, call_options
@@ -300,9 +298,10 @@ class KeysetTraversal:
         processor: Processor,
         chunk_size: int = 1000,
         lease_seconds: float = 60,
-        max_chunk_attempts: int = 5,
+        max_chunk_attempts: int | None = None,
         max_item_attempts: int = 3,
         *,
+        retry_budget_seconds: float = 90.0,
         owner_lineage: str = "",
         claim_timeout: float | None = None,
         chunk_timeout: float | None = None,
@@ -327,7 +326,8 @@ class KeysetTraversal:
         leases), then takes over. ``owner_lineage`` names the logical worker (an Airflow task
         instance): a new attempt of the same lineage takes over at once, fencing the old one.
         Returns the range's cumulative counters. Raises ``DependencyFailedError`` after
-        ``max_chunk_attempts`` consecutive failures of one chunk (cursor unchanged),
+        ``retry_budget_seconds`` (90 s) of consecutive failures of one chunk, or
+        ``max_chunk_attempts`` of them when set (cursor unchanged),
         ``LeaseLostError`` when another worker took the range (or a processor call ran past
         ``chunk_timeout``, so this try gave the range up), ``RoundStateLostError`` when Redis
         lost the round. ``request_stop`` ends every wait (backoff, retry passes) at once: the call
@@ -339,7 +339,7 @@ class KeysetTraversal:
         group of chunks; the replay bound after a crash widens from one chunk to one group.
         """
         settings = call_options(locals(), options)  # the keywords above, or options=
-        _check_processor(processor)
+        processor = as_processor(processor)
         if not isinstance(progress_every_seconds, (int, float)) or progress_every_seconds < 0:
             raise ConfigurationError(
                 "progress_every_seconds must be a non-negative number, "
@@ -376,7 +376,7 @@ class KeysetTraversal:
         ``yielded`` (``"budget"`` after ``options.max_task_seconds``, or the pacer's reasons)
         or ``stopped``; raises what ``traverse`` raises for the range in hand.
         """
-        _check_processor(processor)
+        processor = as_processor(processor)
         self.source.ensure_validated()
         o = options or TraverseOptions()
         loop = PullLoop(self._context(None, o), round_id, processor, o, first_range, split, tasks)
@@ -422,18 +422,69 @@ class KeysetTraversal:
         (refused with ``LeaseHeldError`` while a live owner holds the range), then a normal
         ``traverse`` claims the range and processes them; items that fail again are dead-lettered
         again. The cursor is not moved. Every letter is kept, so every one can be replayed.
+
+        The round must have been planned over this traversal's source (table, key, ``where``,
+        ``where_params``): checked before anything moves, so Redis never decides which rows are
+        read. A range whose retries an earlier replay left pending (that process died) is
+        traversed too. A replay that fails puts the letters it moved and that did not reach a
+        terminal state back in the dead letters, as they were, and raises ``ReplayFailedError``
+        (saying how many went back) from the cause.
         """
+        processor = as_processor(processor)
         info = self.store.round_info(round_id)
+        self._check_replay_source(round_id, info)
         ids = range(int(info["n_ranges"])) if range_id is None else [range_id]
+        pending = {  # retries an earlier replay left: only they are left of the range
+            int(r["range_id"])
+            for r in self.store.ranges(round_id)
+            if int(r["retries"]) and r.get("cursor", r.get("hi")) == r.get("hi")
+        }
         results = []
         for i in ids:
-            moved = self.store.requeue_dead(round_id, i, limit)  # LeaseHeldError while held
-            if moved:
-                log.info("round %s range %d: replaying %d dead letter(s)", round_id, i, moved)
+            moved, letters = self.store.take_dead(round_id, i, limit)  # LeaseHeldError if held
+            if not moved and i not in pending:
+                continue
+            log.info("round %s range %d: replaying %d dead letter(s)", round_id, i, moved)
+            try:
                 results.append(self.traverse(round_id, i, processor, **traverse_kwargs))
+            except Exception as exc:
+                raise self._replay_failed(round_id, i, letters, moved, exc) from exc
         if info["state"] == RoundState.CLOSED and results:
             self.store.refresh_totals(round_id)
         return results
+
+    def _check_replay_source(self, round_id: str, info: dict[str, str]) -> None:
+        """Refuse, before any letter moves, a source that is not the round's (``traverse``
+        checks too, but only after the letters went back to the retry set)."""
+        fingerprint = self.source.fingerprint()
+        if info.get("source") != fingerprint:
+            raise ConfigurationError(
+                f"round {round_id} was planned over {info.get('source')}, not {fingerprint}; "
+                "replay it with the table, key and where of the DAG that planned it"
+            )
+
+    def _replay_failed(
+        self, round_id: str, range_id: int, letters: list[str], moved: int, exc: Exception
+    ) -> ReplayFailedError:
+        """Put back what a failed replay of one range moved; the error that says so."""
+        try:
+            back = self.store.restore_dead(round_id, range_id, letters)
+            where = f"{back} of the {moved} letter(s) it moved are dead letters again, as they were"
+        except KeysetError as restore_exc:
+            where = (
+                f"its {moved} letter(s) stay in the range's retry set ({restore_exc}); the next "
+                "traverse or replay of the range processes them"
+            )
+        if moved and not letters:
+            where = "its letters stay in the range's retry set; the next replay processes them"
+        state = self.store.round_info(round_id)["state"]
+        if state == RoundState.CLOSED:
+            self.store.refresh_totals(round_id)
+        log.error("round %s range %d: the replay failed; %s", round_id, range_id, where)
+        return ReplayFailedError(
+            f"round {round_id} range {range_id}: the replay failed ({type(exc).__name__}: {exc}); "
+            f"{where}. Fix the cause and run the replay again."
+        )
 
     def close_round(self, round_id: str) -> RoundTotals:
         return self.control.close_round(round_id)
@@ -445,13 +496,6 @@ class KeysetTraversal:
         self.source.close()
         if self.target is not None and not isinstance(self._target_url, sa.Engine):
             self.target.dispose()  # ours: made from a URL (a caller's Engine stays the caller's)
-
-
-def _check_processor(processor: Any) -> None:
-    if not callable(processor):
-        raise ConfigurationError(
-            f"processor must be callable (chunk) -> ChunkResult | None, got {processor!r}"
-        )
 
 
 __all__ = [

@@ -24,7 +24,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, TaskGroup
 
-from airflow_keyset_provider.core.chunk import load_processor
+from airflow_keyset_provider.core.chunk import PROCESSOR_ATTRIBUTE, load_processor
 from airflow_keyset_provider.core.options import OPTION_NAMES, TraverseOptions
 from airflow_keyset_provider.operators.plan import PlanRangesOperator
 from airflow_keyset_provider.operators.traverse import TraverseRangeOperator
@@ -70,6 +70,8 @@ class KeysetTraverseTask:
         self.function = function
         self.traverse_kwargs = traverse_kwargs
         functools.update_wrapper(self, function)
+        # the engine (and ``airflow-keyset replay-dead-letters``) calls this, never the task
+        setattr(self, PROCESSOR_ATTRIBUTE, function)
 
     def override(self, **traverse_kwargs: Any) -> KeysetTraverseTask:
         """The same processor with some operator arguments changed (``task_id``, ``retries``)."""

@@ -105,6 +105,28 @@ def _check_max_ranges(max_ranges: Any, max_tasks: Any = None) -> None:
         )
 
 
+def refuse_chained_backfill(context: Context, start_key: Any, dag_id: str, stream: str) -> None:
+    """A backfill run of a chained stream (no ``start_key``) is refused before anything is
+    planned: it would reuse the stream's open round or start at today's watermark, never the
+    run's data interval, so it would do nothing or the wrong keys and still be green. Raised as
+    ``AirflowFailException`` (no retry: a retry cannot fix it) naming the fix."""
+    if start_key is not None:
+        return
+    run_type = getattr(context.get("dag_run"), "run_type", None)
+    if str(getattr(run_type, "value", run_type)) != "backfill":
+        return
+    from airflow.sdk.exceptions import AirflowFailException
+
+    raise AirflowFailException(
+        f"DAG {dag_id!r} stream {stream!r}: this is a backfill run, but the plan has no "
+        "start_key, so its round continues the stream from its watermark (or is the open round "
+        "already planned), not this run's data interval: the backfill would do nothing for "
+        "its dates. Give the plan explicit bounds from the data interval, e.g. "
+        "start_key='{{ data_interval_start }}', end_key='{{ data_interval_end }}' for a "
+        "timestamp key (docs/howto-backfills.md), or backfill with a DAG that has them."
+    )
+
+
 def _typed_bound(t: KeysetTraversal, name: str, value: Any) -> Any:
     """A rendered bound read against the key columns (``"1000"`` -> ``1000`` for an integer key)."""
     if value is None:
@@ -244,6 +266,7 @@ class PlanRangesOperator(BaseOperator):
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
         stream = self.stream or self.dag_id
+        refuse_chained_backfill(context, self.start_key, self.dag_id, stream)
         key = list(self.key) if not isinstance(self.key, str) else self.key
         columns = list(self.columns) if self.columns is not None else None
         rnd, firsts = self._plan_round(context, stream, key, columns)

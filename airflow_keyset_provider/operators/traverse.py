@@ -66,6 +66,7 @@ _ENGINE_KNOBS = (
     "chunk_size",
     "lease_seconds",
     "max_chunk_attempts",
+    "retry_budget_seconds",
     "max_item_attempts",
     "chunk_timeout",
     "log_every_seconds",
@@ -155,6 +156,7 @@ class TraverseRangeOperator(BaseOperator):
     :param chunk_size: see ``TraverseOptions.chunk_size``.
     :param lease_seconds: see ``TraverseOptions.lease_seconds``.
     :param max_chunk_attempts: see ``TraverseOptions.max_chunk_attempts``.
+    :param retry_budget_seconds: see ``TraverseOptions.retry_budget_seconds``.
     :param max_item_attempts: see ``TraverseOptions.max_item_attempts``.
     :param claim_timeout: see ``TraverseOptions.claim_timeout``.
     :param chunk_timeout: see ``TraverseOptions.chunk_timeout``.
@@ -217,7 +219,8 @@ class TraverseRangeOperator(BaseOperator):
         key_prefix: str = "ks",
         chunk_size: int = 1000,
         lease_seconds: float = 60,
-        max_chunk_attempts: int = 5,
+        max_chunk_attempts: int | None = None,
+        retry_budget_seconds: float = 90.0,
         max_item_attempts: int = 3,
         claim_timeout: float | None = None,
         chunk_timeout: float | None = None,

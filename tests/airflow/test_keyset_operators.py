@@ -269,7 +269,10 @@ def test_bad_input_fails_the_task_at_once_with_a_clear_error(airflow_env, events
     ), tis
     failures = kt.FAILURES
     assert "KeyValidationError" in failures["non_unique_key"]
-    assert "key (user_id) of 'im_events' is not unique" in failures["non_unique_key"]
+    assert (
+        "key (user_id) of 'im_events' has no unique index on (user_id)"
+        in failures["non_unique_key"]
+    )
     assert (
         "source connection 'keyset_no_such_conn' is not defined" in failures["missing_connection"]
     )

@@ -1,9 +1,10 @@
-"""``replay-dead-letters`` takes its source from the round; ``status --watch`` streams plain text.
+"""``replay-dead-letters`` takes its source from the command line; ``status --watch`` streams
+plain text.
 
-- A round planned over ``schema.table`` with a ``where`` and ``where_params`` is replayed with no
-  ``--table``, ``--key``, ``--columns`` or ``--where``: the CLI reads the round's stored source,
-  and the processor gets every column of the table. A flag overrides the stored value, and the
-  engine refuses an override that describes another set of rows.
+- A round planned over ``schema.table`` with a ``where`` and ``where_params`` is replayed with
+  ``--table``, ``--key``, ``--where`` and ``--where-params`` (the processor gets every column of
+  the table); the round's record in Redis is only compared with them: a missing or different
+  where is refused before any letter moves, and SQL planted in the record never runs.
 - ``status --watch N --until-closed`` with stdout on a pipe writes one plain block per reading
   (no ANSI escape), flushed: the reader sees it while the round is still open, and the process
   ends by itself once the round closes.
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import subprocess
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+import sqlalchemy as sa
 from cli_support import POISON, LiveRound, make_events, poison_processor
 
 from airflow_keyset_provider.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
@@ -74,9 +77,12 @@ def process(chunk):
 """
 
 
-def test_replay_reads_table_key_and_where_from_the_round(
-    pg_round: LiveRound, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_replay_takes_the_rows_it_reads_from_the_command_line_never_from_redis(
+    pg_round: LiveRound, pg_schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Issue 28 item 3: the round's record in Redis is compared with what the command line says,
+    never run. A ``where`` planted in Redis (it calls ``nextval``) is not executed: the replay is
+    refused before any letter moves, and the sequence was never advanced."""
     (tmp_path / "fixed_dispatch.py").write_text(textwrap.dedent(FIXED))
     monkeypatch.syspath_prepend(str(tmp_path))
     before = pg_round.cli_json("dead-letters", "events-nightly", "r1")
@@ -84,32 +90,59 @@ def test_replay_reads_table_key_and_where_from_the_round(
 
     common = ["replay-dead-letters", "events-nightly", "r1", "--source-url", pg_round.source_url]
     common += ["--processor", "fixed_dispatch:process", "--item-retry-delay", "0"]
-    # an override that names other rows is refused by the engine, nothing replayed
-    code, _, err = pg_round.cli(*common, "--where", "seq <= 100")
+    rows = ["--table", f"{pg_schema}.events", "--key", "seq"]
+    where = ["--where", "seq <= :top", "--where-params", json.dumps({"top": TOP})]
+    # no table and key: Redis is not asked for them
+    code, _, err = pg_round.cli(*common)
+    assert code == EXIT_USAGE and "give --table and --key" in err, err
+    # the round had a where: without it (or with another) the replay is refused, nothing moved
+    for other in ([], ["--where", "seq <= 100"]):
+        code, _, err = pg_round.cli(*common, *rows, *other)
+        assert code == EXIT_USAGE and "planned over" in err, err
+        assert pg_round.cli_json("dead-letters", "events-nightly", "r1")["dead_total"] == 10
+
+    # someone with write access to Redis plants SQL in the round's record
+    store = pg_round.traversal.store
+    engine = sa.create_engine(pg_round.source_url)
+    with engine.begin() as c:
+        c.exec_driver_sql(f"CREATE SEQUENCE {pg_schema}.planted")
+    doc = json.loads(store.client.hget(store.round_key("r1"), "source"))
+    doc["where"] = f"seq <= :top AND nextval('{pg_schema}.planted') > 0"
+    store.client.hset(store.round_key("r1"), "source", json.dumps(doc, sort_keys=True))
+    code, _, err = pg_round.cli(*common, *rows, *where)
     assert code == EXIT_USAGE and "planned over" in err, err
+    with engine.connect() as c:
+        called = c.exec_driver_sql(f"SELECT is_called FROM {pg_schema}.planted").scalar()
+    assert called is False, "the where planted in Redis ran"
     assert pg_round.cli_json("dead-letters", "events-nightly", "r1")["dead_total"] == 10
 
-    doc = pg_round.cli_json(*common)  # no --table, --key, --columns, --where
-    assert doc["still_dead"] == 0, doc
-    assert sorted(r["range_id"] for r in doc["ranges"]) == [0, 1, 2]
+    doc["where"] = "seq <= :top"  # the round's own record again
+    store.client.hset(store.round_key("r1"), "source", json.dumps(doc, sort_keys=True))
+    out = pg_round.cli_json(*common, *rows, *where)  # no --columns: every column
+    engine.dispose()
+    assert out["still_dead"] == 0, out
+    assert sorted(r["range_id"] for r in out["ranges"]) == [0, 1, 2]
     assert pg_round.cli_json("dead-letters", "events-nightly", "r1")["dead_total"] == 0
     ranges = pg_round.cli_json("ranges", "events-nightly", "r1")["ranges"]
     assert sum(r["done"] + r["skipped"] for r in ranges) == TOP
 
 
-def test_replay_of_an_unknown_round_or_unrecorded_source(pg_round: LiveRound) -> None:
+def test_replay_of_an_unknown_round_or_unrecorded_source(
+    pg_round: LiveRound, pg_schema: str
+) -> None:
+    rows = ["--table", f"{pg_schema}.events", "--key", "seq"]
     code, _, err = pg_round.cli(
         "replay-dead-letters", "events-nightly", "r9", "--source-url", pg_round.source_url,
-        "--processor", "json:dumps",
+        "--processor", "json:dumps", *rows,
     )  # fmt: skip
     assert code == EXIT_NOT_FOUND and "no round 'r9'" in err, err
     store = pg_round.traversal.store
     store.client.hset(store.round_key("r1"), "source", "")
     code, _, err = pg_round.cli(
         "replay-dead-letters", "events-nightly", "r1", "--source-url", pg_round.source_url,
-        "--processor", "json:dumps",
+        "--processor", "json:dumps", *rows,
     )  # fmt: skip
-    assert code == EXIT_USAGE and "give --table and --key" in err, err
+    assert code == EXIT_USAGE and "planned over" in err, err
 
 
 def _lines(pipe: IO[str]) -> queue.Queue[str | None]:

@@ -901,6 +901,11 @@ def test_troubleshooting_quotes_key_validation_errors(
         "does not exist (dialect postgresql). Check the name and schema ('schema.table'), "
         "and that the connection points at the right database.",
     )
+    _quoted(  # a misspelt table: the closest names of the catalog
+        plan("evnets", "seq"),
+        "does not exist (dialect postgresql). Did you mean '",
+        "events'? Check the name and schema",
+    )
     _quoted(
         plan("events", "nope"),
         "column 'nope' does not exist in '",
@@ -914,8 +919,9 @@ def test_troubleshooting_quotes_key_validation_errors(
     )
     _quoted(
         plan("events_copy", "seq"),
-        "' is not unique: no primary key, unique constraint or unique index covers "
-        "it, so two rows could share a cursor position and one would be skipped. Fix: CREATE UNIQUE INDEX ON ",
+        "' has no unique index on (seq): no primary key, unique constraint or unique index "
+        "covers it, so its uniqueness is not proven and two rows could share a cursor position "
+        "and one would be skipped. Fix: CREATE UNIQUE INDEX ON ",
         " (seq), or add the primary key as the last key column, e.g. key=['created_at', 'id'].",
     )
     _quoted(

@@ -10,6 +10,15 @@ import sqlalchemy as sa
 
 from airflow_keyset_provider.core import KeysetTraversal, Round
 
+#: Traverse settings of tests that want failures fast: 5 attempts, backoffs of 10-20 ms.
+FAST = {
+    "max_chunk_attempts": 5,
+    "backoff_base": 0.01,
+    "backoff_max": 0.02,
+    "item_retry_delay": 0.01,
+    "prefetch": False,
+}
+
 
 def make_events(engine: sa.Engine, keys: list[int]) -> None:
     with engine.begin() as c:

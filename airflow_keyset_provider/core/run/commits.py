@@ -61,6 +61,7 @@ class RangeCommits:
     key_of: Callable[[tuple], Any]
     processor: Processor
     progress: ProgressLog
+    _failing_since: float | None = None  # monotonic time of the current failure streak's first
     round_id: str
     range_id: int
     token: str
@@ -144,30 +145,64 @@ class RangeCommits:
         )
 
     def _backoff(self, attempt: int, what: str, exc: BaseException) -> None:
+        """Wait before the next attempt after a dependency failure (``attempt``: failures in a
+        row, 1 starts the streak), or raise ``DependencyFailedError`` once the streak spent its
+        budget: ``retry_budget_seconds`` since its first failure, or ``max_chunk_attempts``
+        failures when set. A backoff never waits past the time budget."""
         self.ctx.metrics.incr("dependency.failure", tags=self.ctx.tags)
         cursor = display_key(self.state.cursor, self.arity)
         last = describe_exception(exc)  # a database error's class, never its values (db_reasons)
-        if attempt >= self.o.max_chunk_attempts:
+        now = time.monotonic()
+        since = self._failing_since
+        if attempt <= 1 or since is None:
+            since = self._failing_since = now
+        budget = self.o.retry_budget_seconds
+        elapsed = now - since
+        left = budget - elapsed
+        limit = self.o.max_chunk_attempts
+        if left <= 0 or (limit is not None and attempt >= limit):
+            self._failing_since = None
+            spent = (
+                f"max_chunk_attempts={limit} reached after {elapsed:.1f} s"
+                if limit is not None and attempt >= limit
+                else f"retry_budget_seconds={budget:g} spent"
+            )
             raise DependencyFailedError(
                 f"round {self.round_id} range {self.range_id}: {what} failed {attempt} times in a "
                 f"row (last: {last}); the cursor stays at {cursor}, nothing "
-                "was skipped. An Airflow retry (or a new traverse) resumes from there."
+                "was skipped. An Airflow retry (or a new traverse) resumes from there. The retry "
+                f"budget is spent ({spent})." + self._own_bug_hint(what)
             ) from exc
         delay = min(self.o.backoff_max, self.o.backoff_base * 2 ** (attempt - 1))
-        delay *= random.uniform(0.5, 1.0)
+        delay = min(delay * random.uniform(0.5, 1.0), left)
         log.warning(
-            "round %s range %d: %s failed (attempt %d/%d): %s; cursor stays at %s, "
-            "retrying in %.2f s",
+            "round %s range %d: %s failed (attempt %d%s, %.0f s of the %g s retry budget left): "
+            "%s; cursor stays at %s, retrying in %.2f s",
             self.round_id,
             self.range_id,
             what,
             attempt,
-            self.o.max_chunk_attempts,
+            f"/{limit}" if limit is not None else "",
+            left,
+            budget,
             last,
             cursor,
             delay,
         )
         self.ctx.stop.wait(delay)  # a stop request ends the wait; the caller then stops
+
+    @staticmethod
+    def _own_bug_hint(what: str) -> str:
+        """What to check when the failing "dependency" may be the processor itself."""
+        if "processor" not in what:
+            return ""
+        return (
+            " If the processor fails for every row (not only while a database or service is "
+            "down), the bug may be the processor's own: run it on one chunk with "
+            "airflow_keyset_provider.testing.run_processor, or read the first traceback in "
+            "this log; an exception that names the row should be raised per item "
+            "(ChunkResult(failed=...)), a real outage as RetryableError."
+        )
 
     def _commit(
         self,

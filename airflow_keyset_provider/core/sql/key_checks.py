@@ -14,9 +14,10 @@ and its ``Dialect`` (None for a database no module implements).
 
 from __future__ import annotations
 
+import difflib
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -93,8 +94,8 @@ def reflect_table(src: Relation) -> sa.Table:
         pk = insp.get_pk_constraint(src.table_name, schema=src.schema)
     except sa.exc.NoSuchTableError:
         raise KeyValidationError(
-            f"table {src.qualified_name!r} does not exist (dialect {src.dialect}). Check the "
-            "name and schema ('schema.table'), and that the connection points at the right database."
+            f"table {src.qualified_name!r} does not exist (dialect {src.dialect}).{_nearest(insp, src)}"
+            " Check the name and schema ('schema.table'), and that the connection points at the right database."
         ) from None
     table = sa.Table(
         src.table_name,
@@ -114,6 +115,20 @@ def reflect_table(src: Relation) -> sa.Table:
             f"{sorted(table.c.keys())}"
         )
     return table
+
+
+def _nearest(insp: Any, src: Relation) -> str:
+    """`` Did you mean 'orders'?`` for a misspelt table: the closest names of the catalog
+    (tables and views of the schema), or ""."""
+    try:
+        names = [*insp.get_table_names(schema=src.schema), *insp.get_view_names(schema=src.schema)]
+    except sa.exc.SQLAlchemyError:  # a catalog we may not read: no suggestion, same refusal
+        return ""
+    close = difflib.get_close_matches(src.table_name, names, n=3, cutoff=0.6)
+    if not close:
+        return ""
+    prefix = f"{src.schema}." if src.schema else ""
+    return " Did you mean " + " or ".join(repr(prefix + n) for n in close) + "?"
 
 
 def check_not_null(
@@ -161,9 +176,10 @@ def check_unique_and_indexed(src: Relation, db: Dialect, table: sa.Table) -> Non
         ]
         why = "".join(f" Unique index {ix.name!r} does not count: it {ix.defect}." for ix in near)
         raise KeyValidationError(
-            f"key ({listed}) of {src.qualified_name!r} is not unique: no primary key, unique "
-            "constraint or unique index covers it, so two rows could share a cursor position and "
-            f"one would be skipped. Fix: CREATE UNIQUE INDEX ON {src.qualified_name} ({listed}), or "
+            f"key ({listed}) of {src.qualified_name!r} has no unique index on ({listed}): no "
+            "primary key, unique constraint or unique index covers it, so its uniqueness is not "
+            "proven and two rows could share a cursor position and one would be skipped. Fix: "
+            f"CREATE UNIQUE INDEX ON {src.qualified_name} ({listed}), or "
             f"add the primary key as the last key column, e.g. key=['created_at', 'id'].{why}"
         )
     if not any(p[: src.arity] == src.key_names for p in ordered_prefixes):

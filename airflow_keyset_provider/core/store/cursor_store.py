@@ -114,7 +114,7 @@ The states written here (``open``/``closed``/``unrecoverable`` for rounds, ``pen
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
@@ -141,6 +141,7 @@ from .scripts import (
     HEARTBEAT,
     RELEASE,
     REQUEUE_DEAD,
+    RESTORE_DEAD,
 )
 from .server import CLUSTER_SCHEMES, check_eviction_policy, connect_redis
 
@@ -179,6 +180,7 @@ class CursorStore(RoundWrites, RangePull):
         self._advance = reg(ADVANCE)
         self._release = reg(RELEASE)
         self._requeue = reg(REQUEUE_DEAD)
+        self._restore_dead = reg(RESTORE_DEAD)
 
     # ---- the connection and the stream -----------------------------------------------------
     # ---- the stream's control hash ----------------------------------------------------------
@@ -305,21 +307,45 @@ class CursorStore(RoundWrites, RangePull):
     def requeue_dead(self, round_id: str, range_id: int, limit: int) -> int:
         """Move up to ``limit`` dead letters back to the retry set; returns how many. Raises
         ``LeaseHeldError`` (nothing moved) while a live owner holds the range."""
-        keys = [
-            self.range_key(round_id, range_id),
-            self.dead_key(round_id, range_id),
-            self.retry_key(round_id, range_id),
-        ]
-        res = self._call(self._requeue, keys, [limit, call_id()])
+        return self.take_dead(round_id, range_id, limit)[0]
+
+    def take_dead(self, round_id: str, range_id: int, limit: int) -> tuple[int, list[str]]:
+        """``requeue_dead``, also returning the letters moved as they were (JSON), for
+        ``restore_dead``: how many moved, and the letters (empty when a resent call found its
+        first run done: that run's reply had them)."""
+        res = self._call(self._requeue, self._dead_keys(round_id, range_id), [limit, call_id()])
+        self._refused(res, round_id, range_id, "replay it when that owner is done")
+        letters = [_s(raw) for raw in res[2]] if len(res) > 2 else []
+        return int(res[1]), letters
+
+    def restore_dead(self, round_id: str, range_id: int, letters: Sequence[str]) -> int:
+        """Put back ``letters`` (from ``take_dead``) whose keys are still in the retry set, as
+        they were: a replay that failed leaves the range as it found it, less the letters that
+        reached a terminal state meanwhile. Returns how many went back; ``LeaseHeldError``
+        while a live owner holds the range (nothing moved: that owner resolves them)."""
+        if not letters:
+            return 0
+        res = self._call(self._restore_dead, self._dead_keys(round_id, range_id), list(letters))
+        self._refused(res, round_id, range_id, "its owner processes the replayed letters")
+        return int(res[1])
+
+    def _refused(self, res: Any, round_id: str, range_id: int, held_hint: str) -> None:
+        """Raise for a dead-letter script's refusal: ``lost`` or ``held`` (``held_hint``)."""
         status = _s(res[0])
         if status == "lost":
             raise RoundStateLostError(f"{self._where(round_id, range_id)} has no state")
         if status == "held":
             raise LeaseHeldError(
-                f"round {round_id} range {range_id} is held by {_s(res[1])}; "
-                "replay it when that owner is done"
+                f"round {round_id} range {range_id} is held by {_s(res[1])}; {held_hint}"
             )
-        return int(res[1])
+
+    def _dead_keys(self, round_id: str, range_id: int) -> list[str]:
+        """KEYS of the dead-letter scripts: the range hash, its dead list, its retry hash."""
+        return [
+            self.range_key(round_id, range_id),
+            self.dead_key(round_id, range_id),
+            self.retry_key(round_id, range_id),
+        ]
 
 
 def _advance_args(

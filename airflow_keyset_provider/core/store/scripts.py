@@ -66,6 +66,7 @@ REFRESH_TOTALS = load("refresh_totals.lua")
 RELEASE = load("release.lua")
 REQUEST_SPLIT = load("request_split.lua")
 REQUEUE_DEAD = load("requeue_dead.lua")
+RESTORE_DEAD = load("restore_dead.lua")
 RESTORE_ROUND = load("restore_round.lua")
 SNAPSHOT_RANGES = load("snapshot_ranges.lua")
 SPLIT = load("split.lua")
@@ -87,6 +88,7 @@ __all__ = [
     "RELEASE",
     "REQUEST_SPLIT",
     "REQUEUE_DEAD",
+    "RESTORE_DEAD",
     "RESTORE_ROUND",
     "SNAPSHOT_RANGES",
     "SPLIT",

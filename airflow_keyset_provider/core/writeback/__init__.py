@@ -40,7 +40,8 @@ Tables are ``sqlalchemy.Table`` objects or names (``"name"`` or ``"schema.name"`
 per engine and name. Identifiers are quoted by SQLAlchemy and every value is a bound parameter.
 Supported databases: PostgreSQL (psycopg2, psycopg 3), SQLite >= 3.35 (``RETURNING``), MariaDB
 >= 10.6 and MySQL >= 8.0 (PyMySQL; no ``UPDATE ... RETURNING``: each batch locks the rows it
-writes first, see ``backends/mysql.py``).
+writes first, see ``backends/mysql.py``). Older servers are refused; tested on MariaDB 10.11
+(docs/mysql.md says what is tested and what is stated from the documentation).
 
 The four helpers are one concept, "write a batch back and say what happened to each key"; the
 package keeps one module per helper and one per shared piece:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from core_support import make_events, traversal
+from core_support import FAST, make_events, traversal
 
 from airflow_keyset_provider.core import (
     Chunk,
@@ -29,7 +29,6 @@ from airflow_keyset_provider.core.keys import encode_key
 
 TROUBLE = Path(__file__).resolve().parents[3] / "docs" / "troubleshooting.md"
 BAD = set(range(21, 61))
-FAST = {"backoff_base": 0.01, "backoff_max": 0.02, "item_retry_delay": 0.01, "prefetch": False}
 
 
 def _dead_keys(t: Any, round_id: str) -> set[int]:

@@ -10,11 +10,9 @@ from collections import Counter
 from typing import Any
 
 import sqlalchemy as sa
-from core_support import make_events, traversal
+from core_support import FAST, make_events, traversal
 
 from airflow_keyset_provider.core import Chunk
-
-FAST = {"backoff_base": 0.01, "backoff_max": 0.02, "item_retry_delay": 0.01, "prefetch": False}
 
 
 def _dead_keys(t: Any, round_id: str, range_id: int = 0) -> dict[int, dict[str, Any]]:
