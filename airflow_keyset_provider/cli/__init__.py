@@ -398,7 +398,9 @@ def main(
         err.write(f"airflow-keyset: {exc}\n")
         return exc.code
     except RoundStateLostError as exc:
-        err.write(f"airflow-keyset: round state lost: {safe_text(args, exc)} (Redis read: {where(args)})\n")
+        err.write(
+            f"airflow-keyset: round state lost: {safe_text(args, exc)} (Redis read: {where(args)})\n"
+        )
         return EXIT_LOST
     except ReplayFailedError as exc:
         err.write(f"airflow-keyset: {exc}\n")
