@@ -20,11 +20,16 @@ then prints the failing world's steps, shrunk. Short mode (default) is part of `
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import random
+import sys
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import reliability_support as rs
@@ -38,7 +43,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from world_model import TARGETS, Servers, World, WorldConfig
+from world_model import TARGETS, Servers, Tainted, World, WorldConfig
 from world_support import CRASH_POINTS
 
 WORLDS = rs.trials(6, 200)
@@ -46,6 +51,7 @@ STEPS = rs.trials(40, 120)
 
 _SERVERS: Servers | None = None
 TOTALS: Counter[str] = Counter()
+TIMES: Counter[str] = Counter()  # seconds per rule (reported in verbose mode)
 
 
 @st.composite
@@ -66,6 +72,19 @@ def configs(draw: st.DrawFn) -> WorldConfig:
     )
 
 
+def judged(rule_fn: Callable[..., None]) -> Callable[..., None]:
+    """A rule of a tainted world (a tolerated known defect happened) does nothing."""
+
+    @functools.wraps(rule_fn)
+    def run(self: WorldModel, **kwargs: Any) -> None:
+        if self.world is None or self.world.tainted:
+            return
+        with contextlib.suppress(Tainted):
+            rule_fn(self, **kwargs)
+
+    return run
+
+
 class WorldModel(RuleBasedStateMachine):
     """One world per example; every rule is a no-op when it has nothing to act on (never a
     precondition on the engine's state, so a replayed example draws the same rules)."""
@@ -73,6 +92,7 @@ class WorldModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.world: World | None = None
+        self._last: tuple[str, float] | None = None
 
     @property
     def w(self) -> World:
@@ -86,20 +106,27 @@ class WorldModel(RuleBasedStateMachine):
         self.w.plan_chained()
 
     def _tick(self) -> None:
+        now = time.monotonic()
+        if self._last:
+            TIMES[self._last[0]] += now - self._last[1]
+        self._last = (sys._getframe(1).f_code.co_name, now)
         self.w.step += 1
 
     # -- plans and closes ---------------------------------------------------------------------
     @rule()
+    @judged
     def plan_chained(self) -> None:
         self._tick()
         self.w.plan_chained()
 
     @rule(a=st.integers(0, 10**6), b=st.integers(0, 10**6))
+    @judged
     def plan_explicit(self, a: int, b: int) -> None:
         self._tick()
         self.w.plan_explicit(a, b)
 
     @rule(pick=st.integers(0, 50))
+    @judged
     def close_round(self, pick: int) -> None:
         self._tick()
         rounds = self.w.open_rounds()
@@ -108,6 +135,7 @@ class WorldModel(RuleBasedStateMachine):
 
     # -- workers --------------------------------------------------------------------------------
     @rule(pick=st.integers(0, 50), pull=st.booleans(), rng=st.integers(0, 50))
+    @judged
     def start_worker(self, pick: int, pull: bool, rng: int) -> None:
         self._tick()
         rounds = self.w.open_rounds()
@@ -115,6 +143,7 @@ class WorldModel(RuleBasedStateMachine):
             self.w.start_worker(rounds[pick % len(rounds)], pull, rng)
 
     @rule(pick=st.integers(0, 50), n=st.integers(1, 12))
+    @judged
     def step_worker(self, pick: int, n: int) -> None:
         self._tick()
         live = self.w.live_workers()
@@ -125,6 +154,7 @@ class WorldModel(RuleBasedStateMachine):
                     self.w.step_worker(worker)
 
     @rule(rounds=st.integers(1, 6))
+    @judged
     def step_all(self, rounds: int) -> None:
         """Every live worker one chunk, in turn (the interleaving of a busy deployment)."""
         self._tick()
@@ -133,6 +163,7 @@ class WorldModel(RuleBasedStateMachine):
                 self.w.step_worker(worker)
 
     @rule(pick=st.integers(0, 50), point=st.sampled_from(CRASH_POINTS), n=st.integers(1, 8))
+    @judged
     def crash(self, pick: int, point: str, n: int) -> None:
         self._tick()
         live = self.w.live_workers()
@@ -140,6 +171,7 @@ class WorldModel(RuleBasedStateMachine):
             self.w.crash(live[pick % len(live)], point, n)
 
     @rule(pick=st.integers(0, 50))
+    @judged
     def stall(self, pick: int) -> None:
         self._tick()
         live = self.w.live_workers()
@@ -147,11 +179,13 @@ class WorldModel(RuleBasedStateMachine):
             self.w.stall(live[pick % len(live)])
 
     @rule()
+    @judged
     def lease_runs_out(self) -> None:
         self._tick()
         self.w.expire_dead()
 
     @rule(pick=st.integers(0, 50))
+    @judged
     def retry_lineage(self, pick: int) -> None:
         """A crashed task's next try: same lineage, takes its range over at once."""
         self._tick()
@@ -164,6 +198,7 @@ class WorldModel(RuleBasedStateMachine):
 
     # -- Redis, mirror, dependency ----------------------------------------------------------------
     @rule(pick=st.integers(0, 50), surfaced=st.booleans())
+    @judged
     def lose_reply(self, pick: int, surfaced: bool) -> None:
         self._tick()
         live = self.w.live_workers()
@@ -171,6 +206,7 @@ class WorldModel(RuleBasedStateMachine):
             self.w.lose_reply(live[pick % len(live)], surfaced)
 
     @rule(dice=st.integers(0, 3))
+    @judged
     def redis_loss(self, dice: int) -> None:
         """Rarer than the other rules (one draw in four): a world is mostly work."""
         self._tick()
@@ -178,43 +214,51 @@ class WorldModel(RuleBasedStateMachine):
             self.w.redis_loss()
 
     @rule()
+    @judged
     def replica_cut(self) -> None:
         self._tick()
         self.w.cut()
 
     @rule(dice=st.integers(0, 2))
+    @judged
     def failover(self, dice: int) -> None:
         self._tick()
         if dice == 0:
             self.w.failover()
 
     @rule(n=st.integers(1, 4))
+    @judged
     def mirror_outage(self, n: int) -> None:
         self._tick()
         self.w.mirror_outage(n)
 
     @rule(on=st.booleans())
+    @judged
     def dependency_outage(self, on: bool) -> None:
         self._tick()
         self.w.set_outage(on)
 
     @rule(pick=st.integers(0, 10**6))
+    @judged
     def poison_item(self, pick: int) -> None:
         self._tick()
         self.w.poison_key(pick)
 
     @rule(on=st.booleans())
+    @judged
     def pause(self, on: bool) -> None:
         self._tick()
         self.w.pause(on)
 
     # -- rows -------------------------------------------------------------------------------------
     @rule(gap=st.booleans(), pick=st.integers(0, 10**6))
+    @judged
     def insert_row(self, gap: bool, pick: int) -> None:
         self._tick()
         self.w.insert(gap, pick)
 
     @rule(pick=st.integers(0, 10**6), move=st.booleans())
+    @judged
     def remove_row(self, pick: int, move: bool) -> None:
         self._tick()
         self.w.remove(pick, move)
@@ -228,10 +272,12 @@ class WorldModel(RuleBasedStateMachine):
     def teardown(self) -> None:
         if self.world is None:
             return
+        began = time.monotonic()
         try:
-            if not self.w.violations:
+            if not self.w.violations and not self.w.tainted:
                 self.w.drive()
         finally:
+            TIMES["teardown (drive)"] += time.monotonic() - began
             TOTALS["worlds"] += 1
             TOTALS["steps"] += self.w.step
             TOTALS.update(self.w.faults.counts)
@@ -274,10 +320,14 @@ def test_one_world(servers: Servers, caplog: pytest.LogCaptureFixture) -> None:
         exc.add_note(f"reproduce: KEYSET_MODEL_SEED={seed} pytest {__file__}")
         raise
     finally:
-        faults = ", ".join(f"{k} {v}" for k, v in sorted(TOTALS.items()) if k not in ("worlds", "steps"))
+        faults = ", ".join(
+            f"{k} {v}" for k, v in sorted(TOTALS.items()) if k not in ("worlds", "steps")
+        )
         rs.record(
             "one-world model",
             trials=TOTALS["worlds"],
             note=f"seed {seed}; {TOTALS['steps']} steps; faults: {faults}",
         )
         print(f"one-world model: {dict(TOTALS)}")
+        if os.environ.get("KEYSET_MODEL_VERBOSE"):
+            print("seconds per rule:", {k: round(v, 1) for k, v in TIMES.most_common()})

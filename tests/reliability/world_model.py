@@ -25,8 +25,10 @@ The oracle, one for every rule:
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import tempfile
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -67,6 +69,17 @@ class ModelViolation(AssertionError):
     """The oracle saw a guarantee broken."""
 
 
+class Tainted(Exception):
+    """A tolerated known defect happened; the world is judged no further."""
+
+
+#: Defects the model finds on main that other branches fix (issue 27): id -> where it is fixed.
+KNOWN_DEFECTS = {
+    "silent-restart": "issue 27 item 10, branch durable",
+}
+TOLERATED = {d.strip() for d in os.environ.get("KEYSET_MODEL_TOLERATE", "").split(",") if d.strip()}
+
+
 # --------------------------------------------------------------------------- servers
 
 
@@ -81,14 +94,21 @@ class Servers:
         self.pg_admin = sa.create_engine(pg_url, poolclass=NullPool, isolation_level="AUTOCOMMIT")
         with self.pg_admin.connect() as conn:
             conn.exec_driver_sql(f'CREATE DATABASE "ksm_{self.tag}"')
-            conn.exec_driver_sql(f'CREATE SCHEMA "ksm_{self.tag}"')
         self.source_url = (
             sa.engine.make_url(pg_url)
             .set(database=f"ksm_{self.tag}")
             .render_as_string(hide_password=False)
         )
         self.source = sa.create_engine(self.source_url, isolation_level="AUTOCOMMIT")
-        self.pg_target_url = _services.with_search_path(pg_url, f"ksm_{self.tag}")
+        with self.pg_admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "ksmt_{self.tag}"')
+        # the PostgreSQL target and the mirror: a database of their own too, so a worker parked
+        # inside its transaction never holds up a plan of another test (or of the model)
+        self.pg_target_url = (
+            sa.engine.make_url(pg_url)
+            .set(database=f"ksmt_{self.tag}")
+            .render_as_string(hide_password=False)
+        )
         self.redis_url, self._stop_redis = redis_servers.start_redis()
         self.redis = redis.Redis.from_url(self.redis_url)
         self.tmp = Path(tempfile.mkdtemp(prefix="keyset-world-"))
@@ -135,7 +155,7 @@ class Servers:
         self._stop_redis()
         with self.pg_admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "ksm_{self.tag}" WITH (FORCE)')
-            conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "ksm_{self.tag}" CASCADE')
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "ksmt_{self.tag}" WITH (FORCE)')
         self.pg_admin.dispose()
         if self.mariadb_url is not None:
             admin = sa.create_engine(_services.mariadb_url_or_skip(), poolclass=NullPool)
@@ -172,6 +192,7 @@ class WorldConfig:
         return TraverseOptions(
             chunk_size=self.chunk,
             lease_seconds=LEASE_S,
+            chunk_timeout=3600,  # a parked worker is not hung: the model stalls workers itself
             claim_timeout=0,
             backoff_base=0.001,
             backoff_max=0.002,
@@ -214,7 +235,6 @@ class ModelRound:
     gen: int = 0  # Redis generation: a loss without a mirror hands the round ids out again
     closed: int | None = None
     lost: bool = False  # Redis lost it without a mirror: it can only be refused from now on
-
 
     @property
     def key(self) -> str:
@@ -267,6 +287,7 @@ class World:
         self.attempted: dict[str, set[int]] = {}  # keys handed to the processor, per round
         self.canaries = 0  # single-key calls of a key already processed (isolation's canary)
         self.violations: list[str] = []
+        self.tainted = False
         self.n_workers = 0
         self._setup_table()
         self.admin = self.traversal(redis.Redis.from_url(self.redis_url))
@@ -381,7 +402,9 @@ class World:
         with self.servers.source.connect() as conn:
             conn.execute(sa.text(sql), {"i": k})
         self.keys[k].gone = self.step
-        self.faults.counts["row moved out of where" if move and self.cfg.where else "row deleted"] += 1
+        self.faults.counts[
+            "row moved out of where" if move and self.cfg.where else "row deleted"
+        ] += 1
 
     # -- plans ----------------------------------------------------------------------------------
     def expected_end(self, start: int) -> int:
@@ -407,10 +430,11 @@ class World:
             return
         start, end = _dec(rnd.start_encoded), _dec(rnd.end_encoded)
         if expect_refusal and rnd.created:
-            self.fail(
+            self.known(
+                "silent-restart",
                 f"silent restart: Redis lost the stream (no mirror) and the next plan started a "
                 f"round ({start}, {end}] instead of refusing (the model's watermark is "
-                f"{self.watermark})"
+                f"{self.watermark})",
             )
             return
         open_chained = [r for r in self.rounds if r.chained and r.closed is None and not r.lost]
@@ -484,7 +508,14 @@ class World:
         return [w for w in self.workers if w.live]
 
     def step_worker(self, w: Worker) -> None:
+        began, gate = time.monotonic(), w.at_gate
         ended = w.step()
+        took = time.monotonic() - began
+        if took > 1.0:  # slow steps are reported (the model's figures), never asserted
+            self.faults.counts[f"slow step (>1 s) after {gate or 'start'}"] += 1
+            if os.environ.get("KEYSET_MODEL_VERBOSE"):
+                print(f"slow step {took:.1f}s: {w.name} {w.mode} from {gate!r} to {w.at_gate!r}")
+                print("\n".join(w.slow_stacks[-1:]))
         if ended is not None:
             self.judge_end(w, ended)
 
@@ -498,6 +529,8 @@ class World:
             return
         name = e.error.split(":", 1)[0]
         self.faults.counts[f"worker error: {name}"] += 1
+        if name == "LeaseLostError":  # fenced: the chunk it had in hand is the taker's again
+            self.faults.replay_events += 1
         explained = {
             "LeaseHeldError",  # claim_timeout=0: a live owner holds the range
             "LeaseLostError",  # its lease was run out and another took over
@@ -513,8 +546,7 @@ class World:
             explained |= {"RoundStateLostError"}
         if name not in explained:
             self.fail(
-                f"worker {w.name} ({w.mode}) ended with an unexplained error: {e.error}\n"
-                f"{e.result}"
+                f"worker {w.name} ({w.mode}) ended with an unexplained error: {e.error}\n{e.result}"
             )
 
     # -- faults ---------------------------------------------------------------------------------
@@ -565,7 +597,10 @@ class World:
         """The next script call of the worker runs on the server and its reply is lost: redis-py
         sends it again on a new connection (or, ``surfaced``, every retry loses it too)."""
         w.plan.fail(
-            LOST_REPLY, command="EVALSHA", times=4 if surfaced else 1, where=lambda _: w.switch.mine()
+            LOST_REPLY,
+            command="EVALSHA",
+            times=4 if surfaced else 1,
+            where=lambda _: w.switch.mine(),
         )
         self.faults.counts["lost reply (surfaced)" if surfaced else "lost reply"] += 1
         if surfaced:
@@ -669,13 +704,17 @@ class World:
         bad = self.poison | self.bombs
         missing = [k for k in stable if effects[k] == 0 and k not in dead]
         if missing:
-            self.fail(f"round {r.round_id} ({r.start}, {r.end}] closed without {len(missing)} key(s): {missing[:10]}")
+            self.fail(
+                f"round {r.round_id} ({r.start}, {r.end}] closed without {len(missing)} key(s): {missing[:10]}"
+            )
         outside = [k for k in effects if not r.start < k <= r.end]
         if outside:
             self.fail(f"round {r.round_id}: effects outside its bounds: {outside[:10]}")
         wrong_dead = [k for k in dead if k not in bad]
         if wrong_dead:
-            self.fail(f"round {r.round_id}: keys dead-lettered that never failed: {wrong_dead[:10]}")
+            self.fail(
+                f"round {r.round_id}: keys dead-lettered that never failed: {wrong_dead[:10]}"
+            )
         delivered_bad = [k for k in effects if k in bad and k not in dead]
         if [k for k in delivered_bad if k in self.bombs]:
             self.fail(f"round {r.round_id}: a poisoned row had an effect: {delivered_bad[:10]}")
@@ -746,6 +785,16 @@ class World:
             out.setdefault((rnd, int(k)), []).append(f"{worker}/range {rid}")
         return [f"{rnd} key {k}: {', '.join(v)}" for (rnd, k), v in list(out.items())[:n]]
 
+    def known(self, defect: str, message: str) -> None:
+        """A violation that a known defect explains (``KNOWN_DEFECTS``). It fails the world like
+        any other, unless ``KEYSET_MODEL_TOLERATE`` names the defect (to look past it for new
+        ones): then the world is counted as tainted, loudly, and judged no further."""
+        if defect in TOLERATED:
+            self.faults.counts[f"KNOWN DEFECT {defect} (tolerated)"] += 1
+            self.tainted = True
+            raise Tainted(message)
+        self.fail(f"[known defect {defect}: {KNOWN_DEFECTS[defect]}] {message}")
+
     def fail(self, message: str) -> None:
         self.violations.append(message)
         raise ModelViolation(f"world {self.name} {self.cfg}: {message}")
@@ -760,10 +809,14 @@ class World:
         for w in self.workers:
             w.switch.disarm()
             w.plan.rules.clear()
-        for w in self.live_workers():
-            for _ in range(100_000):
-                if not w.live:
-                    break
+        self.expire_dead()
+        for _ in range(100_000):  # every live worker one step in turn, until all ended
+            live = self.live_workers()
+            if not live:
+                break
+            for w in live:
+                if w.at_gate.startswith("split"):
+                    self.expire_dead()  # a dead owner never answers: its lease runs out
                 self.step_worker(w)
         for _ in range(4):
             self.expire_dead()
@@ -786,4 +839,3 @@ def _dec(encoded: str) -> int:
 
 def enc(k: int) -> str:
     return MIN_KEY if k == 0 else encode_key([k])
-

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import sys
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,10 +35,10 @@ from typing import Any
 
 import redis
 import sqlalchemy as sa
-from redis_faults import LOST_REPLY, FaultPlan, FaultyConnection, call_name
 from redis.backoff import NoBackoff
 from redis.connection import ConnectionPool
 from redis.retry import Retry
+from redis_faults import LOST_REPLY, FaultPlan, FaultyConnection, call_name
 
 from airflow_keyset_provider.core import KeysetTraversal
 from airflow_keyset_provider.core.chunk import Chunk, ChunkResult
@@ -44,11 +46,15 @@ from airflow_keyset_provider.core.errors import RetryableError
 from airflow_keyset_provider.core.options import TraverseOptions
 from airflow_keyset_provider.core.rounds.mirror import CheckpointMirror
 
-STEP_TIMEOUT_S = 120.0  # a worker that neither reaches a gate nor ends in this long is hung
-LEASE_S = 60.0  # a live worker never loses its lease by accident; the model runs leases out
+STEP_TIMEOUT_S = 120.0
+SLOW_STEP_S = 2.0  # a step this long: the worker's stack is kept (KEYSET_MODEL_VERBOSE prints it)  # a worker that neither reaches a gate nor ends in this long is hung
+# A live worker's heartbeat renews its lease every third of it, so it never loses it by
+# accident; the model runs leases out itself. Short, because a worker that waits on a lock a
+# parked one holds waits (its statements are bounded by the lease) that long.
+LEASE_S = 10.0
 
 
-class WorkerCrash(BaseException):  # noqa: N818 - a crash, not an error the engine may handle
+class WorkerCrash(BaseException):
     """The worker's process died at an injected point."""
 
 
@@ -115,13 +121,13 @@ class WorldPlan(FaultPlan):
         name, _ = call_name(args)
         sw = self.switch
         sw.check_alive(name)
-        if name not in ("PING", "SCRIPT", "HELLO", "AUTH", "SELECT", "CLIENT") and sw.mine():
-            if sw.point in (REDIS_BEFORE, REDIS_AFTER):
-                sw.countdown -= 1
-                if sw.countdown <= 0:
-                    if sw.point == REDIS_BEFORE:
-                        sw.die(f"{REDIS_BEFORE} {name}")
-                    return REDIS_AFTER, None
+        handshake = name in ("PING", "SCRIPT", "HELLO", "AUTH", "SELECT", "CLIENT")
+        if not handshake and sw.mine() and sw.point in (REDIS_BEFORE, REDIS_AFTER):
+            sw.countdown -= 1
+            if sw.countdown <= 0:
+                if sw.point == REDIS_BEFORE:
+                    sw.die(f"{REDIS_BEFORE} {name}")
+                return REDIS_AFTER, None
         return super().decide(args)
 
 
@@ -223,6 +229,7 @@ class Worker:
         self.tokens: set[str] = set()
         self.ended: Ended | None = None
         self.at_gate = ""
+        self.slow_stacks: list[str] = []  # where the worker was when a step took long
         self._go = threading.Semaphore(0)
         self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.thread = threading.Thread(target=self._main, name=f"world-{name}", daemon=True)
@@ -236,6 +243,7 @@ class Worker:
     def _hook(self) -> None:
         store, source, sw = self.t.store, self.t.source, self.switch
         real_claim, real_answer, real_fetch = store.claim, store.split_answer, source.fetch
+        real_request = store.request_split
 
         def claim(round_id: str, range_id: int, token: str, *a: Any, **kw: Any) -> Any:
             self.tokens.add(token)
@@ -247,11 +255,18 @@ class Worker:
                 self.gate("split answer")  # the owner answers when the model steps it
             return answer
 
+        def request_split(*a: Any, **kw: Any) -> Any:
+            answer = real_request(*a, **kw)
+            if answer == "busy" and sw.mine():
+                self.gate("split busy")  # another task's request is pending: it waits
+            return answer
+
         def fetch(*a: Any, **kw: Any) -> Any:
             sw.reach(FETCH)
             return real_fetch(*a, **kw)
 
         store.claim, store.split_answer, source.fetch = claim, split_answer, fetch  # type: ignore[method-assign]
+        store.request_split = request_split  # type: ignore[method-assign]
 
     # -- the thread ------------------------------------------------------------------------
     def gate(self, what: str) -> None:
@@ -274,8 +289,6 @@ class Worker:
         except WorkerCrash as exc:
             end = Ended("crashed", str(exc))
         except Exception as exc:
-            import traceback
-
             end = Ended("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
         self._events.put(("end", end))
 
@@ -298,7 +311,11 @@ class Worker:
         else:
             self._go.release()
         try:
-            kind, value = self._events.get(timeout=STEP_TIMEOUT_S)
+            try:
+                kind, value = self._events.get(timeout=SLOW_STEP_S)
+            except queue.Empty:
+                self.slow_stacks.append(self.stack())
+                kind, value = self._events.get(timeout=STEP_TIMEOUT_S)
         except queue.Empty:
             raise AssertionError(
                 f"worker {self.name} hung for {STEP_TIMEOUT_S} s after its gate {self.at_gate!r}"
@@ -310,6 +327,11 @@ class Worker:
         self.thread.join(STEP_TIMEOUT_S)
         self.close()
         return self.ended
+
+    def stack(self) -> str:
+        """Where the worker's thread is now (for a step that is slow)."""
+        frame = sys._current_frames().get(self.thread.ident or -1)
+        return "".join(traceback.format_stack(frame)[-8:]) if frame is not None else ""
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
