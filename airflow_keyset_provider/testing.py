@@ -196,7 +196,8 @@ def _run_round(
     key_prefix: str,
 ) -> ProcessorRun:
     """Plan one round, traverse its ranges one after the other, close it, collect dead letters."""
-    rnd = t.plan(max_ranges=max_ranges, start_key=start_key, end_key=end_key)
+    # a throwaway key prefix per run: always a new stream (core/rounds/durability.py)
+    rnd = t.plan(max_ranges=max_ranges, start_key=start_key, end_key=end_key, new_stream=True)
     results = [t.traverse(rnd.round_id, spec.range_id, fn, options=options) for spec in rnd.ranges]
     totals = t.close_round(rnd.round_id)
     letters = [

@@ -19,6 +19,7 @@ from .errors import (
     RoundNotFoundError,
     RoundStateLostError,
     StoreUnavailableError,
+    StreamStateLostError,
     UnsupportedKeyTypeError,
 )
 from .options import TraverseOptions
@@ -60,6 +61,7 @@ __all__ = [
     "RoundTotals",
     "StoreUnavailableError",
     "StreamControl",
+    "StreamStateLostError",
     "TraverseOptions",
     "UnsupportedKeyTypeError",
     "load_processor",

@@ -48,6 +48,13 @@ class RoundStateLostError(KeysetError):
     persistence). The engine never reads missing state as "nothing left to do"."""
 
 
+class StreamStateLostError(RoundStateLostError):
+    """A chained plan found no state of the stream in Redis that it could restore (from the
+    checkpoint mirror or a durable record such as Airflow's asset state), or found that Redis lost
+    the stream's open round: it refuses rather than start the stream again below every key
+    (``core/rounds/durability.py``). The message names the choices; nothing was written."""
+
+
 class RoundNotFoundError(KeysetError):
     """No round with that id exists for the stream."""
 

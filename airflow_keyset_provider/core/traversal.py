@@ -38,6 +38,7 @@ from .options import TraverseOptions, call_options
 from .pace.stream_control import ControlState, probe_timeout
 from .rounds import stream_key
 from .rounds.control import RangeSpec, Round, RoundTotals, StreamControl
+from .rounds.durability import StreamRecord, settle_stream
 from .rounds.mirror import CheckpointMirror
 from .rounds.planner import check_max_ranges, split
 from .rounds.status import RangeStatus, RoundState
@@ -144,6 +145,8 @@ class KeysetTraversal:
         round_key: str | None = None,
         exact_limit: int = 500_000,
         sample_rows: int = 50_000,
+        new_stream: bool = False,
+        record: StreamRecord | None = None,
     ) -> Round:
         """Fix a round ``start < key <= end`` and split it into at most ``max_ranges`` ranges.
 
@@ -154,15 +157,32 @@ class KeysetTraversal:
         the same key always returns the same round, open or closed. Validation happens before
         anything is written; a refused plan writes nothing. A stream whose key columns or their
         types changed since its watermark was written is refused (``core/rounds/stream_key.py``).
+
+        Durable by default (``core/rounds/durability.py``): a chained plan of a stream that Redis
+        has no state of is restored (from the checkpoint mirror, or from ``record``: what a
+        durable store outside Redis, such as Airflow's asset state, knows of the stream) or
+        refused with ``StreamStateLostError`` naming the choices, never started again below every
+        key without a word. ``new_stream=True`` says the stream is new: with no state in Redis
+        its first round starts below every key (logged as a new stream). A record that saw
+        nothing of the stream makes it new too; without a mirror or a record, the first plan of
+        a stream needs ``new_stream=True``.
         """
         check_max_ranges(max_ranges)
         self.store.ping()
         self.store.check_eviction_policy()
         self.source.validate()
         self.control.recover_stream()
+        chained = start_key is None
+        settle_stream(
+            self.store,
+            record,
+            chained=chained,
+            new_stream=new_stream,
+            arity=self.arity,
+            mirrored=self.mirror is not None,
+        )
         key = stream_key.fingerprint(self.source.key_names, self.source.key_kinds)
         stream_key.check(self.store, self.mirror, key)  # a foreign watermark never plans a round
-        chained = start_key is None
         existing = self.store.lookup(round_key, chained)
         if existing is not None:
             log.info(
@@ -437,6 +457,7 @@ __all__ = [
     "Round",
     "RoundPullResult",
     "RoundTotals",
+    "StreamRecord",
     "TraverseOptions",
     "load_processor",
 ]

@@ -40,6 +40,7 @@ PLAN_ARGUMENTS = (
     "max_tasks",
     "commit_wait_timeout",
     "settle_seconds",
+    "new_stream",
 )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context, conf
+from airflow.sdk import Asset, BaseOperator, Context, conf
 
 from airflow_keyset_provider.common import (
     ROUND_ID_XCOM_KEY,
@@ -27,6 +27,7 @@ from airflow_keyset_provider.core.rounds.control import RangeSpec
 from airflow_keyset_provider.core.rounds.plan_answer import first_answer
 from airflow_keyset_provider.core.rounds.planner import MAX_RANGES
 from airflow_keyset_provider.core.run.pull import first_positions
+from airflow_keyset_provider.durable_record import asset_name, read_record, record_planned
 from airflow_keyset_provider.hooks.keyset import KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
 
@@ -165,6 +166,12 @@ class PlanRangesOperator(BaseOperator):
     :param settle_seconds: other sources: seconds to wait after reading ``max(key)``.
     :param checkpoint_conn_id: a ``postgres``/``sqlite``/``mysql`` connection for the durable checkpoint
         mirror; passed on to the traverse tasks and the barrier.
+    :param new_stream: when Redis has no state of the stream, start it below every key whatever
+        Airflow's records say (a stream declared new; logged as such). By default a stream Redis
+        lost is restored from the asset state of ``keyset://<stream>`` (the barrier records each
+        close there; this task declares the asset as an inlet) or refused with
+        ``StreamStateLostError`` naming the choices; a stream Airflow never planned is new
+        (``core/rounds/durability.py``). Remove it once the stream has run.
     """
 
     template_fields: Sequence[str] = (
@@ -198,10 +205,13 @@ class PlanRangesOperator(BaseOperator):
         commit_wait_timeout: float = 60.0,
         settle_seconds: float = 0.0,
         checkpoint_conn_id: str | None = None,
+        new_stream: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         _check_max_ranges(max_ranges, max_tasks)
+        self.new_stream = new_stream
+        self._declare_stream_asset(stream)
         self.checkpoint_conn_id = checkpoint_conn_id
         self.source_conn_id = source_conn_id
         self.table = table
@@ -218,6 +228,17 @@ class PlanRangesOperator(BaseOperator):
         self.key_prefix = key_prefix if key_prefix is not None else configured_key_prefix()
         self.commit_wait_timeout = commit_wait_timeout
         self.settle_seconds = settle_seconds
+
+    def _declare_stream_asset(self, stream: str | None) -> None:
+        """Add ``keyset://<stream>`` to the inlets when the stream is known at parse time, so
+        Airflow registers the asset whose state store is the stream's durable record
+        (``airflow_keyset_provider.durable_record``)."""
+        name = stream if stream is not None else (self.dag_id if self.has_dag() else None)
+        if not isinstance(name, str) or not name or "{{" in name:
+            return
+        asset = Asset(asset_name(name))
+        if not any(isinstance(i, Asset) and i.name == asset.name for i in self.inlets):
+            self.inlets = [*self.inlets, asset]
 
     def execute(self, context: Context) -> list[dict[str, Any]]:
         stream = self.stream or self.dag_id
@@ -277,7 +298,17 @@ class PlanRangesOperator(BaseOperator):
                     t.source.validate()  # the key columns' types, to read rendered bounds
                     start = _typed_bound(t, "start_key", start)
                     end = _typed_bound(t, "end_key", end)
-                rnd = t.plan(self.max_ranges, start, end, round_key=run_key(context))
+                record = read_record(stream, t)
+                rnd = t.plan(
+                    self.max_ranges,
+                    start,
+                    end,
+                    round_key=run_key(context),
+                    new_stream=self.new_stream,
+                    record=record,
+                )
+                if start is None and record is not None:
+                    record_planned(stream, rnd)  # before the task succeeds: else it raises
                 tasks = self.max_tasks
                 if tasks is None:  # one range per task: no claim coalesces, no range splits
                     return rnd, None

@@ -24,6 +24,10 @@ barrier. Guarantees:
   cleared or retried barrier that succeeds again emits another event for the same round: consumers
   dedupe by ``round_id``. Outlets must be declared when the DAG is parsed (the scheduler only
   knows those), so nothing is added at run time.
+- Durable record: after each close the stream's watermark (encoded) and the round id go to the
+  asset state store of ``keyset://<stream>`` (``airflow_keyset_provider.durable_record``; the
+  plan task declares that asset as an inlet), with or without outlets: a plan after Redis lost
+  the stream restores the watermark from it instead of starting again below every key.
 - Modes: ``poke``, ``reschedule``, and ``deferrable=True`` (default from Airflow's
   ``[operators] default_deferrable``), which hands the wait to ``KeysetRoundTrigger`` in the
   triggerer; the worker closes the round when the trigger fires.
@@ -49,6 +53,7 @@ from airflow_keyset_provider.common import (
 from airflow_keyset_provider.core.keys import to_json
 from airflow_keyset_provider.core.rounds.control import StreamControl
 from airflow_keyset_provider.core.rounds.status import RoundState
+from airflow_keyset_provider.durable_record import record_closed
 from airflow_keyset_provider.hooks.keyset import AirflowStatsMetrics, KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
 from airflow_keyset_provider.triggers.keyset import BarrierEvent, KeysetRoundTrigger
@@ -270,6 +275,7 @@ class BarrierSensor(BaseSensorOperator):
         self, context: Context, ctl: StreamControl, round_id: str
     ) -> dict[str, Any]:
         out = self._close(ctl, round_id)
+        record_closed(ctl.stream, round_id, ctl.store.watermark(), ctl.store.key_fingerprint())
         self._publish_round(context, out)
         return out
 

@@ -30,7 +30,9 @@ t = KeysetTraversal(
     columns=["payload"],
     key_prefix=KEY_PREFIX,
 )
-rnd = t.plan(max_ranges=4)  # (watermark, max(seq)] in up to 4 ranges of about equal row counts
+# (watermark, max(seq)] in up to 4 ranges of about equal row counts. new_stream=True: the stream's
+# first plan; without it a stream Redis has no state of is restored or refused, never restarted
+rnd = t.plan(max_ranges=4, new_stream=True)
 print(f"round {rnd.round_id}: ({rnd.start_key}, {rnd.end_key}] in {len(rnd.ranges)} ranges")
 for spec in rnd.ranges:  # under Airflow, each range is one mapped task, run in parallel
     res = t.traverse(rnd.round_id, spec.range_id, process, chunk_size=1000)

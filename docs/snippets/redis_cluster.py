@@ -20,7 +20,7 @@ t = KeysetTraversal(
     redis_client=client,
     key_prefix=os.environ.get("KEYSET_KEY_PREFIX", "ks"),
 )
-rnd = t.plan(max_ranges=2)
+rnd = t.plan(max_ranges=2, new_stream=True)
 for spec in rnd.ranges:
     t.traverse(rnd.round_id, spec.range_id, lambda chunk: None)
 print(t.close_round(rnd.round_id).as_dict())

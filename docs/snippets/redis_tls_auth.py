@@ -23,5 +23,5 @@ t = KeysetTraversal(
     redis_client=client,
     key_prefix=os.environ.get("KEYSET_KEY_PREFIX", "ks"),
 )
-print(t.plan(max_ranges=2).round_id)
+print(t.plan(max_ranges=2, new_stream=True).round_id)
 t.close()

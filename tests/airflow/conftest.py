@@ -130,6 +130,7 @@ def airflow_env(
     monkeypatch.setenv("AIRFLOW_CONN_KEYSET_EXAMPLES_DB", postgres_conn(pg_url, pg_schema))
     monkeypatch.setenv("AIRFLOW_CONN_REDIS_DEFAULT", redis_conn(redis_url))
     _services.delete_prefix(redis_url, SESSION_PREFIX)
+    forget_stream_records()
     yield {
         "home": airflow_home,
         "prefix": SESSION_PREFIX,
@@ -137,3 +138,20 @@ def airflow_env(
         "schema": pg_schema,
     }
     _services.delete_prefix(redis_url, SESSION_PREFIX)
+    forget_stream_records()
+
+
+def forget_stream_records() -> None:
+    """Delete the streams' durable records in Airflow (the asset state of every ``keyset://``
+    asset, ``airflow_keyset_provider.durable_record``): each test's streams start new, as their
+    Redis prefix does (the session's metadata database outlives a test)."""
+    import sqlalchemy as sa
+    from airflow.models.asset import AssetModel
+    from airflow.models.asset_state_store import AssetStateStoreModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        ids = sa.select(AssetModel.id).where(AssetModel.name.like("keyset://%"))
+        session.execute(
+            sa.delete(AssetStateStoreModel).where(AssetStateStoreModel.asset_id.in_(ids))
+        )

@@ -297,3 +297,49 @@ with DAG("kt_pause", schedule=None, start_date=START, catchup=False) as kt_pause
         prefetch=False,
         on_failure_callback=record_failure,
     ).expand_kwargs(plan.output)
+
+
+# Durable by default (core/rounds/durability.py): no checkpoint mirror; the plan reads the stream's
+# record in Airflow's asset state (keyset://kt_durable, an inlet it declares itself) when Redis lost
+# the stream. SEEN counts every key delivered; LOSE_AT set by a test makes Redis lose the stream's
+# keys after that many chunks of range 0 (mid-round).
+SEEN: Counter[int] = Counter()
+LOSE_AT: dict[str, int] = {}
+
+
+def forget_stream(stream: str) -> int:
+    """Redis loses every key of ``stream`` under the examples' prefix (not the shared db)."""
+    from airflow.providers.redis.hooks.redis import RedisHook
+
+    client = RedisHook(redis_conn_id=REDIS_CONN_ID).get_conn()
+    keys = list(client.scan_iter(f"{KEY_PREFIX}:{{{stream}}}:*"))
+    return int(client.delete(*keys)) if keys else 0
+
+
+def count_and_maybe_lose(chunk: Chunk) -> None:
+    if chunk.range_id == 0 and "chunks" in LOSE_AT:
+        LOSE_AT["chunks"] -= 1
+        if LOSE_AT["chunks"] < 0:
+            LOSE_AT.clear()
+            forget_stream("kt_durable")  # this chunk's commit then finds no state
+    SEEN.update(chunk.keys)
+
+
+with DAG("kt_durable", schedule=None, start_date=START, catchup=False) as kt_durable:
+    plan = _plan(max_ranges=2, columns=None)
+    traverse = TraverseRangeOperator.partial(
+        task_id="traverse",
+        processor=count_and_maybe_lose,
+        redis_conn_id=REDIS_CONN_ID,
+        chunk_size=20,
+        retries=0,
+        on_failure_callback=record_failure,
+    ).expand_kwargs(plan.output)
+    barrier = BarrierSensor(
+        task_id="barrier",
+        plan_task_id="plan",
+        redis_conn_id=REDIS_CONN_ID,
+        poke_interval=0.5,
+        timeout=60,
+    )
+    plan >> traverse >> barrier

@@ -34,7 +34,7 @@ def _completed_round(env: dict[str, Any], pg_engine: sa.Engine, url: str, stream
         checkpoint_url=url,
         checkpoint_seconds=0,
     )
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     for spec in rnd.ranges:
         t.traverse(rnd.round_id, spec.range_id, lambda chunk: None, chunk_size=50)
     t.close()

@@ -64,7 +64,7 @@ def test_hook_poke_and_trigger_on_a_cluster(airflow_env, cluster_conn, pg_engine
     ), "a hung node must fail a call, not block it"
     prefix = airflow_env["prefix"]
     t = hook.traversal(table="events", key="seq", stream="kt_cluster", key_prefix=prefix)
-    rnd = t.plan(max_ranges=3)
+    rnd = t.plan(max_ranges=3, new_stream=True)
     for spec in rnd.ranges:
         t.traverse(rnd.round_id, spec.range_id, lambda chunk: None, chunk_size=50)
     t.close()

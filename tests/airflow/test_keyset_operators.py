@@ -329,7 +329,7 @@ def _round_with_dead_letters(env: dict[str, Any], schema_url: str, stream: str) 
     t = KeysetTraversal(
         schema_url, "im_events", "seq", env["redis_url"], stream=stream, key_prefix=env["prefix"]
     )
-    rnd = t.plan(max_ranges=3)
+    rnd = t.plan(max_ranges=3, new_stream=True)
 
     def poison(chunk: Any) -> Any:
         from airflow_keyset_provider import ChunkResult
@@ -390,7 +390,7 @@ def test_on_kill_commits_the_chunk_in_hand_and_the_next_try_resumes(
         stream="kt_kill",
         key_prefix=airflow_env["prefix"],
     )
-    t.plan(max_ranges=1)
+    t.plan(max_ranges=1, new_stream=True)
     seen: list[int] = []
     third_chunk = threading.Event()
 

@@ -41,6 +41,7 @@ def _plan(env: dict[str, Any], stream: str, **kw: Any) -> tuple[PlanRangesOperat
         key="seq",
         stream=stream,
         key_prefix=env["prefix"],
+        new_stream=True,  # called outside a task runner: no Airflow record to tell it is new
         **kw,
     )
     return op, lambda try_number: {

@@ -42,7 +42,7 @@ def test_unverified_policy_needs_the_connection_opt_in(
     hook = KeysetHook(source_conn_id="keyset_examples_db", redis_conn_id="redis_silent")
     t = hook.traversal(table="events", key="seq", stream="kt_silent")
     with pytest.raises(EvictionPolicyError, match="could not read"):
-        t.plan()
+        t.plan(new_stream=True)
     assert t.store.client.dbsize() == 0
     t.close()
 
@@ -51,5 +51,5 @@ def test_unverified_policy_needs_the_connection_opt_in(
     )
     hook = KeysetHook(source_conn_id="keyset_examples_db", redis_conn_id="redis_silent")
     t = hook.traversal(table="events", key="seq", stream="kt_silent")
-    assert t.plan().round_id == "r1"
+    assert t.plan(new_stream=True).round_id == "r1"
     t.close()

@@ -81,7 +81,7 @@ def build_live_round(source_url: str, redis_url: str, key_prefix: str) -> LiveRo
         stream="events-nightly",
         key_prefix=key_prefix,
     )
-    rnd = t.plan(max_ranges=4)
+    rnd = t.plan(max_ranges=4, new_stream=True)
     assert [r.hi for r in rnd.ranges] == [100, 200, 300, 400]
     for i in (0, 1):
         t.traverse(

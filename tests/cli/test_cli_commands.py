@@ -289,7 +289,7 @@ def test_reset_round_needs_yes_and_never_moves_the_watermark(sqlite_round: LiveR
     make_more = t.source.engine
     with make_more.begin() as c:
         c.exec_driver_sql("INSERT INTO events SELECT seq + 400, payload FROM events")
-    r2 = t.plan(max_ranges=2)
+    r2 = t.plan(max_ranges=2, new_stream=True)
     assert r2.round_id == "r2" and r2.start_key == 400
     t.traverse("r2", 0, lambda chunk: None, chunk_size=50)
 
@@ -302,7 +302,9 @@ def test_reset_round_needs_yes_and_never_moves_the_watermark(sqlite_round: LiveR
     assert t.watermark() == 400
     code, _, err = sqlite_round.cli("ranges", "events-nightly", "r2")
     assert code == EXIT_LOST and "r2" in err  # its state is gone, and the CLI says so
-    r3 = t.plan(max_ranges=2)  # the next chained plan starts again at the watermark
+    r3 = t.plan(
+        max_ranges=2, new_stream=True
+    )  # the next chained plan starts again at the watermark
     assert r3.round_id == "r3" and r3.start_key == 400 and r3.end_key == 800
 
 

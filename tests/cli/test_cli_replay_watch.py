@@ -49,7 +49,7 @@ def pg_round(
         where="seq <= :top",
         where_params={"top": TOP},
     )
-    rnd = t.plan(max_ranges=3)
+    rnd = t.plan(max_ranges=3, new_stream=True)
     for spec in rnd.ranges:
         t.traverse(
             rnd.round_id,

@@ -288,7 +288,7 @@ def test_replay_dead_letters_snippet(
         key_prefix=snippet_env["KEYSET_KEY_PREFIX"],
     )
     try:
-        rnd = t.plan(max_ranges=2)
+        rnd = t.plan(max_ranges=2, new_stream=True)
         for spec in rnd.ranges:
             t.traverse(
                 rnd.round_id, spec.range_id, coupon_processors.expire_coupons, item_retry_delay=0.0
@@ -976,7 +976,7 @@ def test_troubleshooting_quotes_runtime_errors(
         conn.cursor().execute("SELECT txid_current()")  # opens a transaction and keeps it open
         t = traversal(commit_wait_timeout=0.5)
         _quoted(
-            _raised(t.plan),
+            _raised(lambda: t.plan(new_stream=True)),
             " transaction(s) open when the upper bound of '",
             "(idle in transaction). A key they hold could fall inside the round, so no round was saved. Let them "
             "finish (or terminate them), or raise commit_wait_timeout.",
@@ -987,7 +987,7 @@ def test_troubleshooting_quotes_runtime_errors(
         conn.close()
 
     t = traversal()
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
 
     def down(chunk: Any) -> None:
         raise RetryableError("HTTP 503 from dispatch-api")
@@ -1139,6 +1139,28 @@ def test_troubleshooting_quotes_runtime_errors(
         "running.",
     )
     unreachable.close()
+
+
+def test_troubleshooting_quotes_the_stream_refusals(
+    pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """``StreamStateLostError``: no state in Redis and nothing to restore it from; a round open
+    when Redis lost it (``core/rounds/durability.py``)."""
+    from airflow_keyset_provider.core import KeysetTraversal
+    from airflow_keyset_provider.core.rounds.durability import PlannedRound, StreamRecord
+
+    make_events(pg_schema_url, 10)
+    t = KeysetTraversal(
+        pg_schema_url, "events", "seq", redis_url=redis_url, stream="s", key_prefix=key_prefix
+    )
+    _quoted(_raised(t.plan), "has no state in Redis (no round counter, no watermark)")
+    lost = StreamRecord(source="record", last_round="r1", planned=PlannedRound("r2", "", ""))
+    _quoted(
+        _raised(lambda: t.plan(record=lost)),
+        "was open when Redis lost it",
+        "Its committed cursors are gone",
+    )
+    t.close()
 
 
 def test_troubleshooting_quotes_the_airflow_adapters() -> None:

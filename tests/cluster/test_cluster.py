@@ -64,7 +64,7 @@ def test_round_end_to_end_on_a_cluster(events, pg_schema_url, cluster_url, prefi
     stream shares one hash slot, and the totals count every key once."""
     t = _traversal(pg_schema_url, cluster_url, prefix)
     assert isinstance(t.store.client, RedisCluster)
-    rnd = t.plan(max_ranges=4)
+    rnd = t.plan(max_ranges=4, new_stream=True)
     assert len(rnd.ranges) == 4
     for spec in rnd.ranges:
         res = t.traverse(
@@ -99,7 +99,7 @@ def test_mirror_restore_and_partial_loss_on_a_cluster(events, pg_schema_url, clu
     t = _traversal(
         pg_schema_url, cluster_url, prefix, checkpoint_url=pg_schema_url, checkpoint_seconds=0
     )
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     for spec in rnd.ranges:
         t.traverse(
             rnd.round_id,
@@ -128,6 +128,42 @@ def test_mirror_restore_and_partial_loss_on_a_cluster(events, pg_schema_url, clu
     assert (totals.done, totals.dead) == (990, 10)
     assert len(ctl.dead_letters(rnd.round_id, 1)) == 5
     t.close()
+
+
+def test_chained_rounds_with_a_mirror_on_a_cluster(events, pg_schema_url, cluster_url, prefix):
+    """The second plan of a stream with a mirror reconciles Redis with the mirror (watermark and
+    round counter moved forward only): one Lua script under the stream's hash tag, no WATCH
+    (redis-py's RedisCluster refuses WATCH outside a transaction: RedisClusterException). A
+    lagging watermark and counter are moved forward from the mirror, never back."""
+    t = _traversal(
+        pg_schema_url, cluster_url, prefix, checkpoint_url=pg_schema_url, checkpoint_seconds=0
+    )
+    r1 = t.plan(max_ranges=2, new_stream=True)
+    for spec in r1.ranges:
+        assert t.traverse(r1.round_id, spec.range_id, _noop, chunk_size=200).complete
+    assert t.close_round(r1.round_id).watermark == 1000
+    with t.source.engine.begin() as c:
+        c.execute(sa.text("INSERT INTO events SELECT g, 'e' FROM generate_series(1001, 1100) g"))
+    r2 = t.plan(max_ranges=2, new_stream=True)  # reconciles with the mirror first
+    assert (r2.round_id, r2.start_key, r2.end_key) == ("r2", 1000, 1100)
+    for spec in r2.ranges:
+        assert t.traverse(r2.round_id, spec.range_id, _noop, chunk_size=200).complete
+    t.close_round(r2.round_id)
+    client = t.store.client
+    client.set(t.store.watermark_key, _encoded(t, 1000))  # a lagging replica
+    client.set(t.store.seq_key, 1)
+    r3 = t.plan(max_ranges=1, new_stream=True)
+    assert (r3.round_id, r3.start_key) == ("r3", 1100)
+    assert t.watermark() == 1100
+    t.close()
+
+
+def _noop(chunk: Any) -> None:
+    return None
+
+
+def _encoded(t: KeysetTraversal, key: int) -> str:
+    return t._encode_user_key("key", key)
 
 
 def test_lost_round_counter_on_a_cluster(events, pg_schema_url, cluster_url, prefix):
@@ -165,7 +201,7 @@ def test_eviction_policy_is_checked_on_every_primary(
     try:
         t = _traversal(pg_schema_url, cluster_url, prefix)
         with pytest.raises(EvictionPolicyError, match="allkeys-lru"):
-            t.plan()
+            t.plan(new_stream=True)
         t.close()
     finally:
         node.config_set("maxmemory-policy", "noeviction")

@@ -266,7 +266,9 @@ def test_database_order_is_the_encoding_order(
             c.execute(sa.text("INSERT INTO k VALUES (:v)"), [{"v": v} for v in vals])
         t.store.delete_stream()  # a fresh stream: the round starts below every key
         # an explicit end: this property is about order, not about the commit-order wait
-        rnd = t.plan(max_ranges=3, end_key=max(vals, key=lambda v: encode_key((v,))))
+        rnd = t.plan(
+            max_ranges=3, end_key=max(vals, key=lambda v: encode_key((v,))), new_stream=True
+        )
         seen: list[Any] = []
         for r in rnd.ranges:
             t.traverse(
@@ -337,7 +339,7 @@ def test_equal_numerics_of_another_scale_traverse_in_database_order(
         key_prefix=key_prefix,
     )
     try:
-        rnd = t.plan(max_ranges=1, end_key=in_db_order[-1])
+        rnd = t.plan(max_ranges=1, end_key=in_db_order[-1], new_stream=True)
         seen: list[tuple[Any, ...]] = []
         for r in rnd.ranges:
             result = t.traverse(
@@ -392,7 +394,7 @@ def test_a_watermark_stored_in_the_old_format_starts_the_next_round(
         key_prefix=key_prefix,
     )
     try:
-        first = t.plan(max_ranges=1, end_key=(Decimal("1.50"), 2))
+        first = t.plan(max_ranges=1, end_key=(Decimal("1.50"), 2), new_stream=True)
         t.traverse(first.round_id, 0, lambda ch: None, chunk_size=1, max_chunk_attempts=1)
         t.close_round(first.round_id)
         assert t.store.watermark() == encode_key((Decimal("1.5"), 2))
@@ -402,7 +404,7 @@ def test_a_watermark_stored_in_the_old_format_starts_the_next_round(
 
         with pg_engine.begin() as c:
             c.execute(sa.text("INSERT INTO kn VALUES (1.5, 3), (3, 0), (1.5, 0)"))
-        nxt = t.plan(max_ranges=2)
+        nxt = t.plan(max_ranges=2, new_stream=True)
         assert nxt.ranges[0].lo == (Decimal("1.5"), 2)
         seen: list[tuple[Any, ...]] = []
         for r in nxt.ranges:
@@ -445,7 +447,7 @@ def test_a_round_planned_in_the_old_format_is_refused_not_skipped(
         key_prefix=key_prefix,
     )
     try:
-        rnd = t.plan(max_ranges=1, end_key=(Decimal("2"), 1))
+        rnd = t.plan(max_ranges=1, end_key=(Decimal("2"), 1), new_stream=True)
         old_hi = old_format_key((Decimal("2"), 1))
         t.store.client.hset(t.store.range_key(rnd.round_id, 0), "hi", old_hi)  # as stored before
         seen: list[Any] = []

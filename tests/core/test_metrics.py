@@ -38,7 +38,7 @@ def test_engine_emits_counters_and_timings(pg_engine, pg_schema_url, redis_url, 
         key_prefix=key_prefix,
         metrics=sink,
     )
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     t.traverse(
         rnd.round_id,
         0,

@@ -32,7 +32,7 @@ def test_exact_cover_with_gaps_while_rows_change(pg_engine, pg_schema_url, redis
     keys = [k for k in range(1, 30_000) if k % 7 and k % 11]  # sequence gaps
     make_events(pg_engine, keys)
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=5)
+    rnd = t.plan(max_ranges=5, new_stream=True)
     assert rnd.end_key == keys[-1] and rnd.start_key is None
     assert len(rnd.ranges) == 5
     deleted = set(keys[5000:5100])
@@ -55,7 +55,7 @@ def test_exact_cover_with_gaps_while_rows_change(pg_engine, pg_schema_url, redis
     assert (totals.done, totals.skipped, totals.dead) == (len(expected), 0, 0)
     assert t.watermark() == keys[-1]
 
-    nxt = t.plan(max_ranges=3)  # the next round continues at the watermark
+    nxt = t.plan(max_ranges=3, new_stream=True)  # the next round continues at the watermark
     rec2 = Recorder()
     run_all(t, nxt, rec2)
     assert sorted(rec2.seen) == [40000, 40001]
@@ -65,10 +65,10 @@ def test_exact_cover_with_gaps_while_rows_change(pg_engine, pg_schema_url, redis
 def test_plan_is_idempotent_while_round_open(pg_engine, pg_schema_url, redis_url, key_prefix):
     make_events(pg_engine, list(range(1, 1000)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    first = t.plan(max_ranges=4)
+    first = t.plan(max_ranges=4, new_stream=True)
     with pg_engine.begin() as c:
         c.execute(sa.text("INSERT INTO events VALUES (5000, 'x')"))
-    again = t.plan(max_ranges=2)
+    again = t.plan(max_ranges=2, new_stream=True)
     assert again.round_id == first.round_id and again.ranges == first.ranges and not again.created
     keyed = t.plan(max_ranges=2, start_key=10, end_key=20, round_key="run-1")
     assert (
@@ -119,7 +119,7 @@ def test_composite_timestamptz_bigint_key(pg_engine, pg_schema_url, redis_url, k
 def test_crash_mid_range_replays_at_most_one_chunk(pg_engine, pg_schema_url, redis_url, key_prefix):
     make_events(pg_engine, list(range(1, 5001)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     rec = Recorder()
 
     def crashing(chunk):
@@ -145,7 +145,7 @@ def test_new_owner_waits_for_lease_then_takes_over_and_stale_owner_is_fenced(
 ):
     make_events(pg_engine, list(range(1, 3001)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     store = t.store
     # worker A claims and commits one chunk, then stalls past its lease (no heartbeats)
     claim_a = store.claim(rnd.round_id, 0, "A#1", "", 1000)
@@ -188,7 +188,7 @@ def test_dependency_failure_keeps_cursor_and_deadletters_nothing(
 ):
     make_events(pg_engine, list(range(1, 2001)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     cursors = []
     calls = {"n": 0}
 
@@ -210,7 +210,7 @@ def test_outage_budget_exhausted_raises_and_never_completes(
 ):
     make_events(pg_engine, list(range(1, 1001)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
 
     def down(chunk):
         return ChunkResult(
@@ -233,7 +233,7 @@ def test_poison_item_dead_lettered_while_neighbours_complete(
 ):
     make_events(pg_engine, list(range(1, 1001)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     attempts = Counter()
 
     def proc(chunk):
@@ -264,7 +264,7 @@ def test_sqlite_source_end_to_end(sqlite_url, redis_url, key_prefix):
             sa.text("INSERT INTO events VALUES (:s, 'x')"), [{"s": s} for s in range(1, 20001, 2)]
         )
     t = traversal(sqlite_url, redis_url, key_prefix, columns=["payload"])
-    rnd = t.plan(max_ranges=4)
+    rnd = t.plan(max_ranges=4, new_stream=True)
     sizes = []
     for r in rnd.ranges:
         sizes.append(t.traverse(rnd.round_id, r.range_id, Recorder(), chunk_size=400).done)
@@ -361,7 +361,7 @@ def test_bad_input_is_refused_and_writes_nothing(
 def test_chunk_size_must_be_positive(pg_engine, pg_schema_url, redis_url, key_prefix):
     make_events(pg_engine, [1, 2, 3])
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     before = t.range_status(rnd.round_id)
     for bad in (0, -5, 1.5, "10"):
         with pytest.raises(ConfigurationError, match="chunk_size"):
@@ -375,7 +375,7 @@ def test_redis_unreachable_is_a_clear_error(pg_engine, pg_schema_url):
         pg_schema_url, table="events", key="seq", redis_url="redis://127.0.0.1:1/0", stream="x"
     )
     with pytest.raises(StoreUnavailableError, match="unreachable"):
-        t.plan()
+        t.plan(new_stream=True)
 
 
 def test_dead_letters_can_be_replayed_fenced(
@@ -383,7 +383,7 @@ def test_dead_letters_can_be_replayed_fenced(
 ):
     make_events(pg_engine, list(range(1, 301)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     broken = {7, 250}
 
     def proc(chunk):
@@ -411,7 +411,7 @@ def test_group_commit_widens_replay_to_one_group(
 ):
     make_events(pg_engine, list(range(1, 2001)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     rec = Recorder()
     advances = []
     original = t.store.advance
@@ -453,7 +453,7 @@ def test_both_postgres_drivers_and_lazy_rows(
     make_events(pg_engine, list(range(1, 3001)))
     url = pg_schema_url.replace("postgresql+psycopg2://", f"postgresql+{driver}://")
     t = traversal(url, redis_url, key_prefix, columns=["payload"])
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     counted, payloads = [], set()
 
     def proc(chunk):
@@ -501,21 +501,21 @@ def test_plan_joining_the_open_round_remembers_its_round_key(
 ):
     make_events(pg_engine, list(range(1, 101)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    r1 = t.plan(2, round_key="run-1/plan")
+    r1 = t.plan(2, round_key="run-1/plan", new_stream=True)
     assert (
-        t.plan(2, round_key="run-2/plan").round_id == r1.round_id
+        t.plan(2, round_key="run-2/plan", new_stream=True).round_id == r1.round_id
     )  # night 2 finishes night 1's round
     run_all(t, r1, Recorder())
     t.close_round(r1.round_id)
     assert (
-        t.plan(2, round_key="run-2/plan").round_id == r1.round_id
+        t.plan(2, round_key="run-2/plan", new_stream=True).round_id == r1.round_id
     )  # a retry of night 2's plan: same round
 
 
 def test_group_commit_by_time_alone(pg_engine, pg_schema_url, redis_url, key_prefix):
     make_events(pg_engine, list(range(1, 1001)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     advances = []
     original = t.store.advance
 
@@ -532,7 +532,7 @@ def test_traverse_takes_one_options_object(pg_engine, pg_schema_url, redis_url, 
     """``options=`` carries the same settings as the keywords; giving both is refused."""
     make_events(pg_engine, list(range(1, 101)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     rec = Recorder()
     with pytest.raises(ConfigurationError, match="not both"):
         t.traverse(rnd.round_id, 0, rec, chunk_size=10, options=TraverseOptions(chunk_size=20))

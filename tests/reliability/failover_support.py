@@ -185,7 +185,9 @@ class Trial:
         try:
             for i, end in enumerate(self.ends()):
                 event()
-                rnd = t.plan(max_ranges=self.ranges, end_key=end, round_key=f"run{i}")
+                rnd = t.plan(
+                    max_ranges=self.ranges, end_key=end, round_key=f"run{i}", new_stream=True
+                )
                 if rnd.state == "closed":
                     continue
                 options = TraverseOptions(chunk_size=self.chunk, owner_lineage=f"w{i}")

@@ -91,7 +91,7 @@ def _trial(
         stream=f"clusters-{trial}",
         key_prefix=prefix,
     )
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     bad = _bad_keys(rnd, rng)
     with engine.begin() as c:
         c.execute(

@@ -92,19 +92,19 @@ CASES = [
     # ---- plan: sizes, bounds, types
     Case(
         "oversize plan: max_ranges=100001",
-        lambda e: e.t().plan(max_ranges=100_001),
+        lambda e: e.t().plan(max_ranges=100_001, new_stream=True),
         ConfigurationError,
         ["max_ranges", "from 1 to 100000", "engine's limit", "100001"],
     ),
     Case(
         "max_ranges=0",
-        lambda e: e.t().plan(max_ranges=0),
+        lambda e: e.t().plan(max_ranges=0, new_stream=True),
         ConfigurationError,
         ["max_ranges", "from 1 to 100000"],
     ),
     Case(
         "max_ranges of the wrong type ('8')",
-        lambda e: e.t().plan(max_ranges="8"),
+        lambda e: e.t().plan(max_ranges="8", new_stream=True),
         ConfigurationError,
         ["max_ranges must be an integer", "'8'"],
     ),
@@ -122,7 +122,7 @@ CASES = [
     ),
     Case(
         "bound with two values for a one-column key",
-        lambda e: e.t().plan(end_key=(1, 2)),
+        lambda e: e.t().plan(end_key=(1, 2), new_stream=True),
         ConfigurationError,
         ["end_key", "2 values", "1 column"],
     ),
@@ -134,75 +134,77 @@ CASES = [
     ),
     Case(
         "aware datetime bound for a timestamp (without time zone) key",
-        lambda e: e.t("ts", "k").plan(end_key=dt.datetime(2026, 1, 1, 5, tzinfo=dt.UTC)),
+        lambda e: e.t("ts", "k").plan(
+            end_key=dt.datetime(2026, 1, 1, 5, tzinfo=dt.UTC), new_stream=True
+        ),
         ConfigurationError,
         ["end_key", "aware", "naive datetime"],
     ),
     # ---- names: injection, missing things
     Case(
         "SQL injection in the table name",
-        lambda e: e.t("t; DROP TABLE x").plan(),
+        lambda e: e.t("t; DROP TABLE x").plan(new_stream=True),
         KeyValidationError,
         ["'t; drop table x' does not exist", "check the name and schema"],
     ),
     Case(
         "SQL injection in the key name",
-        lambda e: e.t(key='id"; --').plan(),
+        lambda e: e.t(key='id"; --').plan(new_stream=True),
         KeyValidationError,
         ["column 'id\"; --' does not exist", "its columns are ['id', 'payload']"],
     ),
     Case(
         "missing table",
-        lambda e: e.t("no_such_table").plan(),
+        lambda e: e.t("no_such_table").plan(new_stream=True),
         KeyValidationError,
         ["'no_such_table' does not exist", "schema"],
     ),
     Case(
         "missing column",
-        lambda e: e.t(key="no_such_column").plan(),
+        lambda e: e.t(key="no_such_column").plan(new_stream=True),
         KeyValidationError,
         ["'no_such_column' does not exist", "its columns are"],
     ),
     Case(
         "missing extra column",
-        lambda e: e.t(columns=["payload", "nope"]).plan(),
+        lambda e: e.t(columns=["payload", "nope"]).plan(new_stream=True),
         KeyValidationError,
         ["'nope' does not exist"],
     ),
     Case(
         "empty table name",
-        lambda e: e.t("").plan(),
+        lambda e: e.t("").plan(new_stream=True),
         ConfigurationError,
         ["table must be a non-empty", "app.events"],
     ),
     Case(
         "key of the wrong type (123)",
-        lambda e: e.t(key=123).plan(),
+        lambda e: e.t(key=123).plan(new_stream=True),
         ConfigurationError,
         ["key", "column name", "123"],
     ),
     Case(
         "key column listed twice",
-        lambda e: e.t(key=["id", "id"]).plan(),
+        lambda e: e.t(key=["id", "id"]).plan(new_stream=True),
         ConfigurationError,
         ["lists a column twice"],
     ),
     # ---- keys that do not give a stable total order
     Case(
         "non-unique key",
-        lambda e: e.t("dup", "k").plan(),
+        lambda e: e.t("dup", "k").plan(new_stream=True),
         KeyValidationError,
         ["not unique", "create unique index on dup (k)"],
     ),
     Case(
         "nullable key",
-        lambda e: e.t("nul", "k").plan(),
+        lambda e: e.t("nul", "k").plan(new_stream=True),
         KeyValidationError,
         ["'k'", "nullable", "alter column k set not null"],
     ),
     Case(
         "float key column",
-        lambda e: e.t("flt", "k").plan(),
+        lambda e: e.t("flt", "k").plan(new_stream=True),
         UnsupportedKeyTypeError,
         [
             "'k'",
@@ -212,26 +214,26 @@ CASES = [
     ),
     Case(
         NON_C_CASE,
-        lambda e: e.t("icu", "k").plan(),
+        lambda e: e.t("icu", "k").plan(new_stream=True),
         KeyValidationError,
         ["'k'", "collation '{collation}'", 'collate "c"'],
     ),
     Case(
         "key without an index to page by",
-        lambda e: e.t("noidx", ["b", "a"]).plan(),
+        lambda e: e.t("noidx", ["b", "a"]).plan(new_stream=True),
         KeyValidationError,
         ["no index", "create index on noidx (b, a)"],
     ),
     # ---- connections and names of the control state
     Case(
         "Redis unreachable",
-        lambda e: e.t(redis_url="redis://127.0.0.1:1/0").plan(),
+        lambda e: e.t(redis_url="redis://127.0.0.1:1/0").plan(new_stream=True),
         StoreUnavailableError,
         ["redis is unreachable", "nothing was written", "check the redis connection"],
     ),
     Case(
         "Redis URL that is not one",
-        lambda e: e.t(redis_url="http://127.0.0.1:6379").plan(),
+        lambda e: e.t(redis_url="http://127.0.0.1:6379").plan(new_stream=True),
         ConfigurationError,
         ["redis_url is not valid"],
     ),
@@ -239,13 +241,13 @@ CASES = [
         "source URL that is not one",
         lambda e: KeysetTraversal(
             "nosuchdb://x/y", table="good", key="id", redis_url=e.redis_url, key_prefix=e.prefix
-        ).plan(),
+        ).plan(new_stream=True),
         ConfigurationError,
         ["source url is not usable"],
     ),
     Case(
         "stream name with spaces and braces",
-        lambda e: e.t(stream="my {stream}").plan(),
+        lambda e: e.t(stream="my {stream}").plan(new_stream=True),
         ConfigurationError,
         ["stream name 'my {stream}' is not valid", "letters, digits"],
     ),
@@ -476,7 +478,9 @@ def test_bad_inputs_are_refused_clearly_and_write_nothing(
     collation = _non_c_collation_table(pg_engine)
     cases = [c for c in CASES if c.name != NON_C_CASE or collation is not None]
     env = Env(pg_schema_url, redis_url, key_prefix)
-    env.rnd = env.planned().plan(max_ranges=2)  # the round the traverse cases point at
+    env.rnd = env.planned().plan(
+        max_ranges=2, new_stream=True
+    )  # the round the traverse cases point at
     problems: list[str] = []
     for case in cases:
         before_src = source_snapshot(pg_engine, pg_schema)

@@ -108,7 +108,7 @@ def test_plan_waits_for_a_lower_key_committed_after_the_bound_is_read(
     out: dict[str, Any] = {}
 
     def plan() -> None:
-        out["round"] = t.plan(max_ranges=2)
+        out["round"] = t.plan(max_ranges=2, new_stream=True)
         out["open_at_return"] = held.open
 
     planner = threading.Thread(target=plan)
@@ -199,7 +199,7 @@ def test_randomized_commit_order_never_misses_a_key(
             def plan_and_traverse(out: dict = out, held: HeldTransactions = held) -> None:
                 # traversal starts as soon as the plan returns, while held transactions may still
                 # be committing: a bound that did not wait for them would let the cursor pass them
-                out["round"] = rnd = t.plan(max_ranges=rng.randint(1, 3))
+                out["round"] = rnd = t.plan(max_ranges=rng.randint(1, 3), new_stream=True)
                 out["open_at_return"] = held.open
                 _traverse_round(t, rnd, proc)
                 t.close_round(rnd.round_id)
@@ -220,7 +220,7 @@ def test_randomized_commit_order_never_misses_a_key(
         stop.set()
         for w in writers:
             w.join(30)
-    last = t.plan(max_ranges=2)  # drain what the writers left
+    last = t.plan(max_ranges=2, new_stream=True)  # drain what the writers left
     _traverse_round(t, last, proc)
     t.close_round(last.round_id)
     rounds.append(last)

@@ -241,7 +241,9 @@ def test_crash_anywhere_then_resume(
             stream=stream,
             key_prefix=key_prefix,
         )
-        rnd = t.plan(max_ranges=4, end_key=end_key)  # rows the writer adds land above the end
+        rnd = t.plan(
+            max_ranges=4, end_key=end_key, new_stream=True
+        )  # rows the writer adds land above the end
         keys = [
             k
             for k in rs.encoded_keys(src_engine, table, key)
@@ -324,7 +326,7 @@ def test_resume_takes_over_at_once_for_the_same_lineage(
         stream="lineage",
         key_prefix=key_prefix,
     )
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     base = {
         "db_url": pg_schema_url,
         "redis_url": redis_url,

@@ -200,7 +200,7 @@ def _run_trials(
             checkpoint_url=pg_schema_url if mirror else None,
         )
         n = min(BATCH, trials - batch * BATCH)
-        rnd = t.plan(max_ranges=2 * BATCH, end_key=ids[-1])
+        rnd = t.plan(max_ranges=2 * BATCH, end_key=ids[-1], new_stream=True)
         for trial in range(n):
             env = {
                 "db_url": pg_schema_url,

@@ -102,7 +102,7 @@ def test_a_close_redis_lost_is_not_done_twice_nor_the_watermark_moved_back(
     recorded it (same ``closed_ms``, same totals), the watermark forward again; a close or a
     barrier check does not close it a second time."""
     t = _traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=3, end_key=150, round_key="run0")
+    rnd = t.plan(max_ranges=3, end_key=150, round_key="run0", new_stream=True)
     before = Snapshot(redis_client, key_prefix)
     t.traverse_round(rnd.round_id, lambda ch: None, options=TraverseOptions(chunk_size=20))
     totals = t.close_round(rnd.round_id)
@@ -110,7 +110,7 @@ def test_a_close_redis_lost_is_not_done_twice_nor_the_watermark_moved_back(
     before.rewind()
     assert t.store.round_state(rnd.round_id) == "open" and t.store.watermark() is None
     assert t.control.check_round(rnd.round_id).complete  # the barrier sees it closed
-    again = t.plan(max_ranges=3, end_key=150, round_key="run0")
+    again = t.plan(max_ranges=3, end_key=150, round_key="run0", new_stream=True)
     assert again.round_id == rnd.round_id and again.state == "closed"
     assert t.close_round(rnd.round_id) == totals
     assert t.store.round_info(rnd.round_id)["closed_ms"] == closed_ms
@@ -127,14 +127,14 @@ def test_rounds_redis_never_saw_are_restored_and_no_round_id_is_handed_out_twice
     past them, so a new round is r4, not a second r2 over the first one's mirror rows; r3 goes on
     from its checkpoints and closes with exact totals."""
     t = _traversal(pg_schema_url, redis_url, key_prefix)
-    r1 = t.plan(max_ranges=2, end_key=100, round_key="run0")
+    r1 = t.plan(max_ranges=2, end_key=100, round_key="run0", new_stream=True)
     t.traverse_round(r1.round_id, lambda ch: None, options=TraverseOptions(chunk_size=20))
     t.close_round(r1.round_id)
     before = Snapshot(redis_client, key_prefix)
-    r2 = t.plan(max_ranges=2, end_key=200, round_key="run1")
+    r2 = t.plan(max_ranges=2, end_key=200, round_key="run1", new_stream=True)
     t.traverse_round(r2.round_id, lambda ch: None, options=TraverseOptions(chunk_size=20))
     t.close_round(r2.round_id)
-    r3 = t.plan(max_ranges=2, end_key=300, round_key="run2")
+    r3 = t.plan(max_ranges=2, end_key=300, round_key="run2", new_stream=True)
     seen: Counter[int] = Counter()
 
     class Killed(BaseException):
@@ -150,15 +150,15 @@ def test_rounds_redis_never_saw_are_restored_and_no_round_id_is_handed_out_twice
     before.rewind()
     assert t.store.round_counter() == 1
     assert [r.round_id for r in (r2, r3)] == ["r2", "r3"]
-    assert t.plan(max_ranges=2, end_key=200, round_key="run1").state == "closed"
-    again = t.plan(max_ranges=2, end_key=300, round_key="run2")
+    assert t.plan(max_ranges=2, end_key=200, round_key="run1", new_stream=True).state == "closed"
+    again = t.plan(max_ranges=2, end_key=300, round_key="run2", new_stream=True)
     assert again.round_id == "r3" and again.state == "open"
     res = t.traverse_round(
         "r3", lambda ch: seen.update(ch.keys), options=TraverseOptions(chunk_size=10)
     )
     assert res.finished and set(seen) == set(range(201, 301))
     assert t.close_round("r3").done == 100
-    assert t.plan(max_ranges=2, end_key=300, round_key="run3").round_id == "r4"
+    assert t.plan(max_ranges=2, end_key=300, round_key="run3", new_stream=True).round_id == "r4"
     t.close()
     t.mirror.engine.dispose()
 
@@ -172,7 +172,7 @@ def test_a_split_redis_lost_leaves_the_mirror_a_partition(
     the old split point and Redis then loses everything, the round restored from the mirror is
     a partition (not the whole range beside the split's range: an overlap that never closes)."""
     t = _traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1, end_key=300, round_key="run0")
+    rnd = t.plan(max_ranges=1, end_key=300, round_key="run0", new_stream=True)
     before = Snapshot(redis_client, key_prefix)
     t.store.claim(rnd.round_id, 0, "w#1", "w", 60_000)
     at = t.source.encode([150])
@@ -180,7 +180,9 @@ def test_a_split_redis_lost_leaves_the_mirror_a_partition(
     info = t.store.round_info(rnd.round_id)
     t.mirror.save_round("s", rnd.round_id, info, t.store.snapshot_ranges(rnd.round_id, [0, 1]))
     before.rewind()
-    t.plan(max_ranges=1, end_key=300, round_key="run0")  # sees Redis behind the mirror
+    t.plan(
+        max_ranges=1, end_key=300, round_key="run0", new_stream=True
+    )  # sees Redis behind the mirror
     seen: Counter[int] = Counter()
 
     class Killed(BaseException):

@@ -55,7 +55,7 @@ def _fencing_trial(
         stream=stream,
         key_prefix=ctx.prefix,
     )
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     base: dict[str, Any] = {
         "db_url": ctx.url,
         "redis_url": ctx.redis_url,

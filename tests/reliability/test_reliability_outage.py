@@ -180,7 +180,7 @@ def _outage_trial(
         stream=f"outage-{trial}",
         key_prefix=prefix,
     )
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     proc = OutageProcessor(engine, t, mode, service)
     results: dict[int, Any] = {}
 
@@ -299,7 +299,7 @@ def test_outage_longer_than_the_budget_raises_then_a_new_traverse_finishes(
         )
 
     t1 = traversal()
-    rnd = t1.plan(max_ranges=1)
+    rnd = t1.plan(max_ranges=1, new_stream=True)
     proc = OutageProcessor(pg_engine, t1, "lock", None)
 
     def five_chunks_then_stop(chunk: Chunk) -> ChunkResult | None:
@@ -368,7 +368,7 @@ def test_outage_during_item_retries_dead_letters_nothing(
         stream="retry-outage",
         key_prefix=key_prefix,
     )
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     flaky = {7, 70, 140, 190}
     proc = OutageProcessor(pg_engine, t, "items", None)
 

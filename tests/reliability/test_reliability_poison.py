@@ -105,7 +105,7 @@ def _poison_trial(
         stream=f"poison-{trial}",
         key_prefix=prefix,
     )
-    rnd = t.plan(max_ranges=4)
+    rnd = t.plan(max_ranges=4, new_stream=True)
     results: dict[int, Any] = {}
 
     def run(i: int) -> None:

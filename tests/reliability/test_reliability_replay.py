@@ -82,7 +82,7 @@ def _round(
     if fault:
         fault = dict(fault)
         plan.fail(fault.pop("kind"), sha=rf.sha_of(t.store, fault.pop("attr")), **fault)
-    rnd = t.plan(max_ranges=ranges)
+    rnd = t.plan(max_ranges=ranges, new_stream=True)
     proc = BadItems()
     for r in rnd.ranges:
         t.traverse(

@@ -104,7 +104,7 @@ def _takeover_trial(
         stream=stream,
         key_prefix=ctx.prefix,
     )
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     rkey = t.store.range_key(rnd.round_id, 0)
     a = rs.Worker(
         {

@@ -33,7 +33,7 @@ def test_pause_resume_need_dag_edit_rights(
         stream=STREAM,
         key_prefix=srv.key_prefix,
     )
-    t.plan(max_ranges=1)
+    t.plan(max_ranges=1, new_stream=True)
     t.throttle(5000)
     viewer = {"Authorization": f"Bearer {srv.token()}"}
     editor = {"Authorization": f"Bearer {srv.token('editor', srv.editor_password)}"}
@@ -95,7 +95,7 @@ def test_page_shows_pause_governor_and_health_with_buttons_for_editors(
         stream=stream,
         key_prefix=srv.key_prefix,
     )
-    t.plan(max_ranges=1)
+    t.plan(max_ranges=1, new_stream=True)
     t.throttle(1200)
     t.pause("nightly deploy", by="ana")
     health_key = f"{t.store.control_key}:health"

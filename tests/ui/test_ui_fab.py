@@ -275,7 +275,7 @@ def _stream(sqlite_url: str, redis_url: str, prefix: str) -> KeysetTraversal:
     t = KeysetTraversal(
         sqlite_url, "fab_events", "seq", redis_url=redis_url, stream=STREAM, key_prefix=prefix
     )
-    t.plan(max_ranges=1)
+    t.plan(max_ranges=1, new_stream=True)
     return t
 
 

@@ -82,12 +82,12 @@ def live_round(sqlite_url: str, redis_url: str, prefix: str) -> Iterator[dict[st
         )
 
     t = traversal()
-    r1 = t.plan(max_ranges=2, end_key=100)
+    r1 = t.plan(max_ranges=2, end_key=100, new_stream=True)
     for spec in r1.ranges:
         t.traverse(r1.round_id, spec.range_id, lambda chunk: None)
     t.close_round(r1.round_id)
 
-    r2 = t.plan(max_ranges=4)
+    r2 = t.plan(max_ranges=4, new_stream=True)
     assert r2.round_id == "r2" and len(r2.ranges) == 4, r2
 
     def poison(chunk: Any) -> ChunkResult:
@@ -164,7 +164,7 @@ def composite_round(pg_schema_url: str, redis_url: str, prefix: str) -> None:
         key_prefix=prefix,
     )
     try:
-        rnd = t.plan(max_ranges=2)
+        rnd = t.plan(max_ranges=2, new_stream=True)
         assert len(rnd.ranges) == 2, rnd
     finally:
         t.close()

@@ -49,7 +49,7 @@ def test_round_view_from_redis(
         sqlite_url, table="t", key="k", redis_url=redis_url, stream="s", key_prefix=key_prefix
     )
     try:
-        rnd = t.plan(max_ranges=3)
+        rnd = t.plan(max_ranges=3, new_stream=True)
         # Range 0 starts at -inf: once its cursor moved, no key-space fraction exists (counts only).
         t.traverse(rnd.round_id, 0, lambda chunk: t.request_stop(), chunk_size=10)
         # Range 1: an owner whose 300 ms lease (100 ms heartbeats) went silent.
@@ -115,7 +115,7 @@ def test_a_run_whose_round_redis_lost_is_lost_not_unplanned(
         sqlite_url, table="t", key="k", redis_url=redis_url, stream="d", key_prefix=key_prefix
     )
     try:
-        t.plan(max_ranges=1, round_key="d/run1/plan")
+        t.plan(max_ranges=1, round_key="d/run1/plan", new_stream=True)
     finally:
         t.close()
     xcom = [

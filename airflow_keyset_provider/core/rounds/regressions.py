@@ -34,10 +34,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
-import redis
-
 from ..states import RangeState, RoundState
-from ..store.reads import _s
 
 if TYPE_CHECKING:
     from ..store.cursor_store import CursorStore
@@ -61,27 +58,6 @@ log = logging.getLogger("airflow_keyset_provider")
 
 def _number(round_id: str) -> int:
     return int(round_id[1:]) if round_id[1:].isdigit() else 0
-
-
-def forward(client: Any, key: str, value: str, numeric: bool = False) -> bool:
-    """Set ``key`` to ``value`` unless it already holds a value at or above it (a WATCH
-    transaction: a concurrent writer that moves it further wins). True if it was moved."""
-    with client.pipeline() as pipe:
-        while True:
-            try:
-                pipe.watch(key)
-                cur = pipe.get(key)
-                if cur is not None:
-                    have: Any = int(_s(cur)) if numeric else _s(cur)
-                    if have >= (int(value) if numeric else value):
-                        pipe.unwatch()
-                        return False
-                pipe.multi()
-                pipe.set(key, value)
-                pipe.execute()
-                return True
-            except redis.WatchError:
-                continue
 
 
 def restore_closed(ctl: StreamControl, round_id: str) -> bool:
@@ -123,7 +99,7 @@ def closed_by_mirror(ctl: StreamControl, round_id: str) -> bool:
 
 def watermark_forward(ctl: StreamControl) -> None:
     wm = ctl.mirror.load_watermark(ctl.stream) if ctl.mirror else None
-    if wm is not None and forward(ctl.store.client, ctl.store.watermark_key, wm):
+    if wm is not None and ctl.store.forward_watermark(wm):
         log.warning(
             "stream %s: the watermark in Redis was behind the checkpoint mirror's (Redis lost "
             "a close); moved forward to the mirror's",
@@ -146,7 +122,7 @@ def reconcile(ctl: StreamControl) -> None:
     rounds = mirror.rounds(ctl.stream)
     top = max((_number(i["id"]) for i in rounds), default=0)
     if top > counter:
-        forward(ctl.store.client, ctl.store.seq_key, str(top), numeric=True)
+        ctl.store.forward_round_counter(top)
         log.warning(
             "stream %s: Redis's round counter %d is behind the checkpoint mirror's rounds (up "
             "to %d): Redis lost writes (a failover to a lagging replica?); the counter moves "
@@ -232,4 +208,4 @@ def end_split_parents(round_id: str, ranges: list[dict[str, Any]]) -> list[dict[
     return list(changed.values())
 
 
-__all__ = ["closed_by_mirror", "end_split_parents", "forward", "reconcile", "restore_closed"]
+__all__ = ["closed_by_mirror", "end_split_parents", "reconcile", "restore_closed"]

@@ -25,6 +25,7 @@ from .scripts import (
     CLOSE_ROUND,
     CREATE_ROUND,
     DELETE_ROUND,
+    FORWARD,
     MARK_UNRECOVERABLE,
     RAISE_COUNTER,
     REFRESH_TOTALS,
@@ -47,6 +48,7 @@ class RoundWrites(StoreReads):
         self._unrecoverable = reg(MARK_UNRECOVERABLE)
         self._totals = reg(REFRESH_TOTALS)
         self._delete = reg(DELETE_ROUND)
+        self._forward = reg(FORWARD)
 
     # ---- the stream ------------------------------------------------------------------------
     def init_round_counter(self, value: int) -> bool:
@@ -56,6 +58,17 @@ class RoundWrites(StoreReads):
     def restore_watermark(self, watermark: str) -> bool:
         """Put back a lost watermark; never overwrites one that exists."""
         return bool(self.client.set(self.watermark_key, watermark, nx=True))
+
+    def forward_watermark(self, watermark: str) -> bool:
+        """Move the watermark forward to ``watermark`` unless it is already there or beyond (one
+        Lua script under the stream's hash tag: no WATCH, so it runs on Redis Cluster too); never
+        moves it back. True if it was moved."""
+        return bool(int(self._call(self._forward, [self.watermark_key], [watermark, "s"])))
+
+    def forward_round_counter(self, value: int) -> bool:
+        """Move the round counter up to ``value`` unless it is already there or beyond (the same
+        script as ``forward_watermark``); never down. True if it was moved."""
+        return bool(int(self._call(self._forward, [self.seq_key], [value, "n"])))
 
     def record_key_fingerprint(self, fingerprint: str) -> bool:
         """Record the stream's key fingerprint if none is recorded (SET NX); True if set. Only

@@ -56,6 +56,7 @@ CLAIM = load("claim.lua")
 CLOSE_ROUND = load("close_round.lua")
 CREATE_ROUND = load("create_round.lua")
 DELETE_ROUND = load("delete_round.lua")
+FORWARD = load("forward.lua")
 HEARTBEAT = load("heartbeat.lua")
 MARK_UNRECOVERABLE = load("mark_unrecoverable.lua")
 NEXT_UNCLAIMED = load("next_unclaimed.lua")
@@ -76,6 +77,7 @@ __all__ = [
     "CLOSE_ROUND",
     "CREATE_ROUND",
     "DELETE_ROUND",
+    "FORWARD",
     "HEARTBEAT",
     "MARK_UNRECOVERABLE",
     "NEXT_UNCLAIMED",

@@ -45,7 +45,7 @@ def test_adaptive_traversal_changes_size_and_keeps_the_contract(
             )
         )
     t = traversal(pg_schema_url, redis_url, key_prefix, columns=["payload"])
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     rec = Recorder()
     sizes: list[int] = []
 

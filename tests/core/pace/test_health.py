@@ -39,7 +39,7 @@ def test_a_flipped_lag_stops_every_task_within_one_chunk_and_recovery_resumes(
         CallableCheck(lambda: probes.append(1) or True, "counter"),
     )
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     opts = TraverseOptions(
         chunk_size=100, health_checks=checks, health_poll_seconds=0.3, prefetch=False
     )

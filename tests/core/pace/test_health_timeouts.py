@@ -71,7 +71,7 @@ def test_a_probe_blocked_on_a_row_lock_ends_unhealthy_and_a_stop_ends_the_traver
         claim_timeout=BOUND,
     )
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     seen: Counter[int] = Counter()
     lock = RowLock(pg_engine, "SELECT * FROM probe_lag WHERE id = 1 FOR UPDATE")
     first = traversal(pg_schema_url, redis_url, key_prefix)
@@ -159,7 +159,7 @@ def test_a_traversal_goes_on_while_its_mirror_row_is_locked(
     the lease (logged) and the range completes; old code: the range's loop waited on the lock."""
     make_events(pg_engine, list(range(1, 301)))
     t = traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     lock = RowLock(
         pg_engine,
         "SELECT * FROM keyset_checkpoints WHERE range_id = 0 AND round_id <> '' FOR UPDATE",

@@ -32,7 +32,7 @@ def test_pause_commits_releases_and_returns_then_resume_loses_nothing(
     key delivered exactly once, counters exact."""
     make_events(pg_engine, list(range(1, 20_001)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     rec = Recorder()
     out: dict = {}
     opts = TraverseOptions(chunk_size=200, control_poll_seconds=0.2, owner_lineage="task-a")
@@ -84,7 +84,7 @@ def test_throttle_is_visible_and_a_long_wait_yields(
     lifts the budget and the next call finishes the range."""
     make_events(pg_engine, list(range(1, 3001)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     state = t.throttle(100)
     assert state.max_rows_per_second == 100.0
     assert t.control.stream_status().as_dict()["control"]["max_rows_per_second"] == 100.0

@@ -34,7 +34,7 @@ def _traversal(url: str, redis_url: str, key_prefix: str, key: str, **kw: Any) -
 
 
 def _first_round(t: KeysetTraversal) -> None:
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     run_all(t, rnd, Recorder())
     t.close_round(rnd.round_id)
 
@@ -44,7 +44,7 @@ def _refused(t: KeysetTraversal, redis_client: Any, key_prefix: str, *fragments:
     before = sorted(redis_client.scan_iter(f"{key_prefix}:*"))
     counter = redis_client.get(f"{key_prefix}:{{items}}:seq")
     with pytest.raises(ConfigurationError) as err:
-        t.plan(max_ranges=2)
+        t.plan(max_ranges=2, new_stream=True)
     for fragment in fragments:
         assert fragment in str(err.value)
     assert sorted(redis_client.scan_iter(f"{key_prefix}:*")) == before
@@ -137,7 +137,7 @@ def test_key_change_on_the_same_stream_is_refused(
         stream="items-by-id",
         key_prefix=key_prefix,
     )
-    rnd = fresh.plan(max_ranges=2)
+    rnd = fresh.plan(max_ranges=2, new_stream=True)
     rec = Recorder()
     run_all(fresh, rnd, rec)
     assert fresh.close_round(rnd.round_id).done == 41 and 1000 in rec.seen
@@ -156,12 +156,14 @@ def test_key_change_is_refused_after_redis_loss_through_the_mirror(
         redis_client.delete(k)
     t = _traversal(pg_schema_url, redis_url, key_prefix, "id", **kw)
     with pytest.raises(ConfigurationError, match=r"created_at \(timestamptz\)"):
-        t.plan(max_ranges=2)
+        t.plan(max_ranges=2, new_stream=True)
     same = _traversal(pg_schema_url, redis_url, key_prefix, "created_at", **kw)
     with pg_engine.begin() as c:
         c.execute(sa.text("INSERT INTO items VALUES (1000, now() + interval '1 day')"))
         new = c.execute(sa.text("SELECT created_at FROM items WHERE id = 1000")).scalar()
-    rnd = same.plan(max_ranges=1)  # the unchanged key continues from the restored watermark
+    rnd = same.plan(
+        max_ranges=1, new_stream=True
+    )  # the unchanged key continues from the restored watermark
     rec = Recorder()
     run_all(same, rnd, rec)
     assert list(rec.seen) == [new]
@@ -179,13 +181,15 @@ def test_stream_without_fingerprint_adopts_the_current_key(
     with pg_engine.begin() as c:
         c.execute(sa.text("INSERT INTO items VALUES (1000, now() + interval '1 day')"))
     t = _traversal(pg_schema_url, redis_url, key_prefix, "id")
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     rec = Recorder()
     run_all(t, rnd, rec)
     assert sorted(rec.seen) == [1000]
     t.close_round(rnd.round_id)
     with pytest.raises(ConfigurationError, match=r"id \(int\)"):
-        _traversal(pg_schema_url, redis_url, key_prefix, "created_at").plan(max_ranges=1)
+        _traversal(pg_schema_url, redis_url, key_prefix, "created_at").plan(
+            max_ranges=1, new_stream=True
+        )
 
 
 def test_foreign_watermark_without_fingerprint_is_refused(
@@ -198,4 +202,4 @@ def test_foreign_watermark_without_fingerprint_is_refused(
     for k in redis_client.scan_iter(f"{key_prefix}:*:key"):
         redis_client.delete(k)
     with pytest.raises(ConfigurationError, match="watermark"):
-        _traversal(pg_schema_url, redis_url, key_prefix, "id").plan(max_ranges=1)
+        _traversal(pg_schema_url, redis_url, key_prefix, "id").plan(max_ranges=1, new_stream=True)

@@ -74,7 +74,7 @@ def check_raising_calls(t: KeysetTraversal, target: sa.Engine) -> None:
             outages[11] += 1
             raise RetryableError("the sink went away after the insert")
 
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     res = t.traverse(
         rnd.round_id, 0, proc, chunk_size=10, exactly_once=True, backoff_base=0.01,
         item_retry_delay=0.01,
@@ -90,7 +90,7 @@ def test_a_chunk_committed_but_not_advanced_is_not_delivered_again(
 ):
     _prepare(pg_engine, pg_engine, 500)
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     proc = StealAfter(redis_client, t, rnd, at=201)
     kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=mode)
     with pytest.raises(LeaseLostError):
@@ -141,7 +141,7 @@ def run_stale_owner(a: KeysetTraversal, b: KeysetTraversal, mode: bool) -> None:
     """A writes chunk (200, 300]; before A's processor returns, B (a new try of the lineage)
     takes the range over and runs it to the end; A then fails with ``LeaseLostError`` (with
     the mode: its ledger step found the row moved on)."""
-    rnd = a.plan(max_ranges=1)
+    rnd = a.plan(max_ranges=1, new_stream=True)
     kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=mode)
     results = []
 
@@ -158,7 +158,7 @@ def run_stale_owner(a: KeysetTraversal, b: KeysetTraversal, mode: bool) -> None:
 def check_group_commit(t: KeysetTraversal, target: sa.Engine, client: redis.Redis) -> None:
     """Over 900 keys in chunks of 100, groups of 3: the advance of the group (300, 600] is lost
     after its commit; the next try delivers none of it again. Closes ``t``."""
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     proc = StealAfter(client, t, rnd, at=401)
     kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True, group_commit_chunks=3)
     with pytest.raises(LeaseLostError):
@@ -196,7 +196,7 @@ def test_a_sqlite_target(pg_engine, pg_schema_url, redis_url, redis_client, key_
     target = sa.create_engine(target_url)
     _prepare(pg_engine, target, 500)
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=target_url)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     proc = StealAfter(redis_client, t, rnd, at=201)
     kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True)
     with pytest.raises(LeaseLostError):
@@ -211,7 +211,7 @@ def test_a_sqlite_target(pg_engine, pg_schema_url, redis_url, redis_client, key_
 def test_the_mode_needs_a_target(pg_engine, pg_schema_url, redis_url, key_prefix):
     make_events(pg_engine, [1, 2, 3])
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     with pytest.raises(ConfigurationError, match="needs a target database"):
         t.traverse(rnd.round_id, 0, _write, exactly_once=True)
     with pytest.raises(ConfigurationError, match="exactly_once must be True or False"):
@@ -230,7 +230,7 @@ def test_a_round_restored_from_the_mirror_resumes_at_the_ledger(
         pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url,
         checkpoint_url=pg_schema_url, checkpoint_seconds=3600,
     )  # fmt: skip
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
 
     kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True)
     for at in (201, 301):  # two owners, each losing its last advance
@@ -254,7 +254,7 @@ def test_a_failing_ledger_step_at_the_claim_releases_the_lease(
     make_events(pg_engine, list(range(1, 21)))
     unreachable = f"sqlite:///{tmp_path / 'no-such-dir' / 'target.db'}"
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=unreachable)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     with pytest.raises(sa.exc.OperationalError):
         t.traverse(rnd.round_id, 0, _write, exactly_once=True, lease_seconds=600)
     status = t.range_status(rnd.round_id)[0]

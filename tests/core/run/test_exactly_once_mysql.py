@@ -62,7 +62,7 @@ def test_a_chunk_committed_but_not_advanced_is_not_delivered_again(
     url, engine = target
     make_events(pg_engine, list(range(1, 501)))
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     proc = StealAfter(redis_client, t, rnd, at=201)
     kw = dict(chunk_size=100, owner_lineage="lineage-a", exactly_once=True)
     with pytest.raises(LeaseLostError):

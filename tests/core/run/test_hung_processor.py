@@ -131,7 +131,7 @@ def test_chunk_timeout_must_be_positive(
 
     make_events(pg_engine, [1])
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     with pytest.raises(ConfigurationError, match="chunk_timeout must be a positive number"):
         t.traverse(rnd.round_id, 0, lambda chunk: None, chunk_timeout=value)
     t.close()

@@ -16,7 +16,7 @@ def test_on_progress_sees_committed_monotonic_states_and_the_final_one(
     to the cursor), and the last one is the complete range."""
     make_events(pg_engine, list(range(1, 101)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     seen = []
     res = t.traverse(
         rnd.round_id,
@@ -43,7 +43,7 @@ def test_on_progress_is_throttled_but_reports_the_end(
     only, not every chunk."""
     make_events(pg_engine, list(range(1, 201)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     seen = []
     t.traverse(rnd.round_id, 0, lambda chunk: None, chunk_size=10, on_progress=seen.append)
     assert len(seen) == 2, [(s.cursor, s.done) for s in seen]
@@ -56,7 +56,7 @@ def test_a_failing_callback_does_not_stop_the_range(
 ):
     make_events(pg_engine, list(range(1, 51)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
 
     def broken(state):
         raise RuntimeError("metadata DB down")

@@ -114,7 +114,7 @@ def test_many_ranges_over_few_workers_process_every_key_exactly_once(
     keys = [k for k in range(1, 20_001) if k % 13]
     analyzed_events(pg_engine, keys)
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=64)
+    rnd = t.plan(max_ranges=64, new_stream=True)
     assert len(rnd.ranges) == 64
     seen = Deliveries()
     results = pull_workers(

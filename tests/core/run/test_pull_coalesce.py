@@ -68,7 +68,7 @@ def test_four_coalescing_tasks_deliver_every_key_once_with_far_fewer_claims_than
     keys = [k for k in range(1, 20_001) if k % 7]
     analyzed_events(pg_engine, keys)
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=200)
+    rnd = t.plan(max_ranges=200, new_stream=True)
     assert len(rnd.ranges) == 200
     ordered = sorted(rnd.ranges, key=lambda r: r.lo_encoded)
     firsts = [ordered[i].range_id for i in first_positions(200, 4)]

@@ -44,7 +44,7 @@ def test_lost_round_is_an_error_never_complete(
     events, pg_schema_url, redis_url, key_prefix, redis_client
 ):
     t = events_traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     t.traverse(rnd.round_id, 0, lambda c: None, chunk_size=500)
     _flush_prefix(redis_client, key_prefix)
     with pytest.raises(RoundStateLostError, match="no state in Redis"):
@@ -74,7 +74,7 @@ def test_mirror_restores_lost_round_with_bounded_replay(
         return None
 
     flushed: list[int] = []
-    rnd = t.plan(max_ranges=2)  # ranges (-inf, 2000], (2000, 4000]
+    rnd = t.plan(max_ranges=2, new_stream=True)  # ranges (-inf, 2000], (2000, 4000]
     res = t.traverse(
         rnd.round_id, 0, proc, chunk_size=250, max_item_attempts=2, item_retry_delay=0.01
     )
@@ -91,7 +91,9 @@ def test_mirror_restores_lost_round_with_bounded_replay(
     _flush_prefix(redis_client, key_prefix)  # lose everything again, between rounds
     with events.begin() as c:
         c.execute(sa.text("INSERT INTO events VALUES (4001, 'new')"))
-    nxt = t.plan(max_ranges=1)  # the watermark comes back from the mirror: no full re-traversal
+    nxt = t.plan(
+        max_ranges=1, new_stream=True
+    )  # the watermark comes back from the mirror: no full re-traversal
     assert nxt.start_key == 4000 and nxt.round_id != rnd.round_id
 
 
@@ -99,7 +101,7 @@ def test_incomplete_restored_round_still_refuses_to_close(
     events, pg_schema_url, redis_url, key_prefix, redis_client
 ):
     t = events_traversal(pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url)
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     t.traverse(rnd.round_id, 0, lambda c: None, chunk_size=500)
     _flush_prefix(redis_client, key_prefix)
     with pytest.raises(RoundIncompleteError, match="range 1"):
@@ -113,7 +115,7 @@ def test_retention_floor_is_lowest_open_cursor_else_watermark(
 ):
     t = events_traversal(pg_schema_url, redis_url, key_prefix)
     assert t.retention_floor() is None
-    rnd = t.plan(max_ranges=2)  # (-inf, 2000], (2000, 4000]
+    rnd = t.plan(max_ranges=2, new_stream=True)  # (-inf, 2000], (2000, 4000]
     assert t.retention_floor() is None  # range 0 has read nothing yet: keep everything
 
     def stop_after(n):
@@ -149,7 +151,7 @@ def test_retention_past_a_cursor_makes_the_round_unrecoverable(
         "retention_sql": "SELECT deleted_through FROM retention",
     }
     t = KeysetTraversal(pg_schema_url, **kw)
-    rnd = t.plan(max_ranges=2)  # (-inf, 2000], (2000, 4000]
+    rnd = t.plan(max_ranges=2, new_stream=True)  # (-inf, 2000], (2000, 4000]
     t.traverse(
         rnd.round_id, 0, lambda ch: t.request_stop() if ch.keys[-1] >= 750 else None, chunk_size=250
     )

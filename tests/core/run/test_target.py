@@ -33,7 +33,7 @@ def _write(chunk) -> None:
 def test_a_returning_processor_commits_its_writes(pg_engine, pg_schema_url, redis_url, key_prefix):
     _prepare(pg_engine, 250)
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     res = t.traverse(rnd.round_id, 0, _write, chunk_size=100)
     assert res.complete and res.done == 250
     assert _effects(pg_engine) == Counter(range(1, 251))
@@ -56,7 +56,7 @@ def test_a_raising_processor_leaves_nothing_of_that_call(
             raise RetryableError("the sink went away after the insert")
 
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     res = t.traverse(rnd.round_id, 0, flaky, chunk_size=50, backoff_base=0.01)
     assert res.complete and res.done == 200
     assert sum(attempts.values()) == 8  # 4 chunks, each delivered twice
@@ -77,7 +77,7 @@ def test_the_writes_for_keys_a_result_does_not_fail_stand(
         return ChunkResult(failed={k: "multiple of ten" for k in chunk.keys if k % 10 == 0})
 
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     res = t.traverse(rnd.round_id, 0, some_bad, chunk_size=30, max_item_attempts=1)
     assert (res.done, res.dead) == (27, 3)
     assert _effects(pg_engine) == Counter(k for k in range(1, 31) if k % 10)
@@ -90,7 +90,7 @@ def test_without_a_target_a_chunk_has_no_connection(
     make_events(pg_engine, [1, 2, 3])
     seen = []
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     t.traverse(rnd.round_id, 0, lambda chunk: seen.append(chunk.connection), chunk_size=10)
     assert seen == [None]
 

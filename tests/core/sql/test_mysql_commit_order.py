@@ -61,7 +61,7 @@ def test_a_lower_key_committed_after_the_bound_was_read_is_delivered(
 
     def plan() -> None:
         try:
-            out["round"] = t.plan(max_ranges=1)
+            out["round"] = t.plan(max_ranges=1, new_stream=True)
             out["returned_while_open"] = state["open"]
         except BaseException as exc:  # surfaced by the assertion below
             out["error"] = exc
@@ -83,7 +83,9 @@ def test_a_lower_key_committed_after_the_bound_was_read_is_delivered(
     t.close_round(rnd.round_id)
     with eng.begin() as c:
         c.exec_driver_sql("INSERT INTO ev (p) VALUES (3)")
-    rnd2 = t.plan(max_ranges=1)  # the next round starts above key 2: key 1 was delivered once
+    rnd2 = t.plan(
+        max_ranges=1, new_stream=True
+    )  # the next round starts above key 2: key 1 was delivered once
     for r in rnd2.ranges:
         t.traverse(rnd2.round_id, r.range_id, lambda ch: seen.extend(ch.keys))
     assert sorted(seen) == [low, low + 1, low + 2]
@@ -101,7 +103,7 @@ def test_the_wait_is_bounded_and_names_the_blocker(mariadb_db_url, redis_url, ke
             CommitOrderTimeoutError,
             match=rf"did not end within .* s: thread {thread} user root .*KILL {thread}",
         ):
-            t.plan()
+            t.plan(new_stream=True)
     finally:
         tx.rollback()
         held.close()
@@ -133,11 +135,11 @@ def test_without_process_privilege_the_plan_is_refused_unless_settle_opts_in(
         c.exec_driver_sql("INSERT INTO ev (p) VALUES (1), (2)")
     t = _traversal(user_without_process, redis_url, key_prefix)
     with pytest.raises(ConfigurationError, match=r"lacks the PROCESS privilege.*GRANT PROCESS"):
-        t.plan()
+        t.plan(new_stream=True)
     t.close()
     assert [k for k in redis_client.scan_iter(f"{key_prefix}:*") if b":round" in k] == []
     ok = _traversal(user_without_process, redis_url, key_prefix, settle_seconds=0.01)
-    rnd = ok.plan()
+    rnd = ok.plan(new_stream=True)
     assert rnd.end_key == 2
     ok.close()
     eng.dispose()
@@ -151,10 +153,10 @@ def test_a_table_not_in_innodb_is_refused_unless_settle_opts_in(
         c.exec_driver_sql("INSERT INTO ev (p) VALUES (1)")
     t = _traversal(mariadb_db_url, redis_url, key_prefix)
     with pytest.raises(ConfigurationError, match=r"stored in Aria, not InnoDB.*ENGINE=InnoDB"):
-        t.plan()
+        t.plan(new_stream=True)
     t.close()
     ok = _traversal(mariadb_db_url, redis_url, key_prefix, settle_seconds=0.01)
-    assert ok.plan().end_key == 1
+    assert ok.plan(new_stream=True).end_key == 1
     ok.close()
     eng.dispose()
 
@@ -186,7 +188,9 @@ def test_a_long_autocommit_select_is_not_waited_for(mariadb_db_url, redis_url, k
         else:
             pytest.fail("the reader's SELECT never showed in INNODB_TRX")
         t = _traversal(mariadb_db_url, redis_url, key_prefix, commit_wait_timeout=0.5)
-        assert t.plan().end_key == 1  # a wait for the reader would time out after 0.5 s
+        assert (
+            t.plan(new_stream=True).end_key == 1
+        )  # a wait for the reader would time out after 0.5 s
         t.close()
     finally:
         probe.exec_driver_sql(f"KILL QUERY {reader_id}")

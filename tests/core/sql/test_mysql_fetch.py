@@ -61,7 +61,7 @@ def test_a_no_op_traversal_with_prefetch_reads_every_row(
         key_prefix=key_prefix,
     )
     try:
-        rnd = t.plan(max_ranges=1)
+        rnd = t.plan(max_ranges=1, new_stream=True)
         res = t.traverse(rnd.round_id, 0, lambda chunk: None, chunk_size=100, prefetch=True)
         assert res.complete and res.rows_read == 20_000 and res.chunks >= 200
     finally:

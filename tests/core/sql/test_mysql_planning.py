@@ -104,7 +104,7 @@ def test_plan_traverse_close_round_with_single_and_composite_keys(
     _events(mariadb_db_url, 3_000)
     for key, prefix in [("id", f"{key_prefix}:a"), (["created_at", "id"], f"{key_prefix}:b")]:
         t = _traversal(url_s, redis_url, prefix, key)
-        rnd = t.plan(max_ranges=4)
+        rnd = t.plan(max_ranges=4, new_stream=True)
         assert len(rnd.ranges) == 4
         seen: Counter = Counter()
         record = seen.update
@@ -159,7 +159,7 @@ def test_a_skewed_table_is_planned_in_balanced_ranges_without_reading_it(
             stream="ev",
             key_prefix=key_prefix,
         )
-        rnd = t.plan(max_ranges=8, exact_limit=1_000)
+        rnd = t.plan(max_ranges=8, exact_limit=1_000, new_stream=True)
         read = _rows_read(mariadb_db_url, "ev") - before
     finally:
         with admin.connect() as c:

@@ -173,7 +173,7 @@ def test_text_keys_in_code_point_order_are_delivered_once_in_order(
     t = KeysetTraversal(
         mariadb_db_url, table="t", key="k", redis_url=redis_url, stream="s", key_prefix=key_prefix
     )
-    rnd = t.plan(max_ranges=3)
+    rnd = t.plan(max_ranges=3, new_stream=True)
     seen: list[str] = []
     for r in rnd.ranges:
         t.traverse(rnd.round_id, r.range_id, lambda ch: seen.extend(ch.keys), chunk_size=3)

@@ -70,7 +70,9 @@ def test_commit_order_bound_waits_for_open_transaction(
         )  # seq 102, committed first
     t = traversal(pg_schema_url, redis_url, key_prefix, commit_wait_timeout=30)
     out = {}
-    planner = threading.Thread(target=lambda: out.setdefault("round", t.plan(max_ranges=2)))
+    planner = threading.Thread(
+        target=lambda: out.setdefault("round", t.plan(max_ranges=2, new_stream=True))
+    )
     planner.start()
     time.sleep(0.5)
     assert planner.is_alive(), "plan must wait for the transaction holding seq 101"
@@ -94,7 +96,7 @@ def test_commit_order_timeout_names_the_transaction_and_saves_nothing(
     try:
         t = traversal(pg_schema_url, redis_url, key_prefix, commit_wait_timeout=0.3)
         with pytest.raises(CommitOrderTimeoutError, match="pid"):
-            t.plan()
+            t.plan(new_stream=True)
     finally:
         tx.rollback()
         blocker.close()

@@ -164,7 +164,7 @@ def test_prepared_transaction_is_waited_for_and_named(cluster, redis_url, key_pr
             CommitOrderTimeoutError,
             match=r"gid 'ks-test-5' database postgres owner postgres .*COMMIT PREPARED 'ks-test-5'",
         ):
-            t.plan()
+            t.plan(new_stream=True)
         assert [
             k for k in redis_client.scan_iter(f"{key_prefix}:*") if not k.endswith(b":seq")
         ] == []
@@ -177,7 +177,7 @@ def test_prepared_transaction_is_waited_for_and_named(cluster, redis_url, key_pr
         th = threading.Thread(target=commit_later, daemon=True)
         th.start()
         t.source.commit_wait_timeout = 30
-        rnd = t.plan(max_ranges=2)
+        rnd = t.plan(max_ranges=2, new_stream=True)
         th.join(10)
         seen: Counter = Counter()
         for r in rnd.ranges:
@@ -219,9 +219,9 @@ def test_plan_on_standby_is_refused_unless_settle_window(
         ConfigurationError,
         match=r"standby \(pg_is_in_recovery\(\) is true\).*plan against the primary",
     ):
-        t.plan()
+        t.plan(new_stream=True)
     t.close()
     assert [k for k in redis_client.scan_iter(f"{key_prefix}:*") if not k.endswith(b":seq")] == []
     opted = traversal(standby, redis_url, key_prefix, "events_replica", settle_seconds=0.2)
-    assert opted.plan().end_key == 9
+    assert opted.plan(new_stream=True).end_key == 9
     opted.close()

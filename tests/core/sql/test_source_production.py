@@ -94,7 +94,7 @@ def test_key_fed_by_cached_sequence_is_refused_at_plan(
         a.rollback()
         t = traversal(pg_schema_url, redis_url, key_prefix)
         with pytest.raises(ConfigurationError, match=rf"{sequence}.*CACHE 20.*CACHE 1"):
-            t.plan()
+            t.plan(new_stream=True)
         assert [
             k for k in redis_client.scan_iter(f"{key_prefix}:*") if not k.endswith(b":seq")
         ] == []
@@ -106,7 +106,7 @@ def test_key_fed_by_cached_sequence_is_refused_at_plan(
             settle_seconds=0.2,
             commit_wait_timeout=10,
         )
-        assert opted.plan().end_key == 21
+        assert opted.plan(new_stream=True).end_key == 21
         t.close()
         opted.close()
     finally:
@@ -122,7 +122,7 @@ def test_uncached_sequence_is_accepted(pg_engine, pg_schema_url, redis_url, key_
         )
         c.exec_driver_sql("INSERT INTO events (p) SELECT 'x' FROM generate_series(1, 5)")
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    assert t.plan().end_key == 5
+    assert t.plan(new_stream=True).end_key == 5
     t.close()
 
 
@@ -157,7 +157,7 @@ def test_settle_window_applies_on_postgresql(pg_engine, pg_schema_url, redis_url
     t = traversal(pg_schema_url, redis_url, key_prefix, settle_seconds=4, commit_wait_timeout=30)
     try:
         started.set()
-        rnd = t.plan(max_ranges=2)
+        rnd = t.plan(max_ranges=2, new_stream=True)
         with pg_engine.connect() as c:  # what the round can see the moment it is saved
             visible = (
                 c.exec_driver_sql("SELECT seq FROM events WHERE seq <= 100 ORDER BY seq")
@@ -217,7 +217,7 @@ def test_explicit_end_wait_for_commit_order(pg_engine, pg_schema_url):
 def test_explicit_end_plan_delivers_key_committed_late(
     pg_engine, pg_schema_url, redis_url, key_prefix
 ):
-    """Scenario (through ``KeysetTraversal.plan(end_key=10)``): key 5 inserted before the plan,
+    """Scenario (through ``KeysetTraversal.plan(end_key=10, new_stream=True)``): key 5 inserted before the plan,
     committed 2.5 s later, must be delivered by the round (5 is below the explicit end): the plan
     waits for it as it would below ``max(key)``."""
     with pg_engine.begin() as c:
@@ -268,7 +268,7 @@ def test_partial_or_expression_unique_index_is_no_proof(
         c.exec_driver_sql(ddl)
     t = traversal(pg_schema_url, redis_url, key_prefix)
     with pytest.raises(KeyValidationError, match="not unique") as err:
-        t.plan()
+        t.plan(new_stream=True)
     if index:
         assert index in str(err.value) and "CREATE UNIQUE INDEX" in str(err.value)
     t.close()
@@ -283,7 +283,7 @@ def test_sqlite_partial_unique_index_is_no_proof(sqlite_url, redis_url, key_pref
     eng.dispose()
     t = traversal(sqlite_url, redis_url, key_prefix)
     with pytest.raises(KeyValidationError, match="events_live"):
-        t.plan()
+        t.plan(new_stream=True)
     t.close()
 
 
@@ -296,7 +296,7 @@ def test_composite_key_proven_by_unique_subset(pg_engine, pg_schema_url, redis_u
         c.exec_driver_sql("CREATE INDEX ON events (created_at, id)")
         c.exec_driver_sql("INSERT INTO events SELECT g, now() FROM generate_series(1, 3) g")
     t = traversal(pg_schema_url, redis_url, key_prefix, key=["created_at", "id"])
-    assert len(run_all(t, t.plan())) == 3
+    assert len(run_all(t, t.plan(new_stream=True))) == 3
     t.close()
 
 
@@ -340,7 +340,7 @@ def test_commit_wait_ignores_vacuum_and_other_databases(
                 time.sleep(0.05)
             else:
                 pytest.fail("the VACUUM did not start")
-        assert t.plan().end_key == 10
+        assert t.plan(new_stream=True).end_key == 10
     finally:
         with pg_engine.connect() as c:
             c.exec_driver_sql(f"SELECT pg_cancel_backend({vac_pid})")
@@ -365,7 +365,7 @@ def test_commit_wait_timeout_names_the_blocker(pg_engine, pg_schema_url, redis_u
             CommitOrderTimeoutError,
             match=rf"pid {pid} database test .*open for [0-9.]+ s \(idle in transaction\)",
         ):
-            t.plan()
+            t.plan(new_stream=True)
     finally:
         blocker.rollback()
         blocker.close()
@@ -403,12 +403,14 @@ def test_icu_database_with_c_datcollate_is_refused(pg_url, redis_url, key_prefix
             KeyValidationError,
             match=r"'seq' uses collation 'default \(C\)'.*COLLATE \"C\".*ICU locale 'en-US'",
         ):
-            t.plan()
+            t.plan(new_stream=True)
         t.close()
         ok = traversal(url, redis_url, key_prefix, stream="c", table="events_c")
         with sa.create_engine(url, poolclass=NullPool).begin() as c:
             c.exec_driver_sql('CREATE TABLE events_c (seq text COLLATE "C" PRIMARY KEY)')
-        ok.plan()  # an explicit libc "C" collation column is accepted in the ICU database
+        ok.plan(
+            new_stream=True
+        )  # an explicit libc "C" collation column is accepted in the ICU database
         ok.close()
     finally:
         with admin.connect() as c:
@@ -429,7 +431,7 @@ def test_mariadb_table_with_primary_key_plans_and_traverses(mariadb_db_url, redi
         c.exec_driver_sql("INSERT INTO events VALUES (1, 1), (2, 2), (3, 3)")
     eng.dispose()
     t = traversal(mariadb_db_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     assert run_all(t, rnd) == {1: 1, 2: 1, 3: 1}
     assert t.close_round(rnd.round_id).done == 3
     t.close()
@@ -468,10 +470,10 @@ def test_caller_engine_reads_in_autocommit_and_closes_every_connection(
                 .all()
             )
         if len(plans) < 1:
-            plans.append(other.plan())  # must not wait for our idle connection
+            plans.append(other.plan(new_stream=True))  # must not wait for our idle connection
 
     try:
-        rnd = t.plan(max_ranges=1)
+        rnd = t.plan(max_ranges=1, new_stream=True)
         t.traverse(rnd.round_id, 0, proc, chunk_size=50)
         assert states and all("idle in transaction" not in s for s in states), states
         assert plans and plans[0].end_key == 300
@@ -614,7 +616,7 @@ def test_where_params_through_traversal(pg_engine, pg_schema_url, redis_url, key
         where_params={"tenant": "a'b"},
     )
     try:
-        rnd = t.plan(max_ranges=2)
+        rnd = t.plan(max_ranges=2, new_stream=True)
         assert sorted(run_all(t, rnd)) == list(range(3, 31, 3))
     finally:
         t.close()

@@ -63,7 +63,7 @@ def test_plan_refuses_a_server_that_may_evict_any_key(server, pg_engine, pg_sche
     url = server("--maxmemory-policy", policy)
     t = traversal(pg_schema_url, url, "kst")
     with pytest.raises(EvictionPolicyError, match=policy) as err:
-        t.plan(max_ranges=2)
+        t.plan(max_ranges=2, new_stream=True)
     _quoted(
         str(err.value).replace(policy, "allkeys-lru"),
         "the Redis server's maxmemory-policy is allkeys-lru, which may evict any key, "
@@ -84,7 +84,7 @@ def test_plan_accepts_policies_that_never_evict_keys_without_ttl(
     make_events(pg_engine, list(range(1, 101)))
     url = server("--maxmemory-policy", policy)
     t = traversal(pg_schema_url, url, "kst", checkpoint_url=pg_schema_url)
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     t.traverse(
         rnd.round_id,
         0,
@@ -107,7 +107,7 @@ def test_policy_read_from_info_when_config_is_refused(server, pg_engine, pg_sche
     url = server("--maxmemory-policy", "allkeys-lru", "--rename-command", "CONFIG", "")
     t = traversal(pg_schema_url, url, "kst")
     with pytest.raises(EvictionPolicyError, match="allkeys-lru"):
-        t.plan()
+        t.plan(new_stream=True)
     t.close()
 
 
@@ -118,7 +118,7 @@ def test_unreadable_policy_is_refused_unless_explicitly_allowed(server, pg_engin
     url = server("--rename-command", "CONFIG", "", "--rename-command", "INFO", "")
     t = traversal(pg_schema_url, url, "kst")
     with pytest.raises(EvictionPolicyError, match="could not read") as err:
-        t.plan()
+        t.plan(new_stream=True)
     assert "allow_unverified_eviction_policy=True" in str(err.value)
     _quoted(
         str(err.value),
@@ -127,7 +127,7 @@ def test_unreadable_policy_is_refused_unless_explicitly_allowed(server, pg_engin
     )
     t.close()
     t = traversal(pg_schema_url, url, "kst", allow_unverified_eviction_policy=True)
-    assert t.plan().round_id == "r1"
+    assert t.plan(new_stream=True).round_id == "r1"
     t.close()
 
 
@@ -160,7 +160,7 @@ def test_lost_retry_hash_never_closes_short(
     disagree with its retry hash: RoundStateLostError, and the round never closes."""
     make_events(pg_engine, list(range(1, 101)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     proc = _evict_once(redis_client, t.store.retry_key(rnd.round_id, 0), 51)
     with pytest.raises(RoundStateLostError, match="lost") as err:
         t.traverse(rnd.round_id, 0, proc, chunk_size=10, item_retry_delay=0)
@@ -186,7 +186,7 @@ def test_lost_retry_hash_is_restored_from_the_mirror(
     t = traversal(
         pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url, checkpoint_seconds=0
     )
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     proc = _evict_once(redis_client, t.store.retry_key(rnd.round_id, 0), 51)
     res = t.traverse(rnd.round_id, 0, proc, chunk_size=10, item_retry_delay=0)
     assert res.complete
@@ -205,7 +205,7 @@ def test_lost_dead_list_of_a_complete_range_is_detected(
     barrier's check) raise RoundStateLostError."""
     make_events(pg_engine, list(range(1, 51)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
 
     def proc(c: Any) -> Any:
         return ChunkResult(failed={3: "poison"}) if 3 in c.keys else None
@@ -255,7 +255,7 @@ def test_dead_letters_past_the_cap_are_never_dropped(
     always equals the letters listed; with the cap raised all 2,000 are kept and replayed."""
     make_events(pg_engine, list(range(1, 6001)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     rid = rnd.round_id
 
     def poison(chunk: Any) -> Any:
@@ -293,7 +293,7 @@ def _completed_round(pg_engine, pg_schema_url, redis_url, key_prefix) -> Any:
     t = traversal(
         pg_schema_url, redis_url, key_prefix, checkpoint_url=pg_schema_url, checkpoint_seconds=0
     )
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     for r in rnd.ranges:
         t.traverse(rnd.round_id, r.range_id, lambda c: None, chunk_size=50)
     return t, rnd

@@ -40,7 +40,7 @@ with engine.begin() as c:
 engine.dispose()
 t = KeysetTraversal(sqlite_url, table="events", key="seq", redis_url=redis_url,
                     stream="events-nightly", key_prefix=prefix)
-rnd = t.plan(max_ranges=4)
+rnd = t.plan(max_ranges=4, new_stream=True)
 seen = []
 for r in rnd.ranges:
     t.traverse(rnd.round_id, r.range_id, lambda chunk: seen.extend(chunk.keys), chunk_size=40)
