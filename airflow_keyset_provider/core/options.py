@@ -135,10 +135,11 @@ class TraverseOptions:
     exactly_once: bool = False
     """Exactly-once effects for writes through ``chunk.connection`` (needs a target database):
     one transaction per chunk (or group) on the target, each processor call in a SAVEPOINT of
-    it, and the range's ledger row (``keyset_ledger``: cursor, counters, owner epoch) written in
-    the same transaction, fenced by the claim's epoch, before the Redis cursor advances. A claim
-    moves Redis forward to the ledger when the ledger is ahead, so a chunk whose transaction
-    committed is never delivered again. Item retry passes stay at-least-once
+    it, and the chunk's key interval recorded in the round's ledger (``keyset_ledger``: the
+    committed key intervals of each round, whatever range identity committed them) in the same
+    transaction, fenced by the claim's generation and by overlap, before the Redis cursor
+    advances. A claim passes every interval committed inside its keys, so a chunk whose
+    transaction committed is never delivered again. Item retry passes stay at-least-once
     (docs/contract.md, "Exactly-once effects")."""
 
     def __post_init__(self) -> None:

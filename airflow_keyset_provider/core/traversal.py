@@ -62,8 +62,8 @@ class KeysetTraversal:
     Redis keys share the hash tag ``{stream}``). Nothing is read or written until a method runs.
     ``target_url`` (a URL or Engine of the database the processor writes to) gives every processor
     call a transaction of its own as ``chunk.connection``, committed when the processor returns
-    and rolled back when it raises. With ``exactly_once=True`` (a traverse option) the range's
-    ledger row in ``ledger_table`` on the target commits with those writes (``core/run/ledger.py``).
+    and rolled back when it raises. With ``exactly_once=True`` (a traverse option) each chunk's
+    key interval in the round's ledger (``ledger_table`` on the target) commits with those writes (``core/run/ledger.py``).
     """
 
     def __init__(

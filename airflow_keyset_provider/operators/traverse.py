@@ -167,8 +167,9 @@ class TraverseRangeOperator(BaseOperator):
         ``ChunkResult`` included) and rolls back when it raises. Bound parameters stay out of
         the logs. The processor never commits; the write-back helpers take the connection as is.
     :param exactly_once: needs ``target_conn_id``: see ``TraverseOptions.exactly_once``. The
-        processor's writes through ``chunk.connection`` commit with the range's ledger row on the
-        target (table ``keyset_ledger``), so a crashed try never makes them twice.
+        processor's writes through ``chunk.connection`` commit with their key interval in the
+        round's ledger on the target (table ``keyset_ledger``), so a crashed try never makes
+        them twice.
     :param state_store_seconds: mirror the committed cursor and counters into the task state
         store at most this often (and once when the try ends); None: never.
     :param control_poll_seconds: see ``TraverseOptions.control_poll_seconds``.

@@ -21,10 +21,12 @@ from ..errors import (
     CursorConflictError,
     DependencyFailedError,
     LeaseLostError,
+    RetryableError,
     RoundStateLostError,
 )
 from ..keys import display_key, encode_key
 from ..options import TraverseOptions
+from ..sql.dialects import for_engine
 from ..store.cursor_store import Advanced, CursorStore
 from .claim import mirror_coalesced
 from .state import CommittedRange
@@ -78,6 +80,9 @@ class RangeCommits:
         time budget (False: commit, release, return with ``yielded`` set)."""
         return True
 
+    def _flush(self) -> None:
+        """Commit the processed group (``RangeRun``; nothing to flush here)."""
+
     def _check_lease(self, heart: Heartbeat, what: str) -> None:
         if heart.lost.is_set():
             raise LeaseLostError(f"round {self.round_id} range {self.range_id}: {what}")
@@ -104,12 +109,18 @@ class RangeCommits:
             return self.ledger.call(self, chunk)
         if target is None:
             return self.processor(chunk)
-        with target.begin() as conn:
-            chunk.connection = conn
-            try:
-                return self.processor(chunk)
-            finally:
-                chunk.connection = None
+        try:
+            with target.begin() as conn:
+                chunk.connection = conn
+                try:
+                    return self.processor(chunk)
+                finally:
+                    chunk.connection = None
+        except Exception as exc:  # a deadlock, lock wait timeout...: a dependency failure
+            dialect = for_engine(target.dialect)
+            if dialect is not None and dialect.classify_row_error(exc) == "retry":
+                raise RetryableError(f"the target failed ({type(exc).__name__}: {exc})") from exc
+            raise
 
     def _after_call(self, chunk: Chunk, started: float) -> None:
         self.heart.idle()
@@ -180,6 +191,12 @@ class RangeCommits:
             raise
         metrics.timing("chunk.commit", (time.perf_counter() - started) * 1000, tags=tags)
         metrics.incr("chunks", tags=tags)
+        self._committed(a)
+
+    def _committed(self, a: Advanced) -> None:
+        """After an advance: the counters' metrics, the committed state, the checkpoint, the
+        split request it carried back, the dead letters it made."""
+        metrics, tags = self.ctx.metrics, self.ctx.tags
         before = self.state
         for name, delta in (
             ("rows.done", a.done - before.done),
@@ -202,6 +219,53 @@ class RangeCommits:
                 a.dead - before.dead,
                 self.o.max_item_attempts,
             )
+
+    def _skip_committed(self) -> bool:
+        """exactly_once: at the start of a key interval another identity of these keys
+        committed (``ledger.py``), flush the group, then move the cursor over the interval in
+        one fenced advance with its counters and failed items. True when it did."""
+        ledger = self.ledger
+        skip = ledger.due(self.read, self.hi) if ledger is not None else None
+        if ledger is None or skip is None:
+            return False
+        self._flush()
+        if self.state.cursor != skip.start:  # the group's transaction was lost: read it first
+            ledger.skips.insert(0, skip)
+            return True
+        with self.heart.lock:
+            a = self.store.advance(
+                self.round_id,
+                self.range_id,
+                self.token,
+                self.state.cursor,
+                skip.to,
+                done=skip.done,
+                skipped=skip.skipped,
+                lease_ms=self.o.lease_ms,
+                max_item_attempts=self.o.max_item_attempts,
+                dead_cap=self.o.dead_cap,
+                failed=skip.failed,
+                release=True,
+            )
+            if a.released:
+                self.heart.stop()
+        self.ctx.metrics.incr("ledger.skipped_interval", tags=self.ctx.tags)
+        log.info(
+            "round %s range %d: keys (%s, %s] were committed by another identity of this range "
+            "(a split, coalescing, restore or failover); passed over without reading",
+            self.round_id,
+            self.range_id,
+            display_key(skip.start, self.arity),
+            display_key(skip.to, self.arity),
+        )
+        self.read = a.cursor  # before a split request it carried is answered
+        self._committed(a)
+        return True
+
+    def _bound(self, read: str) -> str:
+        """How far a read from ``read`` may go: ``hi``, or the next interval committed by
+        another identity of these keys (exactly_once)."""
+        return self.ledger.bound(read, self.hi) if self.ledger is not None else self.hi
 
     def _advance(
         self,

@@ -1,5 +1,6 @@
-"""Exactly-once effects on the target database (``exactly_once=True``): the cursor's ledger row
-commits in the same transaction as the processor's writes.
+"""Exactly-once effects on the target database (``exactly_once=True``): the key interval a
+chunk covered is recorded in the target's ledger in the same transaction as the processor's
+writes.
 
 The timeline this module exists for (at-least-once, without it)::
 
@@ -7,20 +8,43 @@ The timeline this module exists for (at-least-once, without it)::
     owner A: SIGKILL                         (the Redis advance to c1 never happens)
     owner B: claims, Redis says c0           -> (c0, c1] is written a second time
 
-With the mode, A's transaction also moves the range's ledger row (``core/sql/ledger.py``) from
-c0 to c1, fenced by A's ledger epoch (bumped by every claim) and the cursor, and only then is the Redis cursor advanced. B's claim first
-bumps the row's epoch (so A, if it is only paused, finds its next ledger step fenced
-and its transaction rolls back: ``LeaseLostError``), then reads the row: at c1, ahead of Redis,
-so B moves Redis to c1 with the ledger's counters (a fenced advance by B) before reading a row.
-A chunk whose transaction committed is never delivered again; one that did not commit left
-nothing behind and is delivered again, whole.
+The ledger (``core/sql/ledger.py``) is a set of committed key intervals per round, not a row per
+range id: ranges change identity (a split, pull coalescing, a round restored from the mirror, a
+failover to a replica that never saw a split), keys do not. Guarantee: the committed intervals
+of a round are disjoint, and a key's writes commit only with the interval that holds it, so no
+identity change can make a key's writes commit twice.
+
+- **Claim.** The claim's ledger step (under the round's lock) takes a new generation, takes
+  every interval that overlaps the claim's keys ``(cursor, hi]`` or ends at its cursor (an
+  older owner's next step on them is fenced: its transaction rolls back, ``LeaseLostError``),
+  and plans the claim's traversal around the committed intervals inside ``(cursor, hi]``.
+- **Committed intervals in the middle are skipped, not refused.** The design choice: the
+  traversal reads only the gaps. It reads up to the next committed interval (``bound``),
+  commits what it read, then moves Redis over the interval in one fenced advance (its counters
+  and its failed items added: ``RangeCommits._skip_committed``), and reads on after it. A
+  claim that refused such a range, or realigned only a prefix, would either never finish a
+  range whose middle another identity committed (a failover that lost a split) or write that
+  middle again (the defect this replaces). Intervals at the claim's cursor are passed at the
+  claim (Redis moved forward before a row is read).
+- **Commit.** Before the Redis advance, the chunk's ``(expected, new]`` is recorded: under the
+  round's lock, refused (everything rolled back) unless an interval of this owner's generation
+  ends at ``expected`` and no other interval overlaps ``(expected, new]`` or was opened inside
+  it; the owner's interval grows to ``new`` (or a new one opens, after a skipped interval).
+- **Counters.** An interval keeps the owner's Redis counters at both ends, so passing one adds
+  exactly what was done in it. A cursor strictly inside an interval is Redis lagging behind the
+  same lineage (a restore, a lost advance): it adds what Redis has not counted. An interval that
+  straddles the range's end (a coalescing the replica never saw) is counted by the range that
+  holds its end, once.
 
 Inside the range's transaction every processor call runs in a SAVEPOINT: rolled back when the
 call raises, and when it returns a verdict that fails the chunk as a whole (failure isolation
 then delivers its parts again, ``item_failures.py``); a canary probe (a key already processed)
-is always rolled back. A chunk whose verdict was not recorded when the transaction commits
-(the run backed off after an outage) is rolled back whole. Item retry passes (after the cursor
-reached ``hi``) stay at-least-once: each call commits on its own, as without the mode.
+is always rolled back; an attempt that ends without a verdict (a dependency failure) is rolled
+back whole, so a smaller re-read of the same keys finds nothing of it. A deadlock, lock wait
+timeout, serialization failure or lost connection in a call rolls the whole transaction back
+(InnoDB already did) and is a dependency failure: the run rewinds to the committed cursor and
+reads again. Item retry passes (after the cursor reached ``hi``) stay at-least-once: each call
+commits on its own, as without the mode.
 """
 
 from __future__ import annotations
@@ -32,16 +56,23 @@ from typing import TYPE_CHECKING, Any, Protocol
 import sqlalchemy as sa
 
 from ..chunk import Chunk, ChunkResult, Processor
-from ..errors import ConfigurationError, LeaseLostError
-from ..keys import encode_key
+from ..errors import ConfigurationError, LeaseLostError, RetryableError
+from ..keys import display_key, encode_key
 from ..options import TraverseOptions
+from ..sql.dialects import for_engine
 from ..sql.ledger import (
-    bump_epoch,
+    Interval,
+    LedgerTables,
+    add_failed,
     create_ledger,
+    extend_interval,
     ledger_table,
     limit_statement_time,
-    move_row,
-    touch_row,
+    lock_round,
+    open_interval,
+    read_failed,
+    read_intervals,
+    take_intervals,
 )
 from ..store.cursor_store import Claim
 from .state import CommittedRange
@@ -64,7 +95,19 @@ class RangeCommits(Protocol):
     state: CommittedRange
 
 
-_created: set[tuple[int, str]] = set()  # (engine, table) pairs whose ledger table exists
+@dataclass(frozen=True)
+class Skip:
+    """A committed interval the traversal passes without reading: Redis moves from ``start`` to
+    ``to`` adding ``done``/``skipped`` and the interval's ``failed`` items."""
+
+    start: str
+    to: str
+    done: int
+    skipped: int
+    failed: tuple[tuple[str, str], ...] = ()
+
+
+_created: set[tuple[int, str]] = set()  # (engine, table) pairs whose ledger tables exist
 
 
 def check_exactly_once(ctx: RunContext, o: TraverseOptions) -> None:
@@ -77,57 +120,96 @@ def check_exactly_once(ctx: RunContext, o: TraverseOptions) -> None:
         )
 
 
+def plan_skips(
+    intervals: list[Interval], cursor: str, hi: str, counters: tuple[int, int]
+) -> list[Skip]:
+    """The committed intervals a claim at ``cursor`` of ``(., hi]`` passes, in key order, with
+    what each adds to the range's counters (see the module: lagging Redis, straddling
+    intervals)."""
+    skips = []
+    for r in intervals:
+        if r.empty or not (r.lo < hi and r.hi > cursor):
+            continue
+        start, to = max(r.lo, cursor), min(r.hi, hi)
+        if to < r.hi:  # straddles the range's end: the range holding r.hi counts it
+            done = skipped = 0
+        elif r.lo < cursor:  # Redis lags behind the lineage that wrote r
+            done = max(0, r.done - max(counters[0], r.base_done))
+            skipped = max(0, r.skipped - max(counters[1], r.base_skipped))
+        else:
+            done, skipped = r.done - r.base_done, r.skipped - r.base_skipped
+        skips.append(Skip(start, to, done, skipped))
+    return skips
+
+
 def claim_ledger(
     ctx: RunContext, round_id: str, range_id: int, claim: Claim, o: TraverseOptions
 ) -> tuple[Claim, RunLedger]:
-    """After the Redis claim: bump the ledger row's epoch (this owner's generation), and if the row is
-    ahead of Redis (a crash hit between the target's commit and the Redis advance, or Redis was
-    restored from an older checkpoint), move Redis forward to it. Returns the claim as it stands
-    after that and the run's ledger."""
+    """After the Redis claim: the ledger step of the claim (a new generation, the intervals of
+    ``(cursor, hi]`` taken, the traversal planned around them, the owner's interval opened at
+    the first key to read), then Redis moved over the committed intervals at the cursor.
+    Returns the claim as it stands after that and the run's ledger."""
     assert ctx.target is not None
-    table = ledger_table(ctx.ledger_table)
-    if (id(ctx.target), table.name) not in _created:
-        create_ledger(ctx.target, table)
-        _created.add((id(ctx.target), table.name))
-    key = (ctx.stream, round_id, range_id)
+    tables = ledger_table(ctx.ledger_table)
+    if (id(ctx.target), tables.intervals.name) not in _created:
+        create_ledger(ctx.target, tables)
+        _created.add((id(ctx.target), tables.intervals.name))
+    t, key = tables.intervals, (ctx.stream, round_id)
+    counters = (claim.done, claim.skipped)
     with ctx.target.begin() as conn:
         limit_statement_time(conn, o.lease_ms)
-        row = bump_epoch(conn, table, *key, claim.cursor, (claim.done, claim.skipped))
-    if row.cursor > claim.cursor:
-        claim = _fast_forward(ctx, round_id, range_id, claim, row.cursor, row, o)
-    elif row.cursor < claim.cursor:  # Redis moved on without the ledger (the mode was off)
-        with ctx.target.begin() as conn:
-            limit_statement_time(conn, o.lease_ms)
-            counters = (claim.done, claim.skipped)
-            move_row(conn, table, key, row.epoch, row.cursor, claim.cursor, counters)
-    return claim, RunLedger(ctx, table, key, row.epoch, row.failed, o)
+        epoch = lock_round(conn, t, *key, bump=True)
+        rows = read_intervals(conn, t, *key)
+        taken = [r for r in rows if r.lo < claim.hi and r.hi >= claim.cursor]
+        take_intervals(conn, t, [r.seg for r in taken], key, epoch)
+        skips = plan_skips(taken, claim.cursor, claim.hi, counters)
+        if skips:
+            failed = read_failed(conn, tables.failed, key, claim.cursor, claim.hi)
+            skips = [
+                replace(s, failed=tuple(f for f in failed if s.start < f[0] <= s.to)) for s in skips
+            ]
+        lead = []
+        pos = claim.cursor
+        while skips and skips[0].start == pos:
+            lead.append(skips.pop(0))
+            pos = lead[-1].to
+        at = (counters[0] + sum(s.done for s in lead), counters[1] + sum(s.skipped for s in lead))
+        resumed = any(r.hi == pos and (r.done, r.skipped) == at for r in taken)
+        if pos < claim.hi and not resumed:  # the interval this owner's commits grow
+            seg = max((r.seg for r in rows), default=0) + 1
+            open_interval(conn, t, key, seg, range_id, epoch, pos, pos, at, at)
+    if lead:
+        claim = _fast_forward(ctx, round_id, range_id, claim, lead, o)
+    return claim, RunLedger(ctx, tables, key, range_id, epoch, skips, o)
 
 
 def _fast_forward(
-    ctx: RunContext, round_id: str, range_id: int, claim: Claim, to: str, row: Any, o: Any
+    ctx: RunContext, round_id: str, range_id: int, claim: Claim, lead: list[Skip], o: Any
 ) -> Claim:
-    """The fenced advance of Redis to the ledger's cursor, with the ledger's counters and the
-    items that failed in the chunks Redis has not seen (keys above its cursor)."""
-    failed = [(k, why) for k, why in row.failed if k > claim.cursor]
+    """The fenced advance of Redis over the committed intervals at its cursor, with their
+    counters and the items that failed in them."""
     a = ctx.store.advance(
         round_id,
         range_id,
         claim.token,
         claim.cursor,
-        to,
-        done=max(0, row.done - claim.done),
-        skipped=max(0, row.skipped - claim.skipped),
+        lead[-1].to,
+        done=sum(s.done for s in lead),
+        skipped=sum(s.skipped for s in lead),
         lease_ms=o.lease_ms,
         max_item_attempts=o.max_item_attempts,
         dead_cap=o.dead_cap,
-        failed=failed,
+        failed=[f for s in lead for f in s.failed],
     )
     ctx.metrics.incr("ledger.fast_forward", tags=ctx.tags)
     log.warning(
-        "round %s range %d: the target's ledger is ahead of Redis (its last chunk committed, "
-        "the cursor advance did not happen); moved the cursor forward to it, nothing replayed",
+        "round %s range %d: the target's ledger has (%s, %s] committed, ahead of Redis (a "
+        "chunk committed whose cursor advance did not happen, or Redis was restored or failed "
+        "over); moved the cursor forward over it, nothing replayed",
         round_id,
         range_id,
+        display_key(claim.cursor, ctx.arity),
+        display_key(lead[-1].to, ctx.arity),
     )
     return replace(
         claim,
@@ -149,26 +231,48 @@ class _Savepoint:
 
 
 class RunLedger:
-    """One owner's transaction on the target, spanning a chunk (or a group of chunks), and the
-    fenced ledger step that commits it."""
+    """One owner's transaction on the target, spanning a chunk (or a group of chunks), the
+    fenced ledger step that commits it, and the committed intervals the traversal skips."""
 
     def __init__(
         self,
         ctx: RunContext,
-        table: sa.Table,
-        key: tuple[str, str, int],
+        tables: LedgerTables,
+        key: tuple[str, str],
+        range_id: int,
         epoch: int,
-        failed: list[tuple[str, str]],
+        skips: list[Skip],
         o: TraverseOptions,
     ) -> None:
         assert ctx.target is not None
-        self.target, self.table, self.key, self.epoch = ctx.target, table, key, epoch
-        self.failed = list(failed)  # the range's failed items, as the ledger row holds them
+        self.target, self.tables, self.key, self.epoch = ctx.target, tables, key, epoch
+        self.range_id, self.skips, self.arity = range_id, list(skips), ctx.arity
         self.timeout_ms, self.ratio = o.lease_ms, o.outage_failure_ratio
+        self.dialect = for_engine(ctx.target.dialect)
         self.conn: sa.Connection | None = None
         self.root: sa.RootTransaction | None = None
         self.chunk: _Savepoint | None = None  # the savepoint of the chunk being processed
         self.pending: list[_Savepoint] = []  # returned calls isolation may deliver again
+        self.lost = False  # the transaction was lost (deadlock...): the run must rewind
+
+    # -- committed intervals the traversal passes -------------------------------------------------
+    def bound(self, read: str, hi: str) -> str:
+        """How far the traversal may read from ``read``: the next committed interval, or ``hi``."""
+        for s in self.skips:
+            if s.start >= read:
+                return min(s.start, hi)
+        return hi
+
+    def due(self, read: str, hi: str) -> Skip | None:
+        """The committed interval starting at ``read`` (clipped to ``hi``, which a split may
+        have lowered since the claim: the part above it is the new range's), or None."""
+        self.skips = [s for s in self.skips if s.start < hi and s.to > read]
+        if not self.skips or self.skips[0].start != read:
+            return None
+        s = self.skips.pop(0)
+        if s.to > hi:  # the range holding the interval's end counts it
+            s = Skip(s.start, hi, 0, 0, tuple(f for f in s.failed if f[0] <= hi))
+        return s
 
     # -- processor calls --------------------------------------------------------------------------
     def call(self, run: RangeCommits, chunk: Chunk) -> Any:
@@ -177,7 +281,7 @@ class RunLedger:
             return self._probe(run, chunk)
         if run.state.cursor == run.hi:  # item retry passes: at-least-once, a transaction each
             with self.target.begin() as conn:
-                return _call_with(run, chunk, conn)
+                return self._guarded(run, chunk, conn, None)
         conn = self._open()
         first, last = (
             encode_key(tuple(v[: run.arity])) for v in (chunk.values[0], chunk.values[-1])
@@ -185,29 +289,54 @@ class RunLedger:
         self._enter_chunk(conn, run.read, first, last)
         self._undo_redelivered(first, last)
         sp = conn.begin_nested()
-        try:
-            result = _call_with(run, chunk, conn)
-        except BaseException:
-            sp.rollback()
-            raise
+        result = self._guarded(run, chunk, conn, sp)
         if self._whole(result, len(chunk)):
             self.pending.append(_Savepoint(sp, first, last))  # isolation may split it
         else:
             sp.commit()
         return result
 
+    def _guarded(self, run: RangeCommits, chunk: Chunk, conn: sa.Connection, sp: Any) -> Any:
+        """The call; when it raises, its savepoint is rolled back. An error that lost the
+        transaction (a deadlock, a lock wait timeout, a serialization failure, a lost
+        connection), or a savepoint that can no longer be rolled back to, rolls everything
+        back and is a dependency failure (``RetryableError``; ``lost`` tells the run)."""
+        try:
+            return _call_with(run, chunk, conn)
+        except BaseException as exc:
+            transient = self.transient(exc)
+            if sp is None:  # a transaction of its own: rolled back by its context
+                if transient:
+                    raise RetryableError(
+                        f"the target failed ({type(exc).__name__}: {exc})"
+                    ) from exc
+                raise
+            if not transient and _rolled_back(sp):
+                raise
+            self.close()
+            self.lost = True
+            raise RetryableError(
+                f"the target's transaction was lost ({type(exc).__name__}: {exc}); everything "
+                "this try had not committed was rolled back and is read again"
+            ) from exc
+
+    def transient(self, exc: BaseException) -> bool:
+        """A deadlock, lock or statement timeout, serialization failure or lost connection."""
+        if self.dialect is None or not isinstance(exc, Exception):
+            return False
+        return self.dialect.classify_row_error(exc) == "retry"
+
     def _probe(self, run: RangeCommits, chunk: Chunk) -> Any:
         """A call rolled back whatever it does: a SAVEPOINT of the open transaction (on SQLite
         another connection would wait for this one's write lock), else a transaction."""
         if self.conn is not None:
             sp = self.conn.begin_nested()
-            try:
-                return _call_with(run, chunk, self.conn)
-            finally:
-                sp.rollback()
+            result = self._guarded(run, chunk, self.conn, sp)
+            sp.rollback()
+            return result
         with self.target.connect() as conn, conn.begin() as probe:
             try:
-                return _call_with(run, chunk, conn)
+                return self._guarded(run, chunk, conn, None)
             finally:
                 probe.rollback()
 
@@ -224,6 +353,20 @@ class RunLedger:
         elif c is not None:
             self._keep_chunk()
         self.chunk = _Savepoint(conn.begin_nested(), first, last, read)
+
+    def drop_attempt(self) -> bool:
+        """The chunk's attempt ended without a verdict (a dependency failure, a stop during
+        isolation): roll back everything it wrote, so that the next attempt (a smaller chunk,
+        other rows) starts clean. True when the whole transaction was lost (the run rewinds
+        its uncommitted group)."""
+        if self.chunk is not None and self.conn is not None:
+            try:
+                self._rollback_chunk()
+            except sa.exc.DBAPIError:
+                self.close()
+                self.lost = True
+        lost, self.lost = self.lost, False
+        return lost
 
     def _undo_redelivered(self, first: str, last: str) -> None:
         """Isolation delivers parts of a call that failed as a whole by returning: undo it."""
@@ -251,12 +394,12 @@ class RunLedger:
             self.chunk = None
 
     def _rollback_chunk(self) -> None:
-        for p in reversed(self.pending):
+        pending, chunk = self.pending, self.chunk
+        self.pending, self.chunk = [], None
+        for p in reversed(pending):
             p.sp.rollback()
-        self.pending.clear()
-        if self.chunk is not None:
-            self.chunk.sp.rollback()
-            self.chunk = None
+        if chunk is not None:
+            chunk.sp.rollback()
 
     # -- the transaction --------------------------------------------------------------------------
     def _open(self) -> sa.Connection:
@@ -264,20 +407,18 @@ class RunLedger:
             return self.conn
         conn = self.target.connect()
         self.conn, self.root = conn, conn.begin()
-        if conn.dialect.name == "sqlite":  # begin the transaction with a write (see touch_row)
-            limit_statement_time(conn, self.timeout_ms)
-            if not touch_row(conn, self.table, self.key, self.epoch):
-                self.close()
-                raise self._fenced()
+        if conn.dialect.name == "sqlite":  # begin the transaction with a write (the round's
+            limit_statement_time(conn, self.timeout_ms)  # lock; a SAVEPOINT's release before
+            lock_round(conn, self.tables.intervals, *self.key, bump=False)  # it would commit)
         return conn
 
     def commit(
         self, run: RangeCommits, new: str, done: int, skipped: int, failed: Any = ()
     ) -> None:
-        """Before the Redis advance: move the ledger row from the committed cursor to ``new``
-        with the counters, in the transaction of the chunks' writes, and commit it. A chunk in
-        hand whose verdict was not recorded is rolled back first. Raises ``LeaseLostError``
-        (everything rolled back) when a newer owner raised the row's epoch."""
+        """Before the Redis advance: record ``(committed cursor, new]`` with the counters, in
+        the transaction of the chunks' writes, and commit it. A chunk in hand whose verdict was
+        not recorded is rolled back first. Raises ``LeaseLostError`` (everything rolled back)
+        when a newer owner took the interval or another identity committed keys inside it."""
         if self.conn is None and new == run.state.cursor:
             return  # an item retry pass: nothing of the cursor to record
         conn = self._open()
@@ -285,29 +426,66 @@ class RunLedger:
             self._rollback_chunk()  # processed but not recorded (an outage): not committed
         else:
             self._keep_chunk()
-        limit_statement_time(conn, self.timeout_ms)
-        history = None
-        if failed:
-            self.failed.extend((k, str(why)[:500]) for k, why in failed)
-            history = self.failed
-        s = run.state
-        counters = (s.done + done, s.skipped + skipped)
         try:
-            moved = move_row(
-                conn, self.table, self.key, self.epoch, s.cursor, new, counters, history
-            )
-        except BaseException:
+            limit_statement_time(conn, self.timeout_ms)
+            self._record(conn, run.state, new, (done, skipped), failed)
+        except BaseException as exc:
             self.close()
+            if self.transient(exc):
+                raise RetryableError(
+                    f"the target's ledger step failed ({type(exc).__name__}: {exc}); the "
+                    "chunks' writes were rolled back and are read again"
+                ) from exc
             raise
-        if not moved:
-            self.close()
-            raise self._fenced()
         root, self.root, self.conn = self.root, None, None
         try:
             assert root is not None
             root.commit()
         finally:
             conn.close()
+
+    def _record(
+        self, conn: sa.Connection, s: CommittedRange, new: str, add: tuple[int, int], failed: Any
+    ) -> None:
+        """The fenced ledger step of a commit (see the module)."""
+        t, expected = self.tables.intervals, s.cursor
+        lock_round(conn, t, *self.key, bump=False)
+        rows = read_intervals(conn, t, *self.key)
+        at = [r for r in rows if r.hi == expected]
+        if any(r.epoch > self.epoch for r in at) or not any(r.epoch == self.epoch for r in at):
+            raise self._fenced(expected, new)
+        overlap = [
+            r for r in rows
+            if (not r.empty and r.lo < new and r.hi > expected)
+            or (r.empty and expected < r.lo < new)
+        ]  # fmt: skip
+        if overlap:
+            raise self._fenced(expected, new, overlap[0])
+        counters = (s.done + add[0], s.skipped + add[1])
+        mine = [
+            r for r in at if r.epoch == self.epoch and (r.done, r.skipped) == (s.done, s.skipped)
+        ]
+        if mine:
+            moved = extend_interval(
+                conn, t, self.key, mine[0].seg, self.epoch, expected, new, counters
+            )
+            if not moved:
+                raise self._fenced(expected, new)
+        else:  # after a skipped interval: this owner's next interval
+            seg = max(r.seg for r in rows) + 1
+            open_interval(
+                conn,
+                t,
+                self.key,
+                seg,
+                self.range_id,
+                self.epoch,
+                expected,
+                new,
+                (s.done, s.skipped),
+                counters,
+            )
+        add_failed(conn, self.tables.failed, self.key, [(k, str(why)[:500]) for k, why in failed])
 
     def close(self) -> None:
         """Roll back what is open (the run ends: nothing uncommitted may stay)."""
@@ -316,16 +494,34 @@ class RunLedger:
         if conn is not None:
             try:
                 conn.rollback()
+            except sa.exc.DBAPIError:
+                log.debug("rollback of a lost transaction", exc_info=True)
             finally:
                 conn.close()
 
-    def _fenced(self) -> LeaseLostError:
-        _, round_id, range_id = self.key
-        return LeaseLostError(
-            f"round {round_id} range {range_id}: the target's ledger row moved on (a newer owner "
-            f"claimed the range after this one's epoch {self.epoch}); this try's transaction "
-            "was rolled back, nothing of it committed"
+    def _fenced(self, expected: str, new: str, other: Interval | None = None) -> LeaseLostError:
+        _, round_id = self.key
+        span = f"({display_key(expected, self.arity)}, {display_key(new, self.arity)}]"
+        why = (
+            f"keys ({display_key(other.lo, self.arity)}, {display_key(other.hi, self.arity)}] "
+            f"inside {span} were committed by another owner (range {other.range_id})"
+            if other is not None
+            else f"a newer owner claimed {span} after this one's generation {self.epoch}"
         )
+        return LeaseLostError(
+            f"round {round_id} range {self.range_id}: the target's ledger moved on ({why}); "
+            "this try's transaction was rolled back, nothing of it committed"
+        )
+
+
+def _rolled_back(sp: Any) -> bool:
+    """Roll back to the savepoint; False when the server no longer has it (InnoDB rolled the
+    whole transaction back on a deadlock: ``SAVEPOINT ... does not exist``)."""
+    try:
+        sp.rollback()
+    except sa.exc.DBAPIError:
+        return False
+    return True
 
 
 def _call_with(run: RangeCommits, chunk: Chunk, conn: sa.Connection) -> Any:
@@ -336,4 +532,4 @@ def _call_with(run: RangeCommits, chunk: Chunk, conn: sa.Connection) -> Any:
         chunk.connection = None
 
 
-__all__ = ["RunLedger", "check_exactly_once", "claim_ledger"]
+__all__ = ["RunLedger", "Skip", "check_exactly_once", "claim_ledger", "plan_skips"]

@@ -146,13 +146,19 @@ class RangeRun(RangeCommits):
                 self._check_lease(heart, "lease lost; stopping")
                 if self.ctx.stop.is_set() or not self._pace():
                     return self._stop_here()
+                if self._skip_committed():
+                    continue  # exactly_once: keys another identity committed, passed over
                 rows = self._next_rows()
                 if rows is None:
                     continue  # the read failed and was backed off: read again
                 if not rows:
                     self._flush()
-                    self._commit(self.hi, 0, 0)  # nothing left up to hi: the range is read
-                    break
+                    bound = self._bound(self.read)
+                    self._commit(bound, 0, 0)  # nothing left up to the bound: read to there
+                    self.read = bound
+                    if bound == self.hi:
+                        break
+                    continue
                 verdict = self._process(rows)
                 if verdict is None:
                     continue  # a dependency failed and was backed off: the same chunk again
@@ -219,7 +225,7 @@ class RangeRun(RangeCommits):
         try:
             if pending is not None:
                 return pending.result()
-            return self.source.fetch(self.read, self.hi, self.size)
+            return self.source.fetch(self.read, self._bound(self.read), self.size)
         except Exception as exc:  # the source is a dependency too
             self._flush()
             self.attempt += 1
@@ -232,13 +238,15 @@ class RangeRun(RangeCommits):
         ``item_failures``); None after a dependency failure (backed off) or a stop request."""
         self.rows_read += len(rows)
         last = encode_key(tuple(rows[-1][: self.arity]))
-        if self.pool is not None and last < self.hi:
-            self.pending = self.pool.submit(self.source.fetch, last, self.hi, self.size)
+        bound = self._bound(last)
+        if self.pool is not None and last < bound:
+            self.pending = self.pool.submit(self.source.fetch, last, bound, self.size)
         try:
             failed, skipped = self.items.process(rows, self.attempt + 1)
         except IsolationStopped:
             release(rows)
             self._drop_prefetched()
+            self._drop_attempt()
             return None  # the loop sees the stop request and commits what it has
         except Exception as exc:
             # RetryableError, or anything unexpected (a failed read while isolating), is a
@@ -248,6 +256,7 @@ class RangeRun(RangeCommits):
                 raise
             release(rows)
             self._drop_prefetched()
+            self._drop_attempt()
             self._flush()
             self.attempt += 1
             what = (
@@ -283,11 +292,33 @@ class RangeRun(RangeCommits):
         return seconds is not None and time.monotonic() - self.group.since >= seconds
 
     def _flush(self) -> None:
-        """Commit the processed group: the cursor moves to ``read`` with its counters."""
+        """Commit the processed group: the cursor moves to ``read`` with its counters. With
+        exactly_once, a ledger step that lost its transaction (a deadlock) loses the group's
+        writes: the run rewinds to the committed cursor and backs off (a dependency failure)."""
         if self.group.chunks:
             g = self.group
-            self._commit(self.read, g.done, g.skipped, failed=sorted(g.failed))
+            try:
+                self._commit(self.read, g.done, g.skipped, failed=sorted(g.failed))
+            except RetryableError as exc:
+                self._rewind()
+                self.attempt += 1
+                self._backoff(self.attempt, "the target's ledger step", exc)
+                return
             g.reset()
+
+    def _drop_attempt(self) -> None:
+        """The chunk's attempt ended without a verdict: with exactly_once its writes are rolled
+        back (a smaller or different re-read of the same keys must not find them); when that
+        lost the whole transaction, the uncommitted group is read again too."""
+        if self.ledger is not None and self.ledger.drop_attempt():
+            self._rewind()
+
+    def _rewind(self) -> None:
+        """The target's transaction was lost with the group's writes: read from the committed
+        cursor again."""
+        self.group.reset()
+        self.read = self.state.cursor
+        self._drop_prefetched()
 
     def _flush_interrupted(self, exc: BaseException) -> None:
         """A ``BaseException`` (Airflow's ``AirflowTaskTimeout`` from ``execution_timeout``, a

@@ -1,67 +1,145 @@
-"""The ledger table on the target database: one row per range, the range's position as the
-target database saw it committed (``exactly_once``; ``core/run/ledger.py`` drives it).
+"""The ledger tables on the target database (``exactly_once``; ``core/run/ledger.py`` drives
+them): the key intervals of a round whose chunks' writes committed, keyed by the round and never
+by a range's id (ranges change identity: splits, pull coalescing, restores from the mirror,
+failover to a replica; a key interval does not).
 
-A row is ``(stream, round_id, range_id)`` -> ``epoch`` (the ledger's generation of owners, bumped
-by every claim), ``cursor`` (the last key whose chunk's writes committed), ``done``/``skipped`` (the
-range's counters at that commit) and ``failed`` (JSON list of ``[key, reason]``: the items that
-failed with the range's committed chunks, sparse). Nothing is written per row of data.
+``keyset_ledger`` holds, per ``(stream, round_id)``:
 
-Every statement is SQLAlchemy Core with bound values and quoted identifiers; the only thing a
-database needs of its own is ``limit_statement_time`` (how a statement's wait is bounded). The
-row is created with a plain INSERT inside a SAVEPOINT (a concurrent creator's IntegrityError is
-rolled back to it), so no dialect's upsert is needed.
+- the round's head (``seg = 0``): ``epoch`` is the round's generation of claims (bumped by every
+  claim's ledger step, never going back), and its row is the lock that serializes the ledger
+  steps of the round (a claim, and the last statement of a commit);
+- its committed intervals (``seg >= 1``): ``(lo, hi]`` (encoded keys) whose writes committed,
+  disjoint; ``epoch`` the generation of the claim that owns it (a claim takes every interval
+  that overlaps its keys or ends at its cursor, so an older owner's step is fenced); ``done`` /
+  ``skipped`` the range's counters at ``hi`` and ``base_done`` / ``base_skipped`` at ``lo``, as
+  the owner's Redis range counted them (so ``done - base_done`` rows were done in it);
+  ``range_id`` says which range opened it (for a person; nothing keys on it).
+
+``keyset_ledger_failed`` holds the items that failed in committed chunks, one row each, written
+once at the commit (never rewritten): a claim that skips an interval hands its failed items to
+Redis's retry set.
+
+Growth: one interval per claim that commits, plus one per committed interval a claim skips (a
+claim extends the interval it resumes instead of opening one), and one row per failed item:
+ranges and failures, never rows of data. Comparisons of keys are made in Python (the engine's
+order of encoded keys), never by the database's collation; on MySQL/MariaDB every identifier
+and key column is ``utf8mb4_bin`` (the default collation would make ``'Orders'`` and
+``'orders'`` one stream, ``'a'`` and ``'A'`` one key). Every statement is SQLAlchemy Core with
+bound values and quoted identifiers.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 
-#: The ledger table's default name (``KeysetTraversal(ledger_table=...)`` overrides it).
+from ..errors import ConfigurationError
+
+#: The ledger table's default name (``KeysetTraversal(ledger_table=...)`` overrides it); the
+#: failed items go to the same name with ``_failed`` appended.
 LEDGER_TABLE = "keyset_ledger"
+HEAD = 0  # the ``seg`` of a round's head row
 
 
 @dataclass(frozen=True)
-class LedgerRow:
-    """One range's committed position on the target."""
+class Interval:
+    """One committed key interval ``(lo, hi]`` of a round."""
 
+    seg: int
+    range_id: int
+    lo: str
+    hi: str
     epoch: int
-    cursor: str
+    base_done: int
+    base_skipped: int
     done: int
     skipped: int
-    failed: list[tuple[str, str]]
+
+    @property
+    def empty(self) -> bool:
+        return self.lo == self.hi
 
 
-def ledger_table(name: str = LEDGER_TABLE, schema: str | None = None) -> sa.Table:
-    """The ledger's ``Table`` (its own ``MetaData``)."""
-    return sa.Table(
-        name,
-        sa.MetaData(),
-        sa.Column("stream", sa.String(200), primary_key=True),
-        sa.Column("round_id", sa.String(200), primary_key=True),
-        sa.Column("range_id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("epoch", sa.BigInteger, nullable=False),
-        sa.Column("cursor", sa.Text, nullable=False),
-        sa.Column("done", sa.BigInteger, nullable=False),
-        sa.Column("skipped", sa.BigInteger, nullable=False),
-        sa.Column("failed", sa.Text, nullable=False),
-        schema=schema,
+@dataclass(frozen=True)
+class LedgerTables:
+    intervals: sa.Table
+    failed: sa.Table
+
+
+def _ident(n: int) -> Any:
+    return sa.String(n).with_variant(
+        mysql.VARCHAR(n, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
     )
 
 
-def create_ledger(engine: sa.Engine, table: sa.Table) -> None:
-    """``CREATE TABLE`` unless it exists (``checkfirst``); a concurrent creator winning the race
-    is fine (the table is there either way)."""
+def _text() -> Any:
+    return sa.Text().with_variant(
+        mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+    )
+
+
+def ledger_table(name: str = LEDGER_TABLE, schema: str | None = None) -> LedgerTables:
+    """The ledger's two ``Table``s (their own ``MetaData``)."""
+    meta = sa.MetaData()
+    intervals = sa.Table(
+        name,
+        meta,
+        sa.Column("stream", _ident(200), primary_key=True),
+        sa.Column("round_id", _ident(200), primary_key=True),
+        sa.Column("seg", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("range_id", sa.Integer, nullable=False),
+        sa.Column("lo", _text(), nullable=False),
+        sa.Column("hi", _text(), nullable=False),
+        sa.Column("epoch", sa.BigInteger, nullable=False),
+        sa.Column("base_done", sa.BigInteger, nullable=False),
+        sa.Column("base_skipped", sa.BigInteger, nullable=False),
+        sa.Column("done", sa.BigInteger, nullable=False),
+        sa.Column("skipped", sa.BigInteger, nullable=False),
+        schema=schema,
+    )
+    failed = sa.Table(
+        f"{name}_failed",
+        meta,
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("stream", _ident(200), nullable=False),
+        sa.Column("round_id", _ident(200), nullable=False),
+        sa.Column("item", _text(), nullable=False),
+        sa.Column("reason", _text(), nullable=False),
+        sa.Index(f"{name}_failed_round", "stream", "round_id"),
+        schema=schema,
+    )
+    return LedgerTables(intervals, failed)
+
+
+def create_ledger(engine: sa.Engine, tables: LedgerTables) -> None:
+    """``CREATE TABLE`` unless they exist (``checkfirst``); a concurrent creator winning the race
+    is fine. A table of the earlier layout (one row per range id) is refused, naming the fix."""
     try:
         with engine.begin() as conn:
-            table.create(conn, checkfirst=True)
+            tables.intervals.metadata.create_all(conn, checkfirst=True)
     except sa.exc.DBAPIError:
-        if not sa.inspect(engine).has_table(table.name, schema=table.schema):
+        inspector = sa.inspect(engine)
+        t = tables.intervals
+        if not all(inspector.has_table(x.name, schema=x.schema) for x in (t, tables.failed)):
             raise
+    columns = {
+        c["name"]
+        for c in sa.inspect(engine).get_columns(
+            tables.intervals.name, schema=tables.intervals.schema
+        )
+    }
+    if "seg" not in columns:
+        name = tables.intervals.name
+        raise ConfigurationError(
+            f"the ledger table {name} on the target has the earlier layout (one row per range "
+            "id, which a split, a coalescing, a restore or a failover could bypass). Let the "
+            f"rounds that used it finish, then DROP TABLE {name} (it is created again in the "
+            "interval layout), or pass ledger_table='<new name>' to KeysetTraversal"
+        )
 
 
 def limit_statement_time(conn: sa.Connection, ms: int) -> None:
@@ -79,97 +157,121 @@ def limit_statement_time(conn: sa.Connection, ms: int) -> None:
         )
 
 
-def _where(table: sa.Table, stream: str, round_id: str, range_id: int) -> Any:
-    c = table.c
-    return sa.and_(c.stream == stream, c.round_id == round_id, c.range_id == range_id)
+def _round(t: sa.Table, stream: str, round_id: str) -> Any:
+    return sa.and_(t.c.stream == stream, t.c.round_id == round_id)
 
 
-def bump_epoch(
-    conn: sa.Connection,
-    table: sa.Table,
-    stream: str,
-    round_id: str,
-    range_id: int,
-    cursor: str,
-    counters: tuple[int, int],
-) -> LedgerRow:
-    """At a claim: add one to the row's epoch (creating the row at ``cursor`` with ``counters``
-    and epoch 1 when there is none) and return it. The epoch is the ledger's own generation of
-    owners, not Redis's: a round restored from the checkpoint mirror may hand out claim epochs
-    again from an older value, the ledger's never goes back. Waits for (then sees) an older
-    owner's commit that holds the row's lock."""
-    where = _where(table, stream, round_id, range_id)
-    bump = sa.update(table).where(where).values(epoch=table.c.epoch + 1)
-    if conn.execute(bump).rowcount == 0:
-        values = dict(stream=stream, round_id=round_id, range_id=range_id, epoch=1)
-        values.update(cursor=cursor, done=counters[0], skipped=counters[1], failed="[]")
+def lock_round(conn: sa.Connection, t: sa.Table, stream: str, round_id: str, bump: bool) -> int:
+    """Lock the round's head row (creating it, generation 0, when there is none) and return its
+    generation, after adding one to it when ``bump`` (a claim). Held until the transaction
+    ends: the ledger steps of a round are serialized by it."""
+    where = sa.and_(_round(t, stream, round_id), t.c.seg == HEAD)
+    step = sa.update(t).where(where).values(epoch=t.c.epoch + (1 if bump else 0))
+    if conn.execute(step).rowcount == 0:
+        values = dict(stream=stream, round_id=round_id, seg=HEAD, range_id=-1, lo="", hi="")
+        values.update(epoch=1 if bump else 0, base_done=0, base_skipped=0, done=0, skipped=0)
         try:
             with conn.begin_nested():
-                conn.execute(sa.insert(table).values(**values))
-        except sa.exc.IntegrityError:  # created concurrently: bump that row
-            conn.execute(bump)
-    row = read_row(conn, table, stream, round_id, range_id)
-    assert row is not None
-    return row
+                conn.execute(sa.insert(t).values(**values))
+        except sa.exc.IntegrityError:  # created concurrently: lock that row
+            conn.execute(step)
+    return int(conn.execute(sa.select(t.c.epoch).where(where)).scalar_one())
 
 
-def read_row(
-    conn: sa.Connection, table: sa.Table, stream: str, round_id: str, range_id: int
-) -> LedgerRow | None:
-    c = table.c
-    query = sa.select(c.epoch, c.cursor, c.done, c.skipped, c.failed).where(
-        _where(table, stream, round_id, range_id)
+def read_intervals(conn: sa.Connection, t: sa.Table, stream: str, round_id: str) -> list[Interval]:
+    """The round's committed intervals, in key order (locking reads: the latest committed
+    versions, also under InnoDB's REPEATABLE READ)."""
+    c = t.c
+    query = (
+        sa.select(
+            c.seg, c.range_id, c.lo, c.hi, c.epoch, c.base_done, c.base_skipped, c.done, c.skipped
+        )
+        .where(_round(t, stream, round_id), c.seg != HEAD)
+        .with_for_update()
     )
-    row = conn.execute(query).first()
-    if row is None:
-        return None
-    failed = [(str(k), str(r)) for k, r in json.loads(row.failed)]
-    return LedgerRow(int(row.epoch), row.cursor, int(row.done), int(row.skipped), failed)
+    rows = [
+        Interval(int(r[0]), int(r[1]), str(r[2]), str(r[3]), *(int(v) for v in r[4:]))
+        for r in conn.execute(query)
+    ]
+    return sorted(rows, key=lambda r: (r.lo, r.hi))
 
 
-def move_row(
+def take_intervals(
+    conn: sa.Connection, t: sa.Table, segs: list[int], key: tuple[str, str], epoch: int
+) -> None:
+    """A claim's step: the intervals ``segs`` now belong to generation ``epoch``."""
+    if segs:
+        where = sa.and_(_round(t, *key), t.c.seg.in_(segs))
+        conn.execute(sa.update(t).where(where).values(epoch=epoch))
+
+
+def extend_interval(
     conn: sa.Connection,
-    table: sa.Table,
-    key: tuple[str, str, int],
+    t: sa.Table,
+    key: tuple[str, str],
+    seg: int,
     epoch: int,
     expected: str,
     new: str,
     counters: tuple[int, int],
-    failed: list[tuple[str, str]] | None = None,
 ) -> bool:
-    """The fenced step of a commit: move the row from ``expected`` to ``new`` with the range's
-    counters (and its failed items, when they changed), only if no newer owner raised its epoch
-    and the cursor is still where this owner left it. False: fenced (nothing changed).
-    Either condition alone keeps a stale owner's transaction out (the cursor only moves
-    forward); the epoch also fails an owner whose successor claimed but committed nothing yet."""
-    values: dict[str, Any] = {"cursor": new, "done": counters[0], "skipped": counters[1]}
-    if failed is not None:
-        values["failed"] = json.dumps(failed)
-    step = (
-        sa.update(table)
-        .where(_where(table, *key), table.c.epoch == epoch, table.c.cursor == expected)
-        .values(**values)
-    )
+    """A commit's step: interval ``seg`` grows from ``expected`` to ``new`` with the range's
+    counters, only under generation ``epoch``. False: fenced (nothing changed)."""
+    c = t.c
+    where = sa.and_(_round(t, *key), c.seg == seg, c.epoch == epoch, c.hi == expected)
+    step = sa.update(t).where(where).values(hi=new, done=counters[0], skipped=counters[1])
     return bool(conn.execute(step).rowcount == 1)
 
 
-def touch_row(conn: sa.Connection, table: sa.Table, key: tuple[str, str, int], epoch: int) -> bool:
-    """A no-op update of the row under the epoch fence. On SQLite this is the transaction's
-    first write, so the driver begins the transaction before any SAVEPOINT (whose release would
-    otherwise commit); everywhere it fails early when a newer owner claimed the range."""
-    c = table.c
-    step = sa.update(table).where(_where(table, *key), c.epoch == epoch).values(epoch=c.epoch)
-    return bool(conn.execute(step).rowcount == 1)
+def open_interval(
+    conn: sa.Connection,
+    t: sa.Table,
+    key: tuple[str, str],
+    seg: int,
+    range_id: int,
+    epoch: int,
+    lo: str,
+    hi: str,
+    base: tuple[int, int],
+    counters: tuple[int, int],
+) -> None:
+    """A new interval ``(lo, hi]`` (``seg``: one above the round's highest, under its lock)."""
+    values = dict(stream=key[0], round_id=key[1], seg=seg, range_id=range_id, lo=lo, hi=hi)
+    values.update(epoch=epoch, base_done=base[0], base_skipped=base[1])
+    values.update(done=counters[0], skipped=counters[1])
+    conn.execute(sa.insert(t).values(**values))
+
+
+def add_failed(
+    conn: sa.Connection, t: sa.Table, key: tuple[str, str], failed: list[tuple[str, str]]
+) -> None:
+    """The items that failed in a committed chunk (written once, in its transaction)."""
+    if failed:
+        rows = [dict(stream=key[0], round_id=key[1], item=k, reason=r) for k, r in failed]
+        conn.execute(sa.insert(t), rows)
+
+
+def read_failed(
+    conn: sa.Connection, t: sa.Table, key: tuple[str, str], lo: str, hi: str
+) -> list[tuple[str, str]]:
+    """The failed items of the round with keys in ``(lo, hi]`` (compared in Python)."""
+    query = sa.select(t.c.item, t.c.reason).where(_round(t, *key)).order_by(t.c.id)
+    return [(str(k), str(r)) for k, r in conn.execute(query) if lo < k <= hi]
 
 
 __all__ = [
+    "HEAD",
     "LEDGER_TABLE",
-    "LedgerRow",
-    "bump_epoch",
+    "Interval",
+    "LedgerTables",
+    "add_failed",
     "create_ledger",
+    "extend_interval",
     "ledger_table",
     "limit_statement_time",
-    "move_row",
-    "read_row",
-    "touch_row",
+    "lock_round",
+    "open_interval",
+    "read_failed",
+    "read_intervals",
+    "take_intervals",
 ]

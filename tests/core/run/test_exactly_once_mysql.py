@@ -52,7 +52,7 @@ def _effects(engine: sa.Engine) -> Counter:
 
 def _ledger(engine: sa.Engine) -> list[Any]:
     with engine.connect() as c:
-        q = "SELECT `cursor`, done, epoch FROM keyset_ledger ORDER BY range_id"
+        q = "SELECT hi, done, epoch FROM keyset_ledger WHERE seg > 0 ORDER BY seg"
         return list(c.execute(sa.text(q)))
 
 

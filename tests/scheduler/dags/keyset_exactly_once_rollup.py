@@ -3,8 +3,8 @@
 ``traverse`` writes one roll-up row per source row through ``chunk.connection`` (the engine's
 transaction on ``target_conn_id``) into ``KEYSET_XO_ROLLUP``, a table with no unique key, so a
 write done twice would stay. With ``exactly_once=True`` those writes commit together with the
-range's ledger row (``keyset_ledger`` on the target, created on first use), fenced by the
-owner's epoch, before the Redis cursor moves; a try that dies at any point leaves either the
+chunk's key interval in the round's ledger (``keyset_ledger`` on the target, created on first
+use), fenced by the owner's generation, before the Redis cursor moves; a try that dies at any point leaves either the
 whole chunk (and the ledger says so: the next try moves the cursor forward to it) or nothing.
 
 The first try of range 0 SIGKILLs itself in the middle of its ``KEYSET_XO_KILL_AT``-th chunk

@@ -166,7 +166,8 @@ class PostgresqlDialect(Dialect):
         ]
 
     def classify_row_error(self, exc: BaseException) -> RowErrorKind | None:
-        code = str(getattr(getattr(exc, "orig", exc), "pgcode", None) or "")
+        orig = getattr(exc, "orig", exc)  # psycopg 3: sqlstate; psycopg2: pgcode
+        code = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
         if code[:2] in ("22", "23"):
             return "row"
         if code in _RETRY_SQLSTATES:
