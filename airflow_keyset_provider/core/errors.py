@@ -64,6 +64,14 @@ class RoundNotFoundError(KeysetError):
     """No round with that id exists for the stream."""
 
 
+class RoundUnknownError(RoundNotFoundError, RoundStateLostError):
+    """Redis has no round with that id and its round counter never handed the id out: a wrong
+    id, or a round planned on a primary whose writes the replica promoted after it never got (a
+    failover to a lagging replica). It is also a ``RoundStateLostError``, so every path that puts a
+    lost round back from the checkpoint mirror tries; when the mirror never saw the round either,
+    it stays "not found"."""
+
+
 class StreamNotFoundError(RoundNotFoundError):
     """The stream has no state at all under the key prefix (a typo, or a Redis that lost it)."""
 

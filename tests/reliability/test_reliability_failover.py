@@ -205,3 +205,30 @@ def test_a_split_redis_lost_leaves_the_mirror_a_partition(
     assert (totals.done, totals.skipped, totals.dead) == (300, 0, 0)
     t.close()
     t.mirror.engine.dispose()
+
+
+def test_a_round_the_promoted_replica_never_saw_is_traversed_and_closed_without_a_plan(
+    events_table, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    """Found by the one-world model: Redis goes back to before round r2 was planned, and no plan
+    runs after the failover (the DAG run's mapped tasks and its barrier go on). The id is above
+    Redis's round counter, so Redis answers "no such round" (``RoundUnknownError``); a task and
+    the close restore it from the mirror, as they do a round Redis lost, instead of failing with
+    ``RoundNotFoundError`` on every try."""
+    t = _traversal(pg_schema_url, redis_url, key_prefix)
+    r1 = t.plan(max_ranges=1, end_key=100, round_key="run0")
+    before = Snapshot(redis_client, key_prefix)
+    r2 = t.plan(max_ranges=2, start_key=100, end_key=200)
+    before.rewind()
+    seen: Counter[int] = Counter()
+    for i in range(2):
+        res = t.traverse(r2.round_id, i, lambda ch: seen.update(ch.keys), chunk_size=30)
+        assert res.complete
+    assert sorted(seen) == list(range(101, 201)) and max(seen.values()) == 1
+    assert t.close_round(r2.round_id).done == 100
+    assert t.plan(max_ranges=1, start_key=200, end_key=300).round_id not in (
+        r1.round_id,
+        r2.round_id,
+    )
+    t.close()
+    t.mirror.engine.dispose()

@@ -2,7 +2,7 @@
 
 One stream's keys all share the hash tag ``{<stream>}`` (the layout is in ``cursor_store.py``'s
 docstring). Reads never write; a missing hash raises ``RoundStateLostError`` (or
-``RoundNotFoundError`` for an id never handed out), never reads as "nothing left to do".
+``RoundUnknownError``, a ``RoundNotFoundError``, for an id never handed out), never reads as "nothing left to do".
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from redis.commands.core import Script
 
 from .. import names
 from ..errors import (
+    ConfigurationError,
     RoundNotFoundError,
     RoundStateLostError,
+    RoundUnknownError,
     StoreUnavailableError,
 )
 from .layout import range_fields
@@ -260,7 +262,7 @@ class StoreReads:
                 "evicted or restarted without persistence). Nothing was read as complete. Re-plan "
                 "the round or restore it from its checkpoint mirror (see docs/reliability.md)."
             )
-        return RoundNotFoundError(f"stream {self.stream!r} has no round {round_id!r}")
+        return RoundUnknownError(f"stream {self.stream!r} has no round {round_id!r}")
 
     def ranges(self, round_id: str, n_ranges: int | None = None) -> list[dict[str, str]]:
         """Every range hash of the round (with ``range_id`` and ``retries`` added), in id order.
