@@ -18,8 +18,6 @@ from redis.commands.core import Script
 
 from .. import names
 from ..errors import (
-    ConfigurationError,
-    RoundNotFoundError,
     RoundStateLostError,
     RoundUnknownError,
     StoreUnavailableError,
