@@ -15,7 +15,8 @@ stream                1-200 of ``A-Z a-z 0-9 _ . -``, the first   ``events-night
 key prefix            1-64 of ``A-Z a-z 0-9 _ . - :``             ``ks``, ``team:etl``
 round id              ``r`` and 1-18 digits                       ``r12``
 range id              an ``int`` from 0 to 10**9 (not a bool)     ``0``
-DAG id                1-250 of ``A-Z a-z 0-9 _ . -`` (Airflow's)  ``nightly_orders``
+DAG id                1-250 of letters, digits, ``_ . -``         ``nightly_orders``
+                      (Airflow's ``KEY_REGEX``, Unicode letters)
 run id                1-250 of ``A-Z a-z 0-9 _ . ~ : + -``        ``manual__2026-01-01T00:00:00+00:00``
                       (Airflow's default ``allowed_run_id_pattern``)
 ====================  =========================================  ==========================
@@ -69,10 +70,8 @@ KEY_PREFIX = NameRule(
 ROUND_ID = NameRule(
     "round id", re.compile(r"r[0-9]{1,18}"), "'r' and the round's number (e.g. 'r12')"
 )
-DAG_ID = NameRule(
-    "DAG id",
-    re.compile(r"[A-Za-z0-9_.\-]{1,250}"),
-    "1-250 characters of letters, digits, '_', '.', '-'",
+DAG_ID = NameRule(  # Airflow's own rule (``KEY_REGEX``): \w is any Unicode letter or digit
+    "DAG id", re.compile(r"[\w.\-]{1,250}"), "1-250 characters of letters, digits, '_', '.', '-'"
 )
 RUN_ID = NameRule(
     "run id",

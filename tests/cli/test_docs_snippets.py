@@ -1024,6 +1024,19 @@ def test_troubleshooting_quotes_runtime_errors(
         ),
         "ChunkResult.failed names key 99999, which is not in the chunk",
     )
+    for malformed, quoted in (
+        (
+            ChunkResult(failed=[1]),  # type: ignore[arg-type]
+            "ChunkResult.failed is list; expected a mapping {key: reason (str)}, e.g. "
+            "ChunkResult(failed={key: 'why'}). Nothing of round r1 range 0 was committed.",
+        ),
+        (
+            ChunkResult(skipped=None),  # type: ignore[arg-type]
+            "ChunkResult.skipped is NoneType; expected a list, tuple or set of keys (an empty "
+            "tuple for none). Nothing of round r1 range 0 was committed.",
+        ),
+    ):
+        _quoted(_raised(lambda m=malformed: t.traverse(rnd.round_id, 0, lambda chunk: m)), quoted)
 
     # a live owner holds range 1
     inside, release = threading.Event(), threading.Event()

@@ -16,14 +16,14 @@ GOOD = {
     names.STREAM: ["events-nightly", "a", "A.b_c-9", "x" * 200],
     names.KEY_PREFIX: ["ks", "team:etl", "a.b-c_d"],
     names.ROUND_ID: ["r1", "r12", "r" + "9" * 18],
-    names.DAG_ID: ["nightly_orders", "a.b-c"],
+    names.DAG_ID: ["nightly_orders", "a.b-c", "commandes_été"],
     names.RUN_ID: ["manual__2026-01-01T00:00:00+00:00", "scheduled__x~1"],
 }
 # each bad value is bad for every rule it is listed under
-BAD_EVERYWHERE = ["", "a\n", "a\r", "a\x00", " a", "a b", "a*", "a?", "a{b}", "a/b", "é", "a\n\n"]
+BAD_EVERYWHERE = ["", "a\n", "a\r", "a\x00", " a", "a b", "a*", "a?", "a{b}", "a/b", "a\n\n"]
 BAD = {
-    names.STREAM: [*BAD_EVERYWHERE, "-a", ".a", "a:b", "x" * 201, "a\u2028"],
-    names.KEY_PREFIX: [*BAD_EVERYWHERE, "x" * 65],
+    names.STREAM: [*BAD_EVERYWHERE, "-a", ".a", "a:b", "x" * 201, "a\u2028", "é"],
+    names.KEY_PREFIX: [*BAD_EVERYWHERE, "x" * 65, "é"],
     names.ROUND_ID: [
         *BAD_EVERYWHERE,
         "r1:range:0",
@@ -36,7 +36,7 @@ BAD = {
         "r" + "9" * 19,
     ],
     names.DAG_ID: [*BAD_EVERYWHERE, "a:b", "x" * 251],
-    names.RUN_ID: [*BAD_EVERYWHERE, "x" * 251],
+    names.RUN_ID: [*BAD_EVERYWHERE, "x" * 251, "é"],
 }
 
 
