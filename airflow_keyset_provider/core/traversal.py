@@ -206,6 +206,10 @@ class KeysetTraversal:
             arity=self.arity,
             bounds=bounds,
         )
+        if created and start == MIN_KEY and bounds:
+            floor = self.source.lowest_key()  # progress of a range from -inf: status only
+            if floor is not None:
+                self.store.set_round_field(round_id, "floor", floor)
         rnd = self.round(round_id)
         if created:
             self.control._mirror_round(round_id)

@@ -236,7 +236,7 @@ def test_watch_redraws_with_rates_and_stops_after_count(sqlite_round: LiveRound)
     assert code == EXIT_OK and len(docs) == 3
     assert (
         docs[0]["rounds"][0]["rate"] is None
-        or docs[0]["rounds"][0]["rate_basis"] == "average since planned"
+        or docs[0]["rounds"][0]["rate_basis"] == "average while processing"
     )
     assert all(
         d["rounds"][0]["rate_basis"].startswith("sampled over") for d in docs[1:]

@@ -2,7 +2,8 @@
 
 The page marks a range *lagging* when it is not complete and nobody owns it, or its owner stopped
 heartbeating (last beat older than twice the expected interval, a third of the lease). Progress
-is a key-space fraction where one exists, else the page shows counts only.
+is a key-space fraction where one exists (a range from ``-inf`` is measured from the round's
+lowest key when planned), else the page shows counts only.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def test_round_view_from_redis(
     )
     try:
         rnd = t.plan(max_ranges=3, new_stream=True)
-        # Range 0 starts at -inf: once its cursor moved, no key-space fraction exists (counts only).
+        # Range 0 starts at -inf: measured from the round's lowest key when planned (its floor).
         t.traverse(rnd.round_id, 0, lambda chunk: t.request_stop(), chunk_size=10)
         # Range 1: an owner whose 300 ms lease (100 ms heartbeats) went silent.
         claim = t.store.claim(rnd.round_id, 1, "worker#silent", "", 300)
@@ -65,7 +66,9 @@ def test_round_view_from_redis(
         t.close()
 
     r0, r1, r2 = view["ranges"]
-    assert r0["progress"] is None and r0["progress_basis"] == "counts only" and r0["done"] == 10
+    assert r0["progress_basis"] == "key space" and r0["done"] == 10
+    in_r0 = int(r0["hi"])  # keys 1..hi: the figure is the page's, checked against the rows done
+    assert abs(r0["progress"] - 10 / in_r0) < 0.05, (r0["progress"], in_r0)
     assert r0["lagging"] and r0["lag_reason"].startswith("no owner: released unfinished")
     assert r1["owner"] == "worker#silent" and r1["expected_heartbeat_s"] == 0.1
     assert r1["lag_reason"].startswith("stale owner: last heartbeat")

@@ -255,8 +255,9 @@ class StreamControl:
         info = self.store.round_info(round_id)
         arity = self._arity(info)
         now_ms = self._now_ms()
+        floor = info.get("floor", "")
         ranges = [
-            RangeStatus.from_hash(r, arity, now_ms)
+            RangeStatus.from_hash(r, arity, now_ms, floor)
             for r in self.store.ranges(round_id, int(info["n_ranges"]))
         ]
         return RoundStatus.from_info(self.stream, round_id, info, ranges)

@@ -10,8 +10,11 @@ these records (built by ``StreamControl``); none of them re-maps Redis hashes it
   timestamps, UUIDs; text coarsely by its first 8 bytes). Ranges are balanced by row count, so a
   round's fraction is the mean of its ranges'. ``None`` when no such number exists (the maths:
   ``core/rounds/progress.py``).
-- **Rate and ETA** come from two readings (:meth:`RoundStatus.sampled`); a single reading only
-  has the round's average rate since it was planned (an ETA from it would mislead, so none).
+- **Rate and ETA** come from two readings (:meth:`RoundStatus.sampled`); a single reading has
+  the round's average rate while processing (from its first claim to its last heartbeat, not
+  from planning) and an ETA at that pace from the key-space progress. A range from ``-inf`` is
+  measured from the round's lowest key when planned (its ``floor``), so the first round of a
+  stream has a figure too, composite keys included.
 - **Durations** are written by :func:`format_duration` (``45s``, ``1m05s``, ``2h03m``), in the
   terminal and in the browser page alike (the page's ``fmtDur`` mirrors it).
 """
@@ -25,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..keys import MIN_KEY, display_key, to_json
 from ..keys import decode_user_key as decode
-from ..keys import display_key, to_json
 from ..keys import key_label as value_label
 from ..pace.stream_control import ControlState
 from ..states import RangeState, RoundState, range_state, round_state
@@ -102,10 +105,13 @@ class RangeStatus:
     #: the range a pull task coalesced this one into when it claimed it (this one is then empty
     #: and complete, its keys that range's); None otherwise
     merged_into: int | None = None
+    #: the round's lowest key when it was planned (its ``floor``): where a range from ``-inf``
+    #: starts on the key axis, so its progress has a figure ("" when not recorded)
+    floor_encoded: str = ""
 
     @classmethod
-    def from_hash(cls, h: dict[str, str], arity: int, now_ms: int) -> RangeStatus:
-        """From the store's range hash (``StreamControl`` reads it)."""
+    def from_hash(cls, h: dict[str, str], arity: int, now_ms: int, floor: str = "") -> RangeStatus:
+        """From the store's range hash (``StreamControl`` reads it); ``floor`` the round's."""
         hb = int(h.get("heartbeat_ms") or 0)
         lease = int(h.get("lease_until") or 0)
         owner = h.get("owner", "")
@@ -130,6 +136,7 @@ class RangeStatus:
             heartbeat_ms=hb,
             lease_until_ms=lease,
             merged_into=int(h["merged_into"]) if h.get("merged_into") else None,
+            floor_encoded=floor if h["lo"] == MIN_KEY else "",
         )
 
     # ---- derived facts
@@ -151,9 +158,15 @@ class RangeStatus:
 
     @property
     def progress(self) -> float | None:
-        return key_fraction(
-            self.lo_encoded, self.hi_encoded, self.cursor_encoded, complete=self.complete
-        )
+        """Key-space fraction of the cursor in ``(lo, hi]``; a range from ``-inf`` is measured
+        from the round's lowest key when planned (``floor_encoded``), as rows below it did not
+        exist then."""
+        lo, cursor = self.lo_encoded, self.cursor_encoded
+        if lo == MIN_KEY and self.floor_encoded and cursor != MIN_KEY:
+            lo = min(self.floor_encoded, cursor)
+            if cursor == lo:  # at the first key: one row in, the axis has no length yet
+                return 0.0 if not self.complete else 1.0
+        return key_fraction(lo, self.hi_encoded, cursor, complete=self.complete)
 
     @property
     def lease_s(self) -> float | None:
@@ -257,13 +270,19 @@ class RoundStatus:
         """From the store's round hash and the round's ranges, with the average rate since planned."""
         created = int(info.get("created_ms") or 0)
         closed = int(info.get("closed_ms") or 0)
+        # processing, not waiting: from the round's first claim (planned rounds may wait hours
+        # for their tasks) to its last heartbeat or completion (not the close: the barrier may
+        # poll long after the last range finished)
+        began = int(info.get("first_claim_ms") or 0)
         items = sum(r.items for r in ranges)
         last = max([r.heartbeat_ms for r in ranges] + [r.completed_ms for r in ranges] + [0])
-        if info["state"] == RoundState.CLOSED:
+        if info["state"] == RoundState.CLOSED and not began:
             last = closed or last
-        elapsed = (last - created) / 1000 if created and last > created else None
+        start = began or created
+        elapsed = (last - start) / 1000 if start and last > start else None
         rate = items / elapsed if elapsed and items else None
-        return cls(
+        basis = "average while processing" if began else "average since planned"
+        rnd = cls(
             stream=stream,
             round_id=round_id,
             state=round_state(info["state"]),
@@ -277,8 +296,14 @@ class RoundStatus:
             source=_source(info.get("source")),
             ranges=tuple(ranges),
             rate=rate,
-            rate_basis="average since planned" if rate is not None else None,
+            rate_basis=basis if rate is not None else None,
         )
+        p = rnd.progress
+        if began and elapsed and not rnd.closed and p is not None and 0 < p < 1:
+            # the rest at the pace so far (key space per processing second); a sampled reading
+            # (``sampled``) replaces it with the current pace
+            rnd = replace(rnd, eta_s=elapsed * (1 - p) / p)
+        return rnd
 
     start_key = property(lambda self: decode(self.start_encoded, self.arity))
     end_key = property(lambda self: decode(self.end_encoded, self.arity))

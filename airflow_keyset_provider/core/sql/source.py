@@ -337,13 +337,23 @@ class SqlSource:
             self.engine.dispose()
 
     # ---- bounds ------------------------------------------------------------------------------
-    def max_key(self, conn: sa.Connection) -> tuple | None:
+    def max_key(self, conn: sa.Connection, *, lowest: bool = False) -> tuple | None:
+        """``max(key)`` (``lowest``: ``min(key)``) of the rows the ``where`` selects, or None."""
         cols = [self.table.c[k] for k in self.key_names]
-        stmt = sa.select(*cols).order_by(*[c.desc() for c in cols]).limit(1)
+        order = [c.asc() if lowest else c.desc() for c in cols]
+        stmt = sa.select(*cols).order_by(*order).limit(1)
         if self.where:
             stmt = stmt.where(self._where_clause())
         row = conn.execute(stmt).first()
         return None if row is None else tuple(row)
+
+    def lowest_key(self) -> str | None:
+        """The encoded ``min(key)`` now (one index probe): where a round that starts below every
+        key really starts, for its progress figure only (never a bound)."""
+        self.ensure_validated()
+        with self.engine.connect() as conn:
+            low = self.max_key(conn, lowest=True)
+        return None if low is None else encode_key(low)
 
     def retention_boundary(self) -> str | None:
         """The encoded highest key the source may already have deleted (``retention_sql``: one

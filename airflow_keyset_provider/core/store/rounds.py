@@ -50,6 +50,11 @@ class RoundWrites(StoreReads):
         self._delete = reg(DELETE_ROUND)
         self._forward = reg(FORWARD)
 
+    def set_round_field(self, round_id: str, field: str, value: str) -> None:
+        """Write one informational field of the round's hash (``floor``: the lowest key when
+        planned), read by status only, never by a decision."""
+        self.client.hset(self.round_key(round_id), field, value)
+
     # ---- the stream ------------------------------------------------------------------------
     def init_round_counter(self, value: int) -> bool:
         """Set the round counter if it does not exist (restore); True if set."""

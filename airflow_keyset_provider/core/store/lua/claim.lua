@@ -18,6 +18,7 @@
 -- partition the round. Stops at the first that is not. The round hash records 'skip:<id>' = the
 -- first id after the run, and moves 'next' past the run if it is inside it, so NEXT_UNCLAIMED
 -- does not hand out what this claim absorbed.
+-- The round hash keeps 'first_claim_ms', the time of its first successful claim (HSETNX).
 -- Returns {'lost'} (round missing or range not intact) | {'complete', cursor, done, skipped, dead}
 --       | {'held', owner, ms left}
 --       | {'ok', cursor, epoch, done, skipped, dead, takeover, retries, lo, hi, absorbed}
@@ -107,6 +108,8 @@ if #KEYS > 4 and redis.call('HGET', KEYS[1], 'state') == 'open' then
     if nxt > tonumber(ARGV[4]) and nxt < after then redis.call('HSET', KEYS[1], 'next', after) end
   end
 end
+-- the round's first claim: where its processing rate starts (status, not planning time)
+redis.call('HSETNX', KEYS[1], 'first_claim_ms', now)
 if call ~= '' then
   redis.call('HSET', KEYS[2], 'call', call .. '|' .. takeover .. '|' .. absorbed)
 end
