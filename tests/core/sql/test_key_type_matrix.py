@@ -22,7 +22,7 @@ import contextlib
 import re
 import sqlite3
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -30,6 +30,8 @@ import sqlalchemy as sa
 from core_support import Recorder, run_all
 from modes import LONG
 from sqlalchemy.dialects.sqlite import base as sqlite_base
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from airflow_keyset_provider.core import KeysetTraversal
 from airflow_keyset_provider.core.errors import KeyValidationError
@@ -185,6 +187,26 @@ class Walk:
 
 # --------------------------------------------------------------------------- PostgreSQL
 
+
+@pytest.fixture
+def pg_db(pg_url: str) -> Iterator[tuple[str, sa.Engine]]:
+    """A throwaway database (URL, engine): each plan waits for the open transactions of its
+    database (commit order), so other tests' transactions in the shared one would slow the walk."""
+    name = f"kt_types_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as c:
+        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+    engine = sa.create_engine(url)
+    try:
+        yield url, engine
+    finally:
+        engine.dispose()
+        with admin.connect() as c:
+            c.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
 _PG_EDGES: dict[str, list[str]] = {
     "int2": ["-32768", "32767", "0", "-1", "1"],
     "int4": ["-2147483648", "2147483647", "0", "-1", "7"],
@@ -280,7 +302,8 @@ def _pg_entry(walk: Walk, engine: sa.Engine, table: str, typname: str, label: st
                 c.exec_driver_sql(f"DELETE FROM {table} WHERE k = %(v)s", {"v": bad})
 
 
-def test_postgresql_catalog_walk(pg_engine, pg_schema, pg_schema_url, redis_url, key_prefix):
+def test_postgresql_catalog_walk(pg_db, redis_url, key_prefix):
+    pg_schema_url, pg_engine = pg_db
     walk = Walk(pg_schema_url, redis_url, key_prefix)
     n = 0
     with pg_engine.connect() as conn:
@@ -301,7 +324,7 @@ def test_postgresql_catalog_walk(pg_engine, pg_schema, pg_schema_url, redis_url,
         c.exec_driver_sql("CREATE DOMAIN ord AS mood")
         for ext in ("citext", "ltree", "isn", "hstore", "cube", "seg"):
             if ext in exts:
-                c.exec_driver_sql(f'CREATE EXTENSION "{ext}" SCHEMA "{pg_schema}"')
+                c.exec_driver_sql(f'CREATE EXTENSION "{ext}"')
         ext_types = [
             (r[0], r[0], r[0])
             for r in c.exec_driver_sql(
@@ -334,7 +357,8 @@ def test_postgresql_catalog_walk(pg_engine, pg_schema, pg_schema_url, redis_url,
     walk.report("PostgreSQL types")
 
 
-def test_postgresql_collations_and_table_kinds(pg_engine, pg_schema_url, redis_url, key_prefix):
+def test_postgresql_collations_and_table_kinds(pg_db, redis_url, key_prefix):
+    pg_schema_url, pg_engine = pg_db
     walk = Walk(pg_schema_url, redis_url, key_prefix)
     with pg_engine.connect() as conn:
         colls = [
