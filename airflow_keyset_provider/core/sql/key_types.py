@@ -148,9 +148,9 @@ _MY_TEXT = (
     "MySQL 8) and an ordered (BTREE) unique index on the whole column"
 )
 _MY_TIME = (
-    "zero dates ('0000-00-00', legal under the default sql_mode) are refused at plan time when "
-    "the key's leading column holds them; a date with a zero month or day ('2022-00-00') is not "
-    "seen there"
+    "zero dates ('0000-00-00', legal under the default sql_mode) and dates with a zero month or "
+    "day ('2022-00-00', '2022-05-00') are refused at plan time when the key's leading column "
+    "holds them"
 )
 _MY_VARCHAR_FIX = (
     "ALTER TABLE {table} MODIFY {column} VARCHAR(255) CHARACTER SET utf8mb4 COLLATE "
@@ -238,8 +238,9 @@ SQLITE: dict[str, KeyType] = {
 VALUE_RULES: dict[str, str] = {
     "postgresql": "timestamp, timestamptz, date: 'infinity', '-infinity', years past 9999 and BC; "
     "numeric: 'NaN', 'Infinity', '-Infinity' (leading key column, honouring where)",
-    "mysql": "date, datetime, timestamp: dates below 0001-01-01, zero dates included "
-    "(leading key column, honouring where)",
+    "mysql": "date, datetime, timestamp: dates below 0001-01-01 (zero dates included) and dates "
+    "with a zero month or day (leading key column, honouring where; one index query per year "
+    "that holds keys)",
     "sqlite": "a value of another storage class than the kind's (typeof) in a column of a table "
     "that is not STRICT (leading key column, honouring where)",
 }

@@ -574,6 +574,16 @@ def test_mariadb_catalog_walk(mariadb_db_url, redis_url, key_prefix):
             c.exec_driver_sql("SET SESSION sql_mode = ''")
             c.exec_driver_sql(f"INSERT INTO {table} (k) VALUES ('0000-00-00')")
         assert "zero date" in walk.refusal(f"{name} zero date", table, [])
+        with engine.begin() as c:  # a zero month or day sorts between real dates
+            c.exec_driver_sql("SET SESSION sql_mode = ''")
+            c.exec_driver_sql(f"DELETE FROM {table} WHERE k < '0001-01-01'")
+            c.exec_driver_sql(f"INSERT INTO {table} (k) VALUES ('2000-05-00')")
+        assert "zero month or day" in walk.refusal(f"{name} zero day", table, [])
+        with engine.begin() as c:
+            c.exec_driver_sql("SET SESSION sql_mode = ''")
+            c.exec_driver_sql(f"DELETE FROM {table} WHERE DAYOFMONTH(k) = 0")
+            c.exec_driver_sql(f"INSERT INTO {table} (k) VALUES ('2000-00-15')")
+        assert "zero month or day" in walk.refusal(f"{name} zero month", table, [])
     walk.report("MariaDB types")
     engine.dispose()
 
