@@ -8,7 +8,9 @@ other type is refused at plan time by ``refuse`` with a message naming the colum
 its order differs from the encoding's and the fix. Values a listed type may hold but the codec
 cannot (``'infinity'``, years past 9999, ``NaN``, zero dates, a value of another storage class in a
 non-``STRICT`` SQLite column) are refused at plan time by the dialect's ``check_key_values`` when
-they sit at the leading key column's edges (where they sort); see ``VALUE_RULES``.
+the leading key column holds them, found by index probes where they sort (its edges; MariaDB's
+zero-month/zero-day dates: the gap before each month); see ``VALUE_RULES``. A later key column
+is not probed (it would take a scan): ``docs/key-types.md`` lists that gap.
 
 The plan's validation (``key_checks``, through each ``Dialect.key_type``) and the documentation's
 table (``docs/key-types.md``, rendered by ``docs_table`` and compared by a test) both read these
