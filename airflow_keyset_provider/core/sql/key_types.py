@@ -12,7 +12,7 @@ the leading key column holds them, found by index probes where they sort (its ed
 zero-month/zero-day dates: the gap before each month); see ``VALUE_RULES``. A later key column
 is not probed (it would take a scan): ``docs/key-types.md`` lists that gap.
 
-The plan's validation (``key_checks``, through each ``Dialect.key_type``) and the documentation's
+The plan's validation (``key_checks``, through each ``Dialect.key_types``) and the documentation's
 table (``docs/key-types.md``, rendered by ``docs_table`` and compared by a test) both read these
 tables, so the docs cannot list a type the code refuses or miss one it accepts.
 """
