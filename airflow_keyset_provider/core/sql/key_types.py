@@ -8,9 +8,11 @@ other type is refused at plan time by ``refuse`` with a message naming the colum
 its order differs from the encoding's and the fix. Values a listed type may hold but the codec
 cannot (``'infinity'``, years past 9999, ``NaN``, zero dates, a value of another storage class in a
 non-``STRICT`` SQLite column) are refused at plan time by the dialect's ``check_key_values`` when
-they sit at the leading key column's edges (where they sort); see ``VALUE_RULES``.
+the leading key column holds them, found by index probes where they sort (its edges; MariaDB's
+zero-month/zero-day dates: the gap before each month); see ``VALUE_RULES``. A later key column
+is not probed (it would take a scan): ``docs/key-types.md`` lists that gap.
 
-The plan's validation (``key_checks``, through each ``Dialect.key_type``) and the documentation's
+The plan's validation (``key_checks``, through each ``Dialect.key_types``) and the documentation's
 table (``docs/key-types.md``, rendered by ``docs_table`` and compared by a test) both read these
 tables, so the docs cannot list a type the code refuses or miss one it accepts.
 """
@@ -148,9 +150,9 @@ _MY_TEXT = (
     "MySQL 8) and an ordered (BTREE) unique index on the whole column"
 )
 _MY_TIME = (
-    "zero dates ('0000-00-00', legal under the default sql_mode) are refused at plan time when "
-    "the key's leading column holds them; a date with a zero month or day ('2022-00-00') is not "
-    "seen there"
+    "zero dates ('0000-00-00', legal under the default sql_mode) and dates with a zero month or "
+    "day ('2022-00-00', '2022-05-00') are refused at plan time when the key's leading column "
+    "holds them"
 )
 _MY_VARCHAR_FIX = (
     "ALTER TABLE {table} MODIFY {column} VARCHAR(255) CHARACTER SET utf8mb4 COLLATE "
@@ -238,8 +240,9 @@ SQLITE: dict[str, KeyType] = {
 VALUE_RULES: dict[str, str] = {
     "postgresql": "timestamp, timestamptz, date: 'infinity', '-infinity', years past 9999 and BC; "
     "numeric: 'NaN', 'Infinity', '-Infinity' (leading key column, honouring where)",
-    "mysql": "date, datetime, timestamp: dates below 0001-01-01, zero dates included "
-    "(leading key column, honouring where)",
+    "mysql": "date, datetime, timestamp: dates below 0001-01-01 (zero dates included) and dates "
+    "with a zero month or day (leading key column, honouring where; one index query per year "
+    "that holds keys)",
     "sqlite": "a value of another storage class than the kind's (typeof) in a column of a table "
     "that is not STRICT (leading key column, honouring where)",
 }

@@ -22,7 +22,7 @@ import contextlib
 import re
 import sqlite3
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -30,6 +30,8 @@ import sqlalchemy as sa
 from core_support import Recorder, run_all
 from modes import LONG
 from sqlalchemy.dialects.sqlite import base as sqlite_base
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from airflow_keyset_provider.core import KeysetTraversal
 from airflow_keyset_provider.core.errors import KeyValidationError
@@ -54,7 +56,7 @@ class Walk:
             f"{len(self.refused)} refused"
         )
 
-    def traversal(self, table: str, key: str = "k") -> KeysetTraversal:
+    def traversal(self, table: str, key: str | list[str] = "k") -> KeysetTraversal:
         self.n += 1
         return KeysetTraversal(
             self.url,
@@ -129,13 +131,81 @@ class Walk:
     @staticmethod
     def _delete(t: KeysetTraversal, keys: list[Any]) -> None:
         src = t.source
-        col = src.table.c[src.key_names[0]]
+        cols = [src.table.c[n] for n in src.key_names]
         with src.engine.begin() as c:
             for k in keys:
-                c.execute(sa.delete(src.table).where(col == sa.bindparam("v", k, type_=col.type)))
+                parts = k if len(cols) > 1 else (k,)
+                cond = [
+                    col == sa.bindparam(f"v{i}", v, type_=col.type)
+                    for i, (col, v) in enumerate(zip(cols, parts, strict=True))
+                ]
+                c.execute(sa.delete(src.table).where(*cond))
+
+    def composite(self, entry: str, ddl: list[str], values: list[Any]) -> None:
+        """After ``entry`` traversed alone: the same type as the second column of a key
+        ``(g, k)`` (row-value comparisons, MariaDB's expanded form), each value under g = 1 and
+        g = 2; two chained rounds deliver every row once. ``ddl`` creates table ``tc``."""
+        if entry not in self.traversed:
+            return
+        engine = sa.create_engine(self.url)
+        try:
+            with engine.begin() as c:
+                for stmt in ddl:
+                    c.exec_driver_sql(stmt)
+
+            def insert(keys: list[Any]) -> None:
+                with engine.begin() as c:
+                    for g, v in keys:
+                        c.execute(
+                            sa.text("INSERT INTO tc (g, k) VALUES (:g, :k)"), {"g": g, "k": v}
+                        )
+
+            def read() -> list[Any]:
+                with engine.connect() as c:
+                    return [
+                        tuple(r) for r in c.execute(sa.text("SELECT g, k FROM tc ORDER BY g, k"))
+                    ]
+
+            t = self.traversal("tc", ["g", "k"])
+            try:
+                t.source.validate()
+                insert([(g, v) for g in (1, 2) for v in values])
+                ordered = read()
+                half = len(ordered) // 2
+                delivered = self._rounds(t, entry, ordered[:half], ordered[half:], insert, read)
+            finally:
+                t.close()
+            assert sorted(map(repr, delivered)) == sorted(map(repr, ordered)), (
+                f"{entry} as (g, k): delivered {delivered!r}, table holds {ordered!r}"
+            )
+            self.traversed[f"(g, {entry})"] = len(delivered)
+            with engine.begin() as c:
+                c.exec_driver_sql("DROP TABLE tc")
+        finally:
+            engine.dispose()
 
 
 # --------------------------------------------------------------------------- PostgreSQL
+
+
+@pytest.fixture
+def pg_db(pg_url: str) -> Iterator[tuple[str, sa.Engine]]:
+    """A throwaway database (URL, engine): each plan waits for the open transactions of its
+    database (commit order), so other tests' transactions in the shared one would slow the walk."""
+    name = f"kt_types_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as c:
+        c.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = make_url(pg_url).set(database=name).render_as_string(hide_password=False)
+    engine = sa.create_engine(url)
+    try:
+        yield url, engine
+    finally:
+        engine.dispose()
+        with admin.connect() as c:
+            c.exec_driver_sql(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.dispose()
+
 
 _PG_EDGES: dict[str, list[str]] = {
     "int2": ["-32768", "32767", "0", "-1", "1"],
@@ -222,6 +292,7 @@ def _pg_entry(walk: Walk, engine: sa.Engine, table: str, typname: str, label: st
         walk.refusal(label, table, [label.split("(")[0].strip('"')])
         return
     walk.outcome(label, table, [label.split("(")[0].strip('"')], insert, read, edges)
+    walk.composite(label, _pg_composite_ddl(table), edges)
     if walk.traversed.get(label) is not None:
         for bad in _PG_BAD.get(typname, []):
             insert([bad])
@@ -231,7 +302,8 @@ def _pg_entry(walk: Walk, engine: sa.Engine, table: str, typname: str, label: st
                 c.exec_driver_sql(f"DELETE FROM {table} WHERE k = %(v)s", {"v": bad})
 
 
-def test_postgresql_catalog_walk(pg_engine, pg_schema, pg_schema_url, redis_url, key_prefix):
+def test_postgresql_catalog_walk(pg_db, redis_url, key_prefix):
+    pg_schema_url, pg_engine = pg_db
     walk = Walk(pg_schema_url, redis_url, key_prefix)
     n = 0
     with pg_engine.connect() as conn:
@@ -250,9 +322,14 @@ def test_postgresql_catalog_walk(pg_engine, pg_schema, pg_schema_url, redis_url,
         c.exec_driver_sql('CREATE DOMAIN label AS text COLLATE "C"')
         c.exec_driver_sql("CREATE DOMAIN bigger AS big")  # a domain over a domain
         c.exec_driver_sql("CREATE DOMAIN ord AS mood")
+        icu = c.exec_driver_sql(
+            "SELECT collname FROM pg_collation WHERE collprovider = 'i' ORDER BY collname LIMIT 1"
+        ).scalar()
+        if icu:  # a domain over text whose own collation is not byte order
+            c.exec_driver_sql(f'CREATE DOMAIN icu_label AS text COLLATE "{icu}"')
         for ext in ("citext", "ltree", "isn", "hstore", "cube", "seg"):
             if ext in exts:
-                c.exec_driver_sql(f'CREATE EXTENSION "{ext}" SCHEMA "{pg_schema}"')
+                c.exec_driver_sql(f'CREATE EXTENSION "{ext}"')
         ext_types = [
             (r[0], r[0], r[0])
             for r in c.exec_driver_sql(
@@ -268,6 +345,7 @@ def test_postgresql_catalog_walk(pg_engine, pg_schema, pg_schema_url, redis_url,
         ("text", "label", "label"),
         ("int8", "bigger", "bigger"),
         ("enum", "ord", "ord"),
+        *([("text", "icu_label", "icu_label")] if icu else []),
         *ext_types,
     ]
     for typname, type_sql, label in entries:
@@ -277,7 +355,8 @@ def test_postgresql_catalog_walk(pg_engine, pg_schema, pg_schema_url, redis_url,
             if not _pg_create(c, table, type_sql):
                 continue  # a type no column may have (e.g. unknown); nothing to page by
         _pg_entry(walk, pg_engine, table, typname, label)
-    assert {"mood", "pair", "integer[]", "character", '"char"'} <= set(walk.refused)
+    assert {"mood", "ord", "pair", "integer[]", "character", '"char"'} <= set(walk.refused)
+    assert not icu or "collation" in walk.refused["icu_label"], walk.refused.get("icu_label")
     assert {"bigint", "text", "timestamp with time zone", "uuid", "big", "bigger"} <= set(
         walk.traversed
     ), walk.traversed
@@ -285,7 +364,8 @@ def test_postgresql_catalog_walk(pg_engine, pg_schema, pg_schema_url, redis_url,
     walk.report("PostgreSQL types")
 
 
-def test_postgresql_collations_and_table_kinds(pg_engine, pg_schema_url, redis_url, key_prefix):
+def test_postgresql_collations_and_table_kinds(pg_db, redis_url, key_prefix):
+    pg_schema_url, pg_engine = pg_db
     walk = Walk(pg_schema_url, redis_url, key_prefix)
     with pg_engine.connect() as conn:
         colls = [
@@ -322,6 +402,7 @@ def test_postgresql_collations_and_table_kinds(pg_engine, pg_schema_url, redis_u
             lambda t=table: _pg_read(pg_engine, t),
             _PG_EDGES["text"],
         )
+        walk.composite(f"collation {name}", _pg_composite_ddl(table), _PG_EDGES["text"])
     assert "collation C" in walk.traversed and "collation POSIX" in walk.traversed
     assert "collation nd" in walk.refused or ("i", False) not in seen_kinds
     # table kinds: an INHERITS parent is refused, its child and a partitioned table traverse
@@ -355,6 +436,14 @@ def test_postgresql_collations_and_table_kinds(pg_engine, pg_schema_url, redis_u
     walk.report("PostgreSQL collations and table kinds")
 
 
+def _pg_composite_ddl(table: str) -> list[str]:
+    """``tc (k, g)`` with ``k`` as in ``table`` (type, collation, NOT NULL), keyed by (g, k)."""
+    return [
+        f"CREATE TABLE tc (LIKE {table})",
+        "ALTER TABLE tc ADD COLUMN g int NOT NULL, ADD PRIMARY KEY (g, k)",
+    ]
+
+
 def _pg_insert(engine: sa.Engine, table: str, values: list[Any]) -> None:
     with engine.begin() as c:
         for v in values:
@@ -379,6 +468,14 @@ _MY_EDGES: dict[str, list[Any]] = {
     "datetime": ["0001-01-01 00:00:00", "9999-12-31 23:59:59", "2000-02-29 12:00:00"],
     "text": ["", " ", "a", "a ", "a\t", "\t", "b", "A", "é", "\U0001f600", "a  "],
 }
+
+
+def _my_composite_ddl(table: str) -> list[str]:
+    """``tc (g, k)`` with ``k`` as in ``table`` (type, character set, collation, NOT NULL)."""
+    return [
+        f"CREATE TABLE tc AS SELECT * FROM {table} WHERE 1 = 0",
+        "ALTER TABLE tc ADD COLUMN g int NOT NULL FIRST, ADD PRIMARY KEY (g, k)",
+    ]
 
 
 def _my_data_type_names(conn: sa.Connection) -> list[str]:
@@ -443,8 +540,13 @@ def test_mariadb_catalog_walk(mariadb_db_url, redis_url, key_prefix):
                 "WHERE TABLE_SCHEMA = DATABASE() AND COLUMN_NAME = 'k'"
             )
         }
+    same: dict[str, str] = {}  # COLUMN_TYPE -> the first name giving it (aliases: INT4 = INT)
     for name, table in created.items():
         data_type, column_type = types[table]
+        first = same.setdefault(column_type, name)
+        if first != name:  # an alias of a type already walked: the same column, same outcome
+            (walk.traversed if first in walk.traversed else walk.refused)[name] = first
+            continue
         edges = _MY_EDGES.get(data_type)
         bits = {"tinyint": 8, "smallint": 16, "mediumint": 24, "int": 32, "bigint": 64}
         if data_type in bits and "unsigned" in column_type:
@@ -463,6 +565,7 @@ def test_mariadb_catalog_walk(mariadb_db_url, redis_url, key_prefix):
             lambda t=table: _my_read(engine, t),
             edges,
         )
+        walk.composite(name, _my_composite_ddl(table), edges)
     assert {"UUID", "ENUM", "SET", "CHAR", "BINARY", "FLOAT"} <= set(walk.refused)
     assert {"INT", "BIGINT", "DECIMAL", "DATE", "DATETIME"} <= set(walk.traversed)
     for name in ("DATE", "DATETIME"):  # zero dates are refused at plan time
@@ -471,6 +574,16 @@ def test_mariadb_catalog_walk(mariadb_db_url, redis_url, key_prefix):
             c.exec_driver_sql("SET SESSION sql_mode = ''")
             c.exec_driver_sql(f"INSERT INTO {table} (k) VALUES ('0000-00-00')")
         assert "zero date" in walk.refusal(f"{name} zero date", table, [])
+        with engine.begin() as c:  # a zero month or day sorts between real dates
+            c.exec_driver_sql("SET SESSION sql_mode = ''")
+            c.exec_driver_sql(f"DELETE FROM {table} WHERE k < '0001-01-01'")
+            c.exec_driver_sql(f"INSERT INTO {table} (k) VALUES ('2000-05-00')")
+        assert "zero month or day" in walk.refusal(f"{name} zero day", table, [])
+        with engine.begin() as c:
+            c.exec_driver_sql("SET SESSION sql_mode = ''")
+            c.exec_driver_sql(f"DELETE FROM {table} WHERE DAYOFMONTH(k) = 0")
+            c.exec_driver_sql(f"INSERT INTO {table} (k) VALUES ('2000-00-15')")
+        assert "zero month or day" in walk.refusal(f"{name} zero month", table, [])
     walk.report("MariaDB types")
     engine.dispose()
 
@@ -506,7 +619,9 @@ def test_mariadb_collations(mariadb_db_url, redis_url, key_prefix):
             lambda t=table: _my_read(engine, t),
             values,
         )
+        walk.composite(coll, _my_composite_ddl(table), values)
     assert "utf8mb4_nopad_bin" in walk.traversed
+    assert "(g, utf8mb4_nopad_bin)" in walk.traversed
     assert {"utf8mb4_bin", "utf8mb4_general_ci", "utf8mb4_unicode_ci"} <= set(walk.refused)
     assert all(c in walk.refused[c] for c in walk.refused if "collation" in walk.refused[c])
     walk.report("MariaDB collations")
@@ -558,6 +673,7 @@ def test_sqlite_affinities_strict_rowid_and_collations(tmp_path, redis_url, key_
             lambda t=table: _my_read(engine, t),
             values,
         )
+        walk.composite(entry, [_sqlite_composite_ddl(ddl)], values)
     assert {
         "rowid",
         "STRICT INTEGER",
@@ -587,6 +703,16 @@ def test_sqlite_affinities_strict_rowid_and_collations(tmp_path, redis_url, key_
         assert "storage class" in walk.refusal(f"{table} holding {bad!r}", table, [])
     walk.report("SQLite declared types")
     engine.dispose()
+
+
+def _sqlite_composite_ddl(ddl: str) -> str:
+    """``tc (g, k)`` with ``k`` declared as in ``ddl`` (NOT NULL), keyed by (g, k)."""
+    col, rest = ddl, ""
+    if ddl.endswith(("STRICT", "ROWID")):  # "k ... PRIMARY KEY) STRICT"
+        col, _, rest = ddl.rpartition(")")
+    col = col.replace(" PRIMARY KEY DESC", "").replace(" PRIMARY KEY", "")
+    col += "" if "NOT NULL" in col else " NOT NULL"
+    return f"CREATE TABLE tc (g INTEGER NOT NULL, {col}, PRIMARY KEY (g, k)){rest}"
 
 
 def _sqlite_insert(engine: sa.Engine, table: str, values: list[Any]) -> None:

@@ -5,8 +5,8 @@
   ordered (``BTREE``) index starting with the key columns (``mysql_catalog.indexes``);
 - key types: ``DATA_TYPE``'s rule in ``key_types`` (ENUM and SET sort by their ordinal, fixed-width
   CHAR is stored padded: ``'a\\t'`` sorts before ``'a'`` even under a NO PAD collation, MariaDB's
-  UUID sorts by swapped segments, binary strings have no key encoding); zero dates at the leading
-  column's low edge are refused at plan time (``check_key_values``); TIMESTAMP only when the session time zone is a fixed offset (its
+  UUID sorts by swapped segments, binary strings have no key encoding); zero dates and dates with
+  a zero month or day in the leading column are refused at plan time (``check_key_values``); TIMESTAMP only when the session time zone is a fixed offset (its
   values are read in the session time zone, which a DST change makes ambiguous);
 - text keys: only a NO PAD binary collation of UTF-8 (``utf8mb4_nopad_bin`` on MariaDB,
   ``utf8mb4_0900_bin`` on MySQL 8, and their utf8mb3 forms) orders like the key encoding. PAD
@@ -31,6 +31,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 from collections.abc import Sequence
@@ -174,19 +175,55 @@ class MysqlDialect(Dialect):
         }
 
     def check_key_values(self, src: Relation, conn: sa.Connection) -> None:
-        """The leading key column of a date/time kind holds no date below 0001-01-01 (zero
-        dates, legal under the default ``sql_mode``, sort there): one index probe."""
-        if src.key_kinds[0] not in ("date", "timestamp"):
+        """The leading key column of a date/time kind holds no date Python cannot: below
+        0001-01-01 (zero dates, legal under the default ``sql_mode``, sort there), nor with a zero
+        month or day (``'2022-00-00'``, ``'2022-05-00'``), which sort between the last instant of
+        the previous month and the first of the month: per year that holds keys, one query over
+        the twelve gaps (index ranges) and one lookup of the next year."""
+        kind = src.key_kinds[0]
+        if kind not in ("date", "timestamp"):
             return
         name = src.key_names[0]
         col = src.engine.dialect.identifier_preparer.quote(name)
+        fix = (
+            "UPDATE those rows or exclude them with where=..., and add NO_ZERO_DATE,"
+            "NO_ZERO_IN_DATE to the server's sql_mode"
+        )
         if src.probe(conn, f"{col} < :lo", {"lo": "0001-01-01"}) is not None:
             raise UnsupportedKeyTypeError(
                 f"key column {name!r} of {src.qualified_name!r} holds a zero date ('0000-00-00') or "
                 "a date in year 0, which Python cannot hold: the key encoding has no place for it, "
-                f"so its rows could never be delivered. Fix: UPDATE those rows (WHERE {name} < "
-                f"'0001-01-01') or exclude them with where=..., and add NO_ZERO_DATE,NO_ZERO_IN_DATE "
-                "to the server's sql_mode."
+                f"so its rows could never be delivered. Fix: {fix} (WHERE {name} < '0001-01-01')."
+            )
+        suffix = "" if kind == "date" else " 23:59:59.999999"
+        next_year = sa.text(f"SELECT YEAR(MIN({col})) FROM {src.rel} WHERE {col} > :after")
+        year = conn.execute(sa.text(f"SELECT YEAR(MIN({col})) FROM {src.rel}")).scalar()
+        while year is not None:  # one pass per year holding keys: two index lookups each
+            self._zero_in_date(src, conn, col, name, int(year), suffix, fix)
+            year = conn.execute(next_year, {"after": f"{int(year):04d}-12-31{suffix}"}).scalar()
+
+    @staticmethod
+    def _zero_in_date(
+        src: Relation, conn: sa.Connection, col: str, name: str, year: int, suffix: str, fix: str
+    ) -> None:
+        gaps: list[str] = []
+        params: dict[str, str] = {}
+        for month in range(1, 13):
+            if (year, month) == (1, 1):  # '0001-00-..' sorts below 0001-01-01: probed above
+                continue
+            prev = dt.date(year, month, 1) - dt.timedelta(days=1)
+            i = len(gaps)
+            params[f"a{i}"], params[f"b{i}"] = (
+                prev.isoformat() + suffix,
+                f"{year:04d}-{month:02d}-01",
+            )
+            gaps.append(f"({col} > :a{i} AND {col} < :b{i})")
+        if src.probe(conn, " OR ".join(gaps), params) is not None:
+            raise UnsupportedKeyTypeError(
+                f"key column {name!r} of {src.qualified_name!r} holds a date with a zero month or "
+                "day ('2022-00-00', '2022-05-00'), which Python cannot hold: the key encoding has "
+                f"no place for it, so its rows could never be delivered. Fix: {fix} (WHERE "
+                f"MONTH({name}) = 0 OR DAYOFMONTH({name}) = 0)."
             )
 
     def check_key_column(self, src: Relation, col: sa.Column) -> None:
