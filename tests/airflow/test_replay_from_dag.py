@@ -130,7 +130,7 @@ def test_an_operator_round_is_replayed_with_the_dags_target_and_exactly_once(
     hook = KeysetHook("replay_src", "redis_default", target_conn_id="replay_src")
     t = hook.traversal(table="events", key="seq", stream="replay_operator", where="seq <= 390",
                        key_prefix=prefix)  # fmt: skip
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     proc = __import__(module).copy_out
     for spec in rnd.ranges:
         t.traverse(rnd.round_id, spec.range_id, proc, chunk_size=25, item_retry_delay=0)

@@ -32,7 +32,7 @@ BROKEN = {7, 100, 250}
 def _closed_round_with_letters(pg_engine, pg_schema_url, redis_url, key_prefix):
     make_events(pg_engine, list(range(1, 301)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
 
     def reject(chunk):
         return ChunkResult(failed={k: f"rejected {k}" for k in chunk.keys if k in BROKEN})
@@ -112,7 +112,7 @@ def test_a_processor_raising_for_every_row_is_not_called_only_a_dependency_failu
     source is the dependency) does not get that hint."""
     make_events(pg_engine, list(range(1, 101)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
 
     def buggy(chunk):
         return [row["no_such_column"] for row in chunk.rows]

@@ -53,7 +53,7 @@ def seeded(airflow_api_server: Any, sqlite_url: str, redis_url: str) -> Any:
     t = KeysetTraversal(
         sqlite_url, "ev", "seq", redis_url=redis_url, stream="fuzz", key_prefix=srv.key_prefix
     )
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     res = t.traverse(rnd.round_id, 0, processor, max_item_attempts=1, item_retry_delay=0)
     assert res.dead == 2
     yield srv

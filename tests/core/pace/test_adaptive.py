@@ -112,7 +112,7 @@ def test_a_chunk_of_wide_rows_shrinks_the_next_read_to_the_byte_budget(
     payload (99 rows), and every key is delivered once with exact counters."""
     _events(pg_engine, narrow=10, wide=10_000)
     t = traversal(pg_schema_url, redis_url, key_prefix, columns=["payload"])
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     rec = Recorder()
     chunks: list[tuple[int, int]] = []  # (rows, payload bytes)
 

@@ -46,7 +46,7 @@ def test_the_first_round_on_a_composite_key_has_progress_rate_and_eta(
     _orders(pg_engine)
     t = KeysetTraversal(pg_schema_url, "orders", ["created_at", "id"], redis_url=redis_url,
                         stream="orders-nightly", key_prefix=key_prefix)  # fmt: skip
-    rnd = t.plan(max_ranges=2)
+    rnd = t.plan(max_ranges=2, new_stream=True)
     assert rnd.ranges[0].lo is None  # the first range starts at -inf
     time.sleep(1.0)  # planned a while before the tasks run: the rate must not count this wait
     calls = [0]

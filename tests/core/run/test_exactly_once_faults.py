@@ -81,7 +81,7 @@ def test_a_long_failure_history_on_a_mariadb_target_completes(
         c.execute(sa.text("CREATE TABLE effects (seq bigint NOT NULL)"))
     make_events(pg_engine, list(range(1, 3001)))
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=mariadb_db_url)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     reason = "the partner API refused the record: " + "x" * 194
 
     def proc(chunk: Any) -> ChunkResult:
@@ -126,7 +126,7 @@ def test_streams_whose_names_differ_in_case_have_their_own_ledger_on_mariadb(
             pg_schema_url, redis_url=redis_url, stream=stream, key_prefix=key_prefix,
             table="events", key="seq", target_url=mariadb_db_url,
         )  # fmt: skip
-        rnd = t.plan(max_ranges=1)
+        rnd = t.plan(max_ranges=1, new_stream=True)
         res = t.traverse(rnd.round_id, 0, proc, chunk_size=100, exactly_once=True)
         assert res.complete and res.done == 800
         t.close()
@@ -244,7 +244,7 @@ def test_a_deadlock_or_lock_wait_timeout_is_a_dependency_failure(
     make_events(pg_engine, list(range(1, 41)))
     contention = Contention(engine, kind)
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     calls: list[list[int]] = []
 
     def proc(chunk: Any) -> None:
@@ -282,7 +282,7 @@ def test_a_ledger_table_of_the_earlier_layout_is_refused_with_the_fix(
             "failed text, PRIMARY KEY (stream, round_id, range_id))"
         ))  # fmt: skip
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     with pytest.raises(ConfigurationError, match=r"earlier layout.*DROP TABLE keyset_ledger"):
         t.traverse(rnd.round_id, 0, write, exactly_once=True)
     assert t.range_status(rnd.round_id)[0]["done"] == 0

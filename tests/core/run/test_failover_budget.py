@@ -120,7 +120,7 @@ def test_the_default_budget_rides_out_a_30_s_database_outage(
     proc, seen = _outage_processor(server, 3, restarted)
     t = KeysetTraversal(server.url, "events", "seq", redis_url=redis_url, stream="failover",
                         key_prefix=key_prefix)  # fmt: skip
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     with caplog.at_level(logging.WARNING, logger="airflow_keyset_provider"):
         # defaults but a short backoff cap, so the call notices the restart soon after it
         res = t.traverse(rnd.round_id, 0, proc, chunk_size=50, prefetch=False, backoff_max=3.0)
@@ -141,7 +141,7 @@ def test_max_chunk_attempts_still_bounds_the_attempts_when_given(
     proc, _ = _outage_processor(server, 2, restarted, restart=False)
     t = KeysetTraversal(server.url, "events", "seq", redis_url=redis_url, stream="failover5",
                         key_prefix=key_prefix)  # fmt: skip
-    rnd = t.plan(max_ranges=1)
+    rnd = t.plan(max_ranges=1, new_stream=True)
     with pytest.raises(DependencyFailedError, match="max_chunk_attempts=3 reached") as err:
         t.traverse(rnd.round_id, 0, proc, chunk_size=50, prefetch=False, max_chunk_attempts=3,
                    backoff_base=0.01)  # fmt: skip

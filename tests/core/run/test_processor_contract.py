@@ -46,7 +46,7 @@ def test_a_malformed_result_is_refused_at_once_and_nothing_is_committed(
 
     t = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
     try:
-        rnd = t.plan(max_ranges=1)
+        rnd = t.plan(max_ranges=1, new_stream=True)
         with pytest.raises(ProcessorContractError) as raised:
             t.traverse(
                 rnd.round_id, 0, processor, chunk_size=10, backoff_base=0.01, max_chunk_attempts=5
@@ -70,7 +70,7 @@ def test_a_well_formed_result_of_any_collection_still_works(
     make_events(pg_engine, list(range(1, 21)))
     t = traversal(pg_schema_url, redis_url, key_prefix)
     try:
-        rnd = t.plan(max_ranges=1)
+        rnd = t.plan(max_ranges=1, new_stream=True)
         res = t.traverse(
             rnd.round_id,
             0,

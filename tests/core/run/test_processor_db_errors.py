@@ -54,7 +54,7 @@ def test_a_bad_row_s_database_error_is_dead_lettered_by_class(
     caplog.set_level(logging.INFO)
     t = traversal(url, redis_url, key_prefix, target_url=url)
     try:
-        rnd = t.plan(max_ranges=1)
+        rnd = t.plan(max_ranges=1, new_stream=True)
         res = t.traverse(
             rnd.round_id,
             0,
@@ -79,7 +79,7 @@ def test_an_outage_of_database_errors_ends_without_their_text(
     caplog.set_level(logging.INFO)
     t = traversal(url, redis_url, key_prefix, target_url=url)
     try:
-        rnd = t.plan(max_ranges=1)
+        rnd = t.plan(max_ranges=1, new_stream=True)
         with pytest.raises(DependencyFailedError) as raised:
             t.traverse(
                 rnd.round_id,

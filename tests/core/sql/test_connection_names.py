@@ -88,7 +88,7 @@ def test_every_postgresql_connection_names_stream_round_and_range(
     t = _traversal(url, "ev", stream, redis_url, key_prefix, target_url=url, checkpoint_url=url)
     seen: dict[int, tuple[str, list[str]]] = {}
     try:
-        rnd = t.plan(max_ranges=2)
+        rnd = t.plan(max_ranges=2, new_stream=True)
         assert len(rnd.ranges) == 2
         for r in rnd.ranges:
 
@@ -125,7 +125,7 @@ def _worker_holding_a_write(
     runs ``write_sql`` in the chunk's transaction, then blocks until the block ends. Yields the
     traversal and the name its connections carry."""
     a = _traversal(url, "a", "a", redis_url, prefix, target_url=url)
-    rnd = a.plan(max_ranges=1)
+    rnd = a.plan(max_ranges=1, new_stream=True)
     inside, release = threading.Event(), threading.Event()
     errors: list[BaseException] = []
 
@@ -159,7 +159,7 @@ def _plan_b_beside_a_worker(url: str, redis_url: str, prefix: str) -> None:
     with _worker_holding_a_write(url, redis_url, prefix, write):
         b = _traversal(url, "b", "b", redis_url, prefix, commit_wait_timeout=1.0)
         try:
-            rnd = b.plan(max_ranges=1)
+            rnd = b.plan(max_ranges=1, new_stream=True)
             seen: list[int] = []
             b.traverse(rnd.round_id, 0, lambda ch: seen.extend(ch.keys))
             assert seen == [1, 2, 3]
@@ -204,7 +204,7 @@ def test_plan_waits_for_another_streams_worker_that_writes_its_source_and_names_
         b = _traversal(url, "b", "b", redis_url, key_prefix, commit_wait_timeout=0.5)
         try:
             with pytest.raises(CommitOrderTimeoutError) as err:
-                b.plan(max_ranges=1)
+                b.plan(max_ranges=1, new_stream=True)
         finally:
             b.close()
     text = str(err.value)
@@ -225,7 +225,7 @@ def test_plan_of_a_key_not_fed_by_a_sequence_still_waits_for_other_streams(
         b = _traversal(pg_schema_url, "b", "b", redis_url, key_prefix, commit_wait_timeout=0.5)
         try:
             with pytest.raises(CommitOrderTimeoutError, match=f"application_name '{a_name}'"):
-                b.plan(max_ranges=1)
+                b.plan(max_ranges=1, new_stream=True)
         finally:
             b.close()
 
@@ -315,7 +315,7 @@ def test_mariadb_connections_carry_program_name(mariadb_ps_url, redis_url, key_p
     t = _traversal(mariadb_ps_url, "a", "named", redis_url, key_prefix, target_url=mariadb_ps_url)
     found: list[tuple[str, int]] = []
     try:
-        rnd = t.plan(max_ranges=1)
+        rnd = t.plan(max_ranges=1, new_stream=True)
 
         def processor(chunk):
             own = chunk.connection.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one()
@@ -351,7 +351,7 @@ def test_mariadb_plan_skips_other_streams_worker_unless_it_writes_the_source(
         b = _traversal(mariadb_ps_url, "b", "b", redis_url, prefix2, commit_wait_timeout=0.5)
         try:
             with pytest.raises(CommitOrderTimeoutError) as err:
-                b.plan(max_ranges=1)
+                b.plan(max_ranges=1, new_stream=True)
         finally:
             b.close()
     text = str(err.value)

@@ -30,13 +30,15 @@ def test_postgresql_enum_key_is_refused_naming_the_fix(
     t = _traversal(pg_schema_url, "orders", redis_url, key_prefix)
     try:
         with pytest.raises(UnsupportedKeyTypeError) as info:
-            rnd = t.plan(max_ranges=1)  # the old code: accepted; the row below is then lost
+            rnd = t.plan(
+                max_ranges=1, new_stream=True
+            )  # the old code: accepted; the row below is then lost
             run_all(t, rnd, Recorder())
             t.close_round(rnd.round_id)
             with pg_engine.begin() as c:
                 c.exec_driver_sql("INSERT INTO orders VALUES ('archived')")
             rec = Recorder()
-            nxt = t.plan(max_ranges=1)
+            nxt = t.plan(max_ranges=1, new_stream=True)
             run_all(t, nxt, rec)
             assert list(rec.seen) == ["archived"], "the row added later was never delivered"
     finally:
@@ -79,7 +81,7 @@ def test_postgresql_values_python_cannot_hold_are_refused_at_plan(
     t = _traversal(url, "ev", redis_url, key_prefix)
     try:
         with pytest.raises(UnsupportedKeyTypeError) as info:
-            rnd = t.plan(max_ranges=1)
+            rnd = t.plan(max_ranges=1, new_stream=True)
             rec = Recorder()
             run_all(t, rnd, rec)
             assert len(rec.seen) == 2, "a row was never delivered"
@@ -96,7 +98,7 @@ def test_postgresql_values_python_cannot_hold_are_refused_at_plan(
         url, "ev", "k", where=where, redis_url=redis_url, stream="w", key_prefix=key_prefix
     )
     try:
-        rnd = t.plan(max_ranges=1)
+        rnd = t.plan(max_ranges=1, new_stream=True)
         rec = Recorder()
         run_all(t, rnd, rec)
         assert len(rec.seen) == 1
@@ -118,7 +120,7 @@ def test_mariadb_uuid_key_is_refused_naming_the_fix(mariadb_db_url, redis_url, k
     t = _traversal(mariadb_db_url, "u", redis_url, key_prefix)
     try:
         with pytest.raises(UnsupportedKeyTypeError) as info:
-            rnd = t.plan(max_ranges=1)
+            rnd = t.plan(max_ranges=1, new_stream=True)
             rec = Recorder()
             run_all(t, rnd, rec, chunk_size=1)
             assert len(rec.seen) == 3

@@ -72,7 +72,7 @@ class Walk:
         t = self.traversal(table, key)
         try:
             with pytest.raises(KeyValidationError) as info:
-                t.plan(max_ranges=2)
+                t.plan(max_ranges=2, new_stream=True)
         finally:
             t.close()
         msg = str(info.value)
@@ -120,7 +120,7 @@ class Walk:
         for expect in (first, second):
             if expect is second:
                 insert(second)
-            rnd = t.plan(max_ranges=2)
+            rnd = t.plan(max_ranges=2, new_stream=True)
             rec = Recorder()
             run_all(t, rnd, rec, chunk_size=3)
             assert t.close_round(rnd.round_id).done == len(expect), entry
