@@ -54,7 +54,7 @@ def test_a_backfill_of_a_chained_stream_is_refused_with_the_fix(airflow_env, tmp
     )
     engine = sa.create_engine(f"sqlite:///{db}")
     with engine.begin() as c:
-        c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL)")
+        c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY NOT NULL, payload text NOT NULL)")
         c.execute(sa.text("INSERT INTO events VALUES (:s, 'e')"), [{"s": k} for k in range(1, 301)])
     engine.dispose()
     prefix = airflow_env["prefix"]
