@@ -1,8 +1,8 @@
 """``airflow backfill create`` under a real scheduler (issue 30 item 5: "a backfill of a chained
 DAG is green and empty"), with the DAGs of ``dags/keyset_backfill_dags.py`` over one source.
 
-One deployment, two backfills of the same 3 daily intervals (2026-11-01 .. 2026-11-03), created
-at once with the CLI as a user would:
+One deployment, two backfills of the same 3 daily intervals (from 10 days ago), created at once
+with the CLI as a user would:
 
 - ``keyset_backfill_chained`` (no ``start_key``, ``max_active_runs=1``), the CLI's defaults:
   every backfill run fails at ``plan`` on its first try (``AirflowFailException``, not retried
@@ -38,20 +38,19 @@ from scheduler_support import FIGURES, AirflowDeployment
 
 CHAINED = "keyset_backfill_chained"
 BOUNDED = "keyset_backfill_bounded"
-FROM, TO = "2026-11-01", "2026-11-03"  # logical dates: three daily intervals
-WINDOW = (
-    dt.datetime(2026, 11, 1, tzinfo=dt.UTC).timestamp(),
-    dt.datetime(2026, 11, 4, tzinfo=dt.UTC).timestamp(),
-)
+DAY = dt.timedelta(days=1)
+# the DAGs' first day, 10 days ago: the backfill's dates are past whatever the machine's clock says
+START = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0) - 10 * DAY
+FROM, TO = START.date().isoformat(), (START + 2 * DAY).date().isoformat()  # three intervals
 DATES = ("--from-date", FROM, "--to-date", TO)
+WINDOW = (START.timestamp(), (START + 3 * DAY).timestamp())  # (start, end] of the three together
 STEP_S = 1800  # one source row per 30 minutes, midnights included (the bounds' edge cases)
 BOUND_S = 240.0
 CLI_TIMEOUT_S = 120
 
 
 def _create_tables(engine: sa.Engine) -> list[int]:
-    first = int(dt.datetime(2026, 10, 31, tzinfo=dt.UTC).timestamp())
-    last = int(dt.datetime(2026, 11, 5, tzinfo=dt.UTC).timestamp())
+    first, last = int((START - DAY).timestamp()), int((START + 4 * DAY).timestamp())
     keys = list(range(first, last + 1, STEP_S))
     with engine.begin() as conn:
         conn.exec_driver_sql("CREATE TABLE bf_events (ts bigint PRIMARY KEY)")
@@ -105,6 +104,7 @@ def test_backfills_of_a_chained_and_a_bounded_dag_under_a_real_scheduler(
             "AIRFLOW_CONN_KEYSET_BF_DB": ds.postgres_conn(pg_url, pg_schema),
             "AIRFLOW_CONN_KEYSET_BF_REDIS": ds.redis_conn(redis_url),
             "KEYSET_BF_KEY_PREFIX": key_prefix,
+            "KEYSET_BF_START": FROM,
             # the components import this checkout's package (the venv may hold another one)
             "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         },

@@ -10,8 +10,8 @@ twice) with ``exactly_once`` on the same database.
 - ``keyset_backfill_bounded``: the documented way (docs/howto-backfills.md), bounds from the
   data interval: ``start_key`` / ``end_key`` are the interval's edges in epoch seconds.
 
-Both end before the machine's today (``end_date``), so the scheduler creates no run of its own:
-every run in the test is a backfill run. Everything deployment-specific comes from environment
+Both end 5 days after ``KEYSET_BF_START`` (``end_date``), before the test's today, so the
+scheduler creates no run of its own: every run in the test is a backfill run. Everything deployment-specific comes from environment
 variables.
 """
 
@@ -28,8 +28,12 @@ from airflow_keyset_provider import BarrierSensor, Chunk, PlanRangesOperator, Tr
 SOURCE_CONN_ID = os.environ.get("KEYSET_BF_SOURCE_CONN", "keyset_bf_db")
 REDIS_CONN_ID = os.environ.get("KEYSET_BF_REDIS_CONN", "keyset_bf_redis")
 KEY_PREFIX = os.environ.get("KEYSET_BF_KEY_PREFIX", "ks")
-START = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
-END = dt.datetime(2026, 11, 6, tzinfo=dt.UTC)
+# the first day the DAGs run (ISO date; the test gives one 10 days before today): fixed dates would
+# turn into future dates, which a backfill refuses, on a machine whose clock is behind
+START = dt.datetime.fromisoformat(os.environ.get("KEYSET_BF_START", "2026-11-01")).replace(
+    tzinfo=dt.UTC
+)
+END = START + dt.timedelta(days=5)
 
 
 def deliver(chunk: Chunk) -> None:
