@@ -269,9 +269,9 @@ class PlanRangesOperator(BaseOperator):
         refuse_chained_backfill(context, self.start_key, self.dag_id, stream)
         key = list(self.key) if not isinstance(self.key, str) else self.key
         columns = list(self.columns) if self.columns is not None else None
-        rnd, firsts = self._plan_round(context, stream, key, columns)
-        self._log_round(stream, rnd)
-        self._push_round(context, stream, rnd)
+        rnd, firsts, planned_by = self._plan_round(context, stream, key, columns)
+        self._log_round(stream, rnd, planned_by, run_key(context))
+        self._push_round(context, stream, rnd, planned_by)
         common = {
             "source_conn_id": self.source_conn_id,
             "table": self.table,
@@ -298,11 +298,12 @@ class PlanRangesOperator(BaseOperator):
 
     def _plan_round(
         self, context: Context, stream: str, key: str | list[str], columns: list[str] | None
-    ) -> tuple[Round, list[RangeSpec] | None]:
+    ) -> tuple[Round, list[RangeSpec] | None, str | None]:
         """The round of this DAG run and plan task: planned now, or the one planned before (the
         round key is the task's ``<dag_id>/<run_id>/<task_id>``); in pull mode also the tasks'
         first ranges as the round's first plan answered them (``core/rounds/plan_answer.py``:
-        claims coalesce and split ranges as the round runs, the answer stays)."""
+        claims coalesce and split ranges as the round runs, the answer stays); and the round key
+        of the plan that created a reused round (None when this call created it)."""
         with airflow_errors():
             _check_max_ranges(self.max_ranges, self.max_tasks)
             hook = KeysetHook(self.source_conn_id, self.redis_conn_id, self.checkpoint_conn_id)
@@ -334,17 +335,20 @@ class PlanRangesOperator(BaseOperator):
                 )
                 if start is None and record is not None:
                     record_planned(stream, rnd)  # before the task succeeds: else it raises
+                planned_by = None
+                if not rnd.created:
+                    planned_by = t.store.round_info(rnd.round_id).get("round_key") or None
                 tasks = self.max_tasks
                 if tasks is None:  # one range per task: no claim coalesces, no range splits
-                    return rnd, None
+                    return rnd, None, planned_by
                 firsts = first_answer(
                     t.control, rnd.round_id, f"pull:{tasks}", lambda r: first_ranges(r, tasks)
                 )
-                return rnd, firsts
+                return rnd, firsts, planned_by
             finally:
                 t.close()
 
-    def _log_round(self, stream: str, rnd: Round) -> None:
+    def _log_round(self, stream: str, rnd: Round, planned_by: str | None, this_run: str) -> None:
         how = (
             "planned"
             if rnd.created
@@ -363,9 +367,25 @@ class PlanRangesOperator(BaseOperator):
             self.log.info("  %s", spec.label)
         if len(rnd.ranges) > _LOGGED_RANGES:
             self.log.info("  ... and %d more", len(rnd.ranges) - _LOGGED_RANGES)
+        if planned_by and planned_by != this_run:
+            self.log.warning(
+                "stream %s: round %s is the stream's open round, planned by %s, not by this run "
+                "(%s): this run continues it, with its bounds, and plans nothing of its own. "
+                "Expected after that run failed; if it is still running, both runs share the "
+                "round's ranges (one owner per range at a time): give a chained DAG "
+                "max_active_runs=1, and a backfill explicit bounds (docs/howto-backfills.md).",
+                stream,
+                rnd.round_id,
+                planned_by,
+                this_run,
+            )
 
-    def _push_round(self, context: Context, stream: str, rnd: Round) -> None:
-        """XComs for ``BarrierSensor``: the round id, and the round's stream, prefix and bounds."""
+    def _push_round(
+        self, context: Context, stream: str, rnd: Round, planned_by: str | None
+    ) -> None:
+        """XComs for ``BarrierSensor``: the round id, and the round's stream, prefix and bounds;
+        ``planned_by``: the round key (``<dag_id>/<run_id>/<task_id>``) of the plan that created
+        the round, when this plan reused it (None when this plan created it)."""
         ti = context["ti"]
         ti.xcom_push(key=ROUND_ID_XCOM_KEY, value=rnd.round_id)
         ti.xcom_push(
@@ -378,6 +398,7 @@ class PlanRangesOperator(BaseOperator):
                 "start_key": to_json(rnd.start_key),
                 "end_key": to_json(rnd.end_key),
                 "ranges": len(rnd.ranges),
+                "planned_by": planned_by,
             },
         )
 
