@@ -116,7 +116,7 @@ def test_an_operator_round_is_replayed_with_the_dags_target_and_exactly_once(
     monkeypatch.setenv("AIRFLOW_CONN_REPLAY_SRC", postgres_conn(pg_url, schema))
     monkeypatch.syspath_prepend(str(tmp_path))
     with pg_engine.begin() as c:
-        c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY NOT NULL, payload text NOT NULL)")
+        c.exec_driver_sql("CREATE TABLE events (seq bigint PRIMARY KEY, payload text NOT NULL)")
         c.exec_driver_sql("INSERT INTO events SELECT g, 'e' || g FROM generate_series(1, 400) g")
         c.exec_driver_sql("CREATE TABLE outbox (seq bigint PRIMARY KEY)")
     module = f"replay_proc_{prefix}"

@@ -291,7 +291,7 @@ def docs_table() -> str:
     ]
     for title, items, default in sections:
         out += [
-            f"### {title}",
+            f"## {title}",
             "",
             "| type | key kind | why / condition | fix when refused |",
             "|---|---|---|---|",
