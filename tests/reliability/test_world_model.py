@@ -69,6 +69,7 @@ def configs(draw: st.DrawFn) -> WorldConfig:
         max_ranges=draw(st.integers(1, 6)),
         tasks=draw(st.integers(1, 4)),
         poison=draw(st.sampled_from([0.0, 0.02, 0.05])),
+        record=draw(st.booleans()),
     )
 
 
@@ -103,7 +104,7 @@ class WorldModel(RuleBasedStateMachine):
     def make_world(self, cfg: WorldConfig, seed: int) -> None:
         assert _SERVERS is not None
         self.world = World(_SERVERS, cfg, random.Random(seed))
-        self.w.plan_chained()
+        self.w.plan_chained(new_stream=True)
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -118,6 +119,14 @@ class WorldModel(RuleBasedStateMachine):
     def plan_chained(self) -> None:
         self._tick()
         self.w.plan_chained()
+
+    @rule()
+    @judged
+    def declare_new_stream(self) -> None:
+        """A person's choice after a refusal: the stream starts again below every key."""
+        self._tick()
+        if self.w.refused:
+            self.w.plan_chained(new_stream=True)
 
     @rule(a=st.integers(0, 10**6), b=st.integers(0, 10**6))
     @judged

@@ -58,9 +58,10 @@ from world_support import (
 
 from airflow_keyset_provider.core import KeysetTraversal
 from airflow_keyset_provider.core.chunk import Chunk, ChunkResult
-from airflow_keyset_provider.core.errors import KeysetError
+from airflow_keyset_provider.core.errors import KeysetError, StreamStateLostError
 from airflow_keyset_provider.core.keys import MIN_KEY, decode_key, encode_key
 from airflow_keyset_provider.core.options import TraverseOptions
+from airflow_keyset_provider.core.rounds.durability import PlannedRound, StreamRecord
 
 TARGETS = ("postgresql", "sqlite", "mariadb")
 
@@ -183,6 +184,7 @@ class WorldConfig:
     max_ranges: int = 4
     tasks: int = 2
     poison: float = 0.02
+    record: bool = False  # Airflow's asset state records the stream (durable by default)
 
     @property
     def max_chunk(self) -> int:
@@ -411,18 +413,51 @@ class World:
         above = [k for k in self.present() if k > start]
         return max(above) if above else start
 
-    def plan_chained(self) -> None:
-        expect_refusal = self.lost_unmirrored or self.refused
+    def record(self) -> StreamRecord | None:
+        """What Airflow's asset state of the stream holds (the barrier records each close, the
+        plan each chained round), in worlds that run under Airflow (``cfg.record``)."""
+        if not self.cfg.record:
+            return None
+        chained = [r for r in self.rounds if r.chained]
+        closed = [r for r in chained if r.closed is not None]
+        last = max(closed, key=lambda r: r.closed or 0, default=None)
+        newest = chained[-1] if chained else None
+        return StreamRecord(
+            "the model's asset state",
+            watermark=enc(self.watermark) if last is not None else None,
+            last_round=last.round_id if last is not None else None,
+            planned=PlannedRound(newest.round_id, enc(newest.start), enc(newest.end))
+            if newest is not None
+            else None,
+        )
+
+    def expect_refusal(self) -> bool:
+        """After Redis lost the stream without a mirror, a chained plan restores it only from
+        Airflow's record, and only when the stream's newest chained round was closed."""
+        if not (self.lost_unmirrored or self.refused):
+            return False
+        newest = [r for r in self.rounds if r.chained][-1:]
+        restorable = self.cfg.record and (not newest or newest[0].closed is not None)
+        return not restorable
+
+    def plan_chained(self, new_stream: bool = False) -> None:
+        """A chained plan (``new_stream``: the caller declares the stream new, as the first plan
+        of every world does and as a person may after a refusal: it starts below every key)."""
+        expect_refusal = self.expect_refusal() and not new_stream
         failed_before = self.mirror_faults.failed
         try:
-            rnd = self.admin.plan(max_ranges=self.cfg.max_ranges)
+            rnd = self.admin.plan(
+                max_ranges=self.cfg.max_ranges, new_stream=new_stream, record=self.record()
+            )
         except Exception as exc:
             if self.mirror_faults.failed > failed_before:
                 # the plan's mirror write failed: the plan raised, its retry returns the round
                 self.faults.counts["plan failed: mirror outage"] += 1
                 self.plan_pending = True
                 return
-            if isinstance(exc, KeysetError) and expect_refusal:
+            if isinstance(exc, StreamStateLostError) and (
+                expect_refusal or self.mirror_faults.failed
+            ):
                 self.refused = True
                 self.faults.counts["plan refused after a loss"] += 1
                 return
@@ -437,6 +472,14 @@ class World:
                 f"{self.watermark})",
             )
             return
+        if new_stream:
+            self.watermark, self.refused, self.lost_unmirrored = 0, False, False
+            for r in self.rounds:
+                if r.closed is None:
+                    r.lost = True  # a new stream: the old one's open rounds are abandoned
+        elif self.refused or self.lost_unmirrored:
+            self.faults.counts["stream restored from the durable record"] += 1
+            self.refused = self.lost_unmirrored = False
         open_chained = [r for r in self.rounds if r.chained and r.closed is None and not r.lost]
         if open_chained:
             if rnd.round_id != open_chained[-1].round_id or rnd.created:
@@ -682,7 +725,16 @@ class World:
                 self.faults.counts["close failed: mirror outage"] += 1
                 return
             if must:
-                self.fail(f"round {r} did not close once the faults stopped: {exc!r}")
+                ends = [
+                    f"{w.name} {w.mode}: {w.ended.status} {w.ended.error[:300]} "
+                    f"{str(w.ended.result)[:600]}"
+                    for w in self.workers[-4:]
+                    if w.round_id == r.round_id and w.ended is not None
+                ]
+                self.fail(
+                    f"round {r} did not close once the faults stopped: {exc!r}; "
+                    f"its last workers: {ends}"
+                )
             if not isinstance(exc, KeysetError):
                 self.fail(f"closing round {r} failed: {exc!r}")
             return
