@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import tempfile
 import time
 import uuid
@@ -77,6 +78,14 @@ class Tainted(Exception):
 #: Defects the model finds on main that other branches fix (issue 27): id -> where it is fixed.
 KNOWN_DEFECTS = {
     "silent-restart": "issue 27 item 10, branch durable",
+    "sqlite-claim-lock": (
+        "found by this model: on a SQLite target, a lock wait at the exactly_once claim's "
+        "ledger step ends the try with a raw OperationalError, not a dependency failure"
+    ),
+    "empty-interval-fence": (
+        "found by this model on branch ledger: an empty committed interval (k, k] of another "
+        "range fences every try of the range around it (LeaseLostError for ever)"
+    ),
 }
 TOLERATED = {d.strip() for d in os.environ.get("KEYSET_MODEL_TOLERATE", "").split(",") if d.strip()}
 
@@ -587,6 +596,8 @@ class World:
             explained |= {"CursorConflictError"}
         if self.mirror_faults.failed:
             explained |= {"RoundStateLostError"}
+        if name == "OperationalError" and "database is locked" in e.error:
+            self.known("sqlite-claim-lock", f"worker {w.name} ({w.mode}): {e.error[:2000]}")
         if name not in explained:
             self.fail(
                 f"worker {w.name} ({w.mode}) ended with an unexplained error: {e.error}\n{e.result}"
@@ -724,6 +735,8 @@ class World:
             if self.mirror_faults.failed > failed_before and not must:
                 self.faults.counts["close failed: mirror outage"] += 1
                 return
+            if must and re.search(r"keys \((\S+), \1\] inside", str(self.ends(r))):
+                self.known("empty-interval-fence", f"round {r} never closes: {self.ends(r)}")
             if must:
                 ends = [
                     f"{w.name} {w.mode}: {w.ended.status} {w.ended.error[:300]} "
@@ -744,6 +757,9 @@ class World:
             self.check_closed(r, totals)
             if r.chained:
                 self.watermark = r.end
+
+    def ends(self, r: ModelRound) -> list[str]:
+        return [w.ended.error[:300] for w in self.workers if w.round_id == r.round_id and w.ended]
 
     def check_closed(self, r: ModelRound, totals: Any) -> None:
         effects = effect_counts(self.effects_db, self.name).get(r.key, Counter())
