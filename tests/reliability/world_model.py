@@ -78,6 +78,10 @@ class Tainted(Exception):
 #: Defects the model finds on main that other branches fix (issue 27): id -> where it is fixed.
 KNOWN_DEFECTS = {
     "silent-restart": "issue 27 item 10, branch durable",
+    "explicit-replan-restart": (
+        "found by this model on branch durable: after a refusal, the explicit re-plan it names "
+        "puts state in Redis, and the next chained plan starts below every key"
+    ),
     "sqlite-claim-lock": (
         "found by this model: on a SQLite target, a lock wait at the exactly_once claim's "
         "ledger step ends the try with a raw OperationalError, not a dependency failure"
@@ -299,6 +303,7 @@ class World:
         self.canaries = 0  # single-key calls of a key already processed (isolation's canary)
         self.violations: list[str] = []
         self.tainted = False
+        self.explicit_since_loss = False  # an explicit plan after a loss without a mirror
         self.n_workers = 0
         self._setup_table()
         self.admin = self.traversal(redis.Redis.from_url(self.redis_url))
@@ -475,12 +480,14 @@ class World:
         start, end = _dec(rnd.start_encoded), _dec(rnd.end_encoded)
         if expect_refusal and rnd.created:
             self.known(
-                "silent-restart",
+                "explicit-replan-restart" if self.explicit_since_loss else "silent-restart",
                 f"silent restart: Redis lost the stream (no mirror) and the next plan started a "
                 f"round ({start}, {end}] instead of refusing (the model's watermark is "
                 f"{self.watermark})",
             )
             return
+        if new_stream or not expect_refusal:
+            self.explicit_since_loss = False
         if new_stream:
             self.watermark, self.refused, self.lost_unmirrored = 0, False, False
             for r in self.rounds:
@@ -527,6 +534,8 @@ class World:
         if (_dec(rnd.start_encoded), _dec(rnd.end_encoded)) != (lo - 1, hi) or not rnd.created:
             self.fail(f"an explicit plan ({lo - 1}, {hi}] returned {rnd}")
         self.rounds.append(ModelRound(rnd.round_id, lo - 1, hi, False, self.step, self.gen))
+        if self.lost_unmirrored or self.refused:
+            self.explicit_since_loss = True
 
     def open_rounds(self) -> list[ModelRound]:
         return [r for r in self.rounds if r.closed is None and not r.lost]
