@@ -43,6 +43,7 @@ from ..core.errors import (
     LeaseHeldError,
     RoundNotFoundError,
     RoundStateLostError,
+    RoundUnknownError,
     StoreUnavailableError,
 )
 from .commands import (
@@ -337,6 +338,9 @@ def main(
     except CliError as exc:
         err.write(f"airflow-keyset: {exc}\n")
         return exc.code
+    except RoundUnknownError as exc:  # an id Redis never handed out (mirror included): not found
+        err.write(f"airflow-keyset: {exc}\n")
+        return EXIT_NOT_FOUND
     except RoundStateLostError as exc:
         err.write(f"airflow-keyset: round state lost: {exc}\n")
         return EXIT_LOST
