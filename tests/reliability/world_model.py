@@ -873,7 +873,7 @@ class World:
         self.fail(f"[known defect {defect}: {KNOWN_DEFECTS[defect]}] {message}")
 
     def fail(self, message: str) -> None:
-        self.violations.append(message)
+        self.violations.append(f"step {self.step}: {message}")
         raise ModelViolation(f"world {self.name} {self.cfg}: {message}")
 
     # -- the end: faults stop, everything finishes ------------------------------------------
