@@ -355,6 +355,8 @@ class World:
                 w.switch.dead = True  # its thread, if started, unwinds at its next call
                 with contextlib.suppress(Exception):
                     w._go.release()
+                if w.thread.ident is not None:
+                    w.thread.join(30)  # its helper threads stop with it: then close its clients
                 w.close()
         self.admin.close()
         with contextlib.suppress(Exception):
