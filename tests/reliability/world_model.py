@@ -65,6 +65,7 @@ from airflow_keyset_provider.core.options import TraverseOptions
 from airflow_keyset_provider.core.rounds.durability import PlannedRound, StreamRecord
 
 TARGETS = ("postgresql", "sqlite", "mariadb")
+MAX_LIVE = 6  # live (parked) workers per world
 
 
 class ModelViolation(AssertionError):
@@ -545,7 +546,11 @@ class World:
     # -- workers --------------------------------------------------------------------------------
     def start_worker(
         self, rnd: ModelRound, pull: bool, range_pick: int, lineage: str = ""
-    ) -> Worker:
+    ) -> Worker | None:
+        """A new task try on the round (None when the world has ``MAX_LIVE`` live workers:
+        each holds database connections, and the servers are shared)."""
+        if len(self.live_workers()) >= MAX_LIVE:
+            return None
         self.n_workers += 1
         name = f"x{self.n_workers}"
         lineage = lineage or f"L{self.n_workers}"
@@ -901,7 +906,7 @@ class World:
             self.expire_dead()
             for r in self.open_rounds():
                 w = self.start_worker(r, True, 0)
-                while w.live:
+                while w is not None and w.live:
                     self.step_worker(w)
                 self.close_round(r)
             if not self.open_rounds():
