@@ -54,7 +54,7 @@ WORLDS = rs.trials(6, 200)
 #: 1, 2 (``sqlite-claim-lock``) and 4 (``empty-interval-fence``) fail on today's code: see
 #: ``world_model.KNOWN_DEFECTS`` and docs/reliability.md.
 SHORT_SEED = 3
-STEPS = rs.trials(40, 120)
+STEPS = int(os.environ.get("KEYSET_MODEL_STEPS") or (120 if rs.LONG else 40))  # per world
 
 _SERVERS: Servers | None = None
 TOTALS: Counter[str] = Counter()
