@@ -85,3 +85,37 @@ def test_a_round_redis_lost_mid_way_is_refused_not_replayed(airflow_env, events,
         assert choice in refusal, refusal
     assert sum(kt.SEEN.values()) == delivered, "the refused plan traversed keys again"
     assert control(airflow_env, "kt_durable").store.has_state() is False  # nothing written
+
+
+def test_a_record_written_before_the_durable_keys_restores_too(airflow_env, events, pg_engine):
+    """A deployment upgraded from a version whose barrier published only ``last_round`` (with an
+    asset outlet; keys as ``to_json`` renders them) keeps its protection: the plan encodes that
+    watermark and restores it."""
+    first = kt.kt_durable.test()
+    assert first.state == DagRunState.SUCCESS, (task_instances(first), kt.FAILURES)
+    _as_before_upgrade("keyset://kt_durable", {"round_id": "r1", "watermark": 300})
+    kt.forget_stream("kt_durable")
+    _insert(pg_engine, 20)
+    second = kt.kt_durable.test()
+    assert second.state == DagRunState.SUCCESS, (task_instances(second), kt.FAILURES)
+    totals = xcom(second, "barrier")
+    assert (totals["round_id"], totals["start_key"], totals["end_key"]) == ("r2", 300, 320)
+    assert max(kt.SEEN.values()) == 1
+
+
+def _as_before_upgrade(name: str, last_round: dict[str, Any]) -> None:
+    """The asset state as the older barrier left it: ``last_round`` only."""
+    import json
+
+    from airflow.models.asset import AssetModel
+    from airflow.models.asset_state_store import AssetStateStoreModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        asset_id = session.scalar(sa.select(AssetModel.id).where(AssetModel.name == name))
+        session.execute(
+            sa.delete(AssetStateStoreModel).where(AssetStateStoreModel.asset_id == asset_id)
+        )
+        session.add(
+            AssetStateStoreModel(asset_id=asset_id, key="last_round", value=json.dumps(last_round))
+        )

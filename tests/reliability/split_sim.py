@@ -75,7 +75,7 @@ class Sim:
 
     # ---- the trial ------------------------------------------------------------------------
     def run(self) -> Figures:
-        self.plan(new_stream=True)
+        self.plan()
         for _ in range(self.chaos_steps):
             self.step(chaos=True)
         self.drive()

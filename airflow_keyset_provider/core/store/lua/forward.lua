@@ -1,3 +1,4 @@
+
 -- Move a key's value forward to a given value unless it already holds one at or above it: the
 -- watermark (string order: the key encoding is order-preserving ASCII) or the round counter
 -- (number order). Used by the failover reconciliation (core/rounds/regressions.py) and by a
