@@ -452,7 +452,9 @@ class RunLedger:
         lock_round(conn, t, *self.key, bump=False)
         rows = read_intervals(conn, t, *self.key)
         at = [r for r in rows if r.hi == expected]
-        if any(r.epoch > self.epoch for r in at) or not any(r.epoch == self.epoch for r in at):
+        # A newer claim whose keys reach this cursor took every interval ending here, this
+        # owner's too; an interval of another range merely ending here is no takeover.
+        if not any(r.epoch == self.epoch for r in at):
             raise self._fenced(expected, new)
         overlap = [
             r for r in rows

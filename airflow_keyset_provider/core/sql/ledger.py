@@ -163,8 +163,8 @@ def _round(t: sa.Table, stream: str, round_id: str) -> Any:
 
 def lock_round(conn: sa.Connection, t: sa.Table, stream: str, round_id: str, bump: bool) -> int:
     """Lock the round's head row (creating it, generation 0, when there is none) and return its
-    generation, after adding one to it when ``bump`` (a claim). Held until the transaction
-    ends: the ledger steps of a round are serialized by it."""
+    generation after adding one to it when ``bump`` (a claim; a commit only locks it: 0).
+    Held until the transaction ends: the ledger steps of a round are serialized by it."""
     where = sa.and_(_round(t, stream, round_id), t.c.seg == HEAD)
     step = sa.update(t).where(where).values(epoch=t.c.epoch + (1 if bump else 0))
     if conn.execute(step).rowcount == 0:
@@ -175,6 +175,8 @@ def lock_round(conn: sa.Connection, t: sa.Table, stream: str, round_id: str, bum
                 conn.execute(sa.insert(t).values(**values))
         except sa.exc.IntegrityError:  # created concurrently: lock that row
             conn.execute(step)
+    if not bump:
+        return 0
     return int(conn.execute(sa.select(t.c.epoch).where(where)).scalar_one())
 
 

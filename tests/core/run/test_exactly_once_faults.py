@@ -18,6 +18,7 @@ from test_exactly_once_identity import effects, target, target_url, write
 
 from airflow_keyset_provider import ChunkResult, RetryableError
 from airflow_keyset_provider.core import KeysetTraversal
+from airflow_keyset_provider.core.errors import ConfigurationError
 
 _ = target  # a fixture (PostgreSQL with both drivers, SQLite, MariaDB)
 
@@ -265,4 +266,24 @@ def test_a_deadlock_or_lock_wait_timeout_is_a_dependency_failure(
     starts = (1, 11, 1, 11, 21, 31) if mode else (1, 11, 11, 21, 31)
     assert calls == [list(range(a, a + 10)) for a in starts]  # never isolated
     assert effects(engine) == Counter(range(1, 41))
+    t.close()
+
+
+def test_a_ledger_table_of_the_earlier_layout_is_refused_with_the_fix(
+    pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """A ``keyset_ledger`` of one row per range id (before the interval ledger) is refused at
+    the claim, naming the fix, instead of being written in a layout it does not have."""
+    make_events(pg_engine, [1, 2, 3])
+    with pg_engine.begin() as c:
+        c.execute(sa.text(
+            "CREATE TABLE keyset_ledger (stream varchar(200), round_id varchar(200), "
+            "range_id integer, epoch bigint, cursor text, done bigint, skipped bigint, "
+            "failed text, PRIMARY KEY (stream, round_id, range_id))"
+        ))  # fmt: skip
+    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=pg_schema_url)
+    rnd = t.plan(max_ranges=1)
+    with pytest.raises(ConfigurationError, match=r"earlier layout.*DROP TABLE keyset_ledger"):
+        t.traverse(rnd.round_id, 0, write, exactly_once=True)
+    assert t.range_status(rnd.round_id)[0]["done"] == 0
     t.close()

@@ -236,3 +236,33 @@ def test_two_live_identities_of_the_same_keys_never_both_commit_them(
     replica.close()
     primary.close()
     engine.dispose()
+
+
+@pytest.mark.parametrize("kind", ["psycopg2", "mariadb"])
+def test_a_neighbour_finishing_at_this_ranges_cursor_does_not_fence_it(
+    kind, pg_engine, pg_schema_url, redis_url, key_prefix, tmp_path, request
+):
+    """Ranges (0, 200] and (200, 400]. B claims range 1 first; while B is in its first chunk,
+    A claims range 0 (a newer generation) and runs it to its end, 200: A's interval ends where
+    B's starts. B's commit must go through (an interval of another range ending at B's cursor,
+    newer or not, is no takeover of B's keys)."""
+    url = target_url(request, kind, pg_schema_url, tmp_path)
+    engine = sa.create_engine(url, poolclass=NullPool)
+    with engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE effects (seq bigint NOT NULL)"))
+    make_events(pg_engine, list(range(1, 401)))
+    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
+    rnd = t.plan(max_ranges=2, start_key=0, end_key=400)
+    kw = dict(chunk_size=50, exactly_once=True)
+    results = []
+
+    def b_proc(chunk: Any) -> None:
+        write(chunk)
+        if not results:
+            results.append(t.traverse(rnd.round_id, 0, write, **kw))
+
+    res = t.traverse(rnd.round_id, 1, b_proc, **kw)
+    assert results[0].complete and res.complete and res.done == 200
+    assert effects(engine) == Counter(range(1, 401))
+    t.close()
+    engine.dispose()
