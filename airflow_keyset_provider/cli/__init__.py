@@ -45,6 +45,7 @@ from ..core.errors import (
     ReplayFailedError,
     RoundNotFoundError,
     RoundStateLostError,
+    RoundUnknownError,
     StoreUnavailableError,
 )
 from .arguments import (
@@ -397,6 +398,9 @@ def main(
     except CliError as exc:  # built with the URL redacted (core/redaction.py)
         err.write(f"airflow-keyset: {exc}\n")
         return exc.code
+    except RoundUnknownError as exc:  # an id Redis never handed out (mirror included): not found
+        err.write(f"airflow-keyset: {exc}\n")
+        return EXIT_NOT_FOUND
     except RoundStateLostError as exc:
         err.write(
             f"airflow-keyset: round state lost: {safe_text(args, exc)} (Redis read: {where(args)})\n"

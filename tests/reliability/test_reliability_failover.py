@@ -216,7 +216,7 @@ def test_a_round_the_promoted_replica_never_saw_is_traversed_and_closed_without_
     the close restore it from the mirror, as they do a round Redis lost, instead of failing with
     ``RoundNotFoundError`` on every try."""
     t = _traversal(pg_schema_url, redis_url, key_prefix)
-    r1 = t.plan(max_ranges=1, end_key=100, round_key="run0")
+    r1 = t.plan(max_ranges=1, end_key=100, round_key="run0", new_stream=True)
     before = Snapshot(redis_client, key_prefix)
     r2 = t.plan(max_ranges=2, start_key=100, end_key=200)
     before.rewind()

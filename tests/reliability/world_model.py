@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import tempfile
 import time
 import uuid
@@ -58,11 +59,13 @@ from world_support import (
 
 from airflow_keyset_provider.core import KeysetTraversal
 from airflow_keyset_provider.core.chunk import Chunk, ChunkResult
-from airflow_keyset_provider.core.errors import KeysetError
+from airflow_keyset_provider.core.errors import KeysetError, StreamStateLostError
 from airflow_keyset_provider.core.keys import MIN_KEY, decode_key, encode_key
 from airflow_keyset_provider.core.options import TraverseOptions
+from airflow_keyset_provider.core.rounds.durability import PlannedRound, StreamRecord
 
 TARGETS = ("postgresql", "sqlite", "mariadb")
+MAX_LIVE = 6  # live (parked) workers per world
 
 
 class ModelViolation(AssertionError):
@@ -76,6 +79,18 @@ class Tainted(Exception):
 #: Defects the model finds on main that other branches fix (issue 27): id -> where it is fixed.
 KNOWN_DEFECTS = {
     "silent-restart": "issue 27 item 10, branch durable",
+    "explicit-replan-restart": (
+        "found by this model on branch durable: after a refusal, the explicit re-plan it names "
+        "puts state in Redis, and the next chained plan starts below every key"
+    ),
+    "sqlite-claim-lock": (
+        "found by this model: on a SQLite target, a lock wait at the exactly_once claim's "
+        "ledger step ends the try with a raw OperationalError, not a dependency failure"
+    ),
+    "empty-interval-fence": (
+        "found by this model on branch ledger: an empty committed interval (k, k] of another "
+        "range fences every try of the range around it (LeaseLostError for ever)"
+    ),
 }
 TOLERATED = {d.strip() for d in os.environ.get("KEYSET_MODEL_TOLERATE", "").split(",") if d.strip()}
 
@@ -183,6 +198,7 @@ class WorldConfig:
     max_ranges: int = 4
     tasks: int = 2
     poison: float = 0.02
+    record: bool = False  # Airflow's asset state records the stream (durable by default)
 
     @property
     def max_chunk(self) -> int:
@@ -288,6 +304,7 @@ class World:
         self.canaries = 0  # single-key calls of a key already processed (isolation's canary)
         self.violations: list[str] = []
         self.tainted = False
+        self.explicit_since_loss = False  # an explicit plan after a loss without a mirror
         self.n_workers = 0
         self._setup_table()
         self.admin = self.traversal(redis.Redis.from_url(self.redis_url))
@@ -339,6 +356,8 @@ class World:
                 w.switch.dead = True  # its thread, if started, unwinds at its next call
                 with contextlib.suppress(Exception):
                     w._go.release()
+                if w.thread.ident is not None:
+                    w.thread.join(30)  # its helper threads stop with it: then close its clients
                 w.close()
         self.admin.close()
         with contextlib.suppress(Exception):
@@ -411,18 +430,51 @@ class World:
         above = [k for k in self.present() if k > start]
         return max(above) if above else start
 
-    def plan_chained(self) -> None:
-        expect_refusal = self.lost_unmirrored or self.refused
+    def record(self) -> StreamRecord | None:
+        """What Airflow's asset state of the stream holds (the barrier records each close, the
+        plan each chained round), in worlds that run under Airflow (``cfg.record``)."""
+        if not self.cfg.record:
+            return None
+        chained = [r for r in self.rounds if r.chained]
+        closed = [r for r in chained if r.closed is not None]
+        last = max(closed, key=lambda r: r.closed or 0, default=None)
+        newest = chained[-1] if chained else None
+        return StreamRecord(
+            "the model's asset state",
+            watermark=enc(self.watermark) if last is not None else None,
+            last_round=last.round_id if last is not None else None,
+            planned=PlannedRound(newest.round_id, enc(newest.start), enc(newest.end))
+            if newest is not None
+            else None,
+        )
+
+    def expect_refusal(self) -> bool:
+        """After Redis lost the stream without a mirror, a chained plan restores it only from
+        Airflow's record, and only when the stream's newest chained round was closed."""
+        if not (self.lost_unmirrored or self.refused):
+            return False
+        newest = [r for r in self.rounds if r.chained][-1:]
+        restorable = self.cfg.record and (not newest or newest[0].closed is not None)
+        return not restorable
+
+    def plan_chained(self, new_stream: bool = False) -> None:
+        """A chained plan (``new_stream``: the caller declares the stream new, as the first plan
+        of every world does and as a person may after a refusal: it starts below every key)."""
+        expect_refusal = self.expect_refusal() and not new_stream
         failed_before = self.mirror_faults.failed
         try:
-            rnd = self.admin.plan(max_ranges=self.cfg.max_ranges)
+            rnd = self.admin.plan(
+                max_ranges=self.cfg.max_ranges, new_stream=new_stream, record=self.record()
+            )
         except Exception as exc:
             if self.mirror_faults.failed > failed_before:
                 # the plan's mirror write failed: the plan raised, its retry returns the round
                 self.faults.counts["plan failed: mirror outage"] += 1
                 self.plan_pending = True
                 return
-            if isinstance(exc, KeysetError) and expect_refusal:
+            if isinstance(exc, StreamStateLostError) and (
+                expect_refusal or self.mirror_faults.failed
+            ):
                 self.refused = True
                 self.faults.counts["plan refused after a loss"] += 1
                 return
@@ -431,12 +483,22 @@ class World:
         start, end = _dec(rnd.start_encoded), _dec(rnd.end_encoded)
         if expect_refusal and rnd.created:
             self.known(
-                "silent-restart",
+                "explicit-replan-restart" if self.explicit_since_loss else "silent-restart",
                 f"silent restart: Redis lost the stream (no mirror) and the next plan started a "
                 f"round ({start}, {end}] instead of refusing (the model's watermark is "
                 f"{self.watermark})",
             )
             return
+        if new_stream or not expect_refusal:
+            self.explicit_since_loss = False
+        if new_stream:
+            self.watermark, self.refused, self.lost_unmirrored = 0, False, False
+            for r in self.rounds:
+                if r.closed is None:
+                    r.lost = True  # a new stream: the old one's open rounds are abandoned
+        elif self.refused or self.lost_unmirrored:
+            self.faults.counts["stream restored from the durable record"] += 1
+            self.refused = self.lost_unmirrored = False
         open_chained = [r for r in self.rounds if r.chained and r.closed is None and not r.lost]
         if open_chained:
             if rnd.round_id != open_chained[-1].round_id or rnd.created:
@@ -475,6 +537,8 @@ class World:
         if (_dec(rnd.start_encoded), _dec(rnd.end_encoded)) != (lo - 1, hi) or not rnd.created:
             self.fail(f"an explicit plan ({lo - 1}, {hi}] returned {rnd}")
         self.rounds.append(ModelRound(rnd.round_id, lo - 1, hi, False, self.step, self.gen))
+        if self.lost_unmirrored or self.refused:
+            self.explicit_since_loss = True
 
     def open_rounds(self) -> list[ModelRound]:
         return [r for r in self.rounds if r.closed is None and not r.lost]
@@ -482,7 +546,11 @@ class World:
     # -- workers --------------------------------------------------------------------------------
     def start_worker(
         self, rnd: ModelRound, pull: bool, range_pick: int, lineage: str = ""
-    ) -> Worker:
+    ) -> Worker | None:
+        """A new task try on the round (None when the world has ``MAX_LIVE`` live workers:
+        each holds database connections, and the servers are shared)."""
+        if len(self.live_workers()) >= MAX_LIVE:
+            return None
         self.n_workers += 1
         name = f"x{self.n_workers}"
         lineage = lineage or f"L{self.n_workers}"
@@ -544,6 +612,8 @@ class World:
             explained |= {"CursorConflictError"}
         if self.mirror_faults.failed:
             explained |= {"RoundStateLostError"}
+        if name == "OperationalError" and "database is locked" in e.error:
+            self.known("sqlite-claim-lock", f"worker {w.name} ({w.mode}): {e.error[:2000]}")
         if name not in explained:
             self.fail(
                 f"worker {w.name} ({w.mode}) ended with an unexplained error: {e.error}\n{e.result}"
@@ -681,8 +751,19 @@ class World:
             if self.mirror_faults.failed > failed_before and not must:
                 self.faults.counts["close failed: mirror outage"] += 1
                 return
+            if must and re.search(r"keys \((\S+), \1\] inside", str(self.ends(r))):
+                self.known("empty-interval-fence", f"round {r} never closes: {self.ends(r)}")
             if must:
-                self.fail(f"round {r} did not close once the faults stopped: {exc!r}")
+                ends = [
+                    f"{w.name} {w.mode}: {w.ended.status} {w.ended.error[:300]} "
+                    f"{str(w.ended.result)[:600]}"
+                    for w in self.workers[-4:]
+                    if w.round_id == r.round_id and w.ended is not None
+                ]
+                self.fail(
+                    f"round {r} did not close once the faults stopped: {exc!r}; "
+                    f"its last workers: {ends}"
+                )
             if not isinstance(exc, KeysetError):
                 self.fail(f"closing round {r} failed: {exc!r}")
             return
@@ -692,6 +773,9 @@ class World:
             self.check_closed(r, totals)
             if r.chained:
                 self.watermark = r.end
+
+    def ends(self, r: ModelRound) -> list[str]:
+        return [w.ended.error[:300] for w in self.workers if w.round_id == r.round_id and w.ended]
 
     def check_closed(self, r: ModelRound, totals: Any) -> None:
         effects = effect_counts(self.effects_db, self.name).get(r.key, Counter())
@@ -796,7 +880,7 @@ class World:
         self.fail(f"[known defect {defect}: {KNOWN_DEFECTS[defect]}] {message}")
 
     def fail(self, message: str) -> None:
-        self.violations.append(message)
+        self.violations.append(f"step {self.step}: {message}")
         raise ModelViolation(f"world {self.name} {self.cfg}: {message}")
 
     # -- the end: faults stop, everything finishes ------------------------------------------
@@ -822,7 +906,7 @@ class World:
             self.expire_dead()
             for r in self.open_rounds():
                 w = self.start_worker(r, True, 0)
-                while w.live:
+                while w is not None and w.live:
                     self.step_worker(w)
                 self.close_round(r)
             if not self.open_rounds():
