@@ -35,8 +35,9 @@ Routes (relative to the mount point)::
 
 Every ``/api`` route takes ``?conn=<connection id>``: which Redis connection to read (default
 ``[keyset] redis_conn_id``). It is a connection id, validated by full match
-(``core/names.py``), never a URL; the connection must exist and be of type redis (else 503
-naming it), so the page reads only Redis servers an admin defined as Airflow connections.
+(``core/names.py``), never a URL; the connection must exist and be of type redis (else status.HTTP_404_NOT_FOUND
+naming it; 503 for the configured default), so the page reads only Redis servers an admin
+defined as Airflow connections.
 
 Guarantees:
 
@@ -255,9 +256,17 @@ def _checked(**values: str) -> None:
 def _read(fn: Any, *args: Any, conn: str | None = None) -> Any:
     """Run one read against the Redis of connection ``conn`` (default: the configured one) and
     map failures to HTTP errors that name no secret."""
-    conn_id, prefix = _conn(conn), settings()[1]
+    (default, prefix), conn_id = settings(), _conn(conn)
     try:
-        return fn(_client(conn_id), prefix, *args)
+        client = _client(conn_id)
+    except ConfigurationError as exc:  # no such connection, or not of type redis
+        # The configured one: the server is misconfigured (503); one the client chose: 404.
+        code = (
+            status.HTTP_503_SERVICE_UNAVAILABLE if conn_id == default else status.HTTP_404_NOT_FOUND
+        )
+        raise HTTPException(code, scrub(str(exc))) from exc
+    try:
+        return fn(client, prefix, *args)
     except view.NotFound as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     except view.Conflict as exc:

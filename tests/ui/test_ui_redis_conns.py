@@ -69,15 +69,15 @@ def test_api_reads_the_selected_redis_connection(
     assert get(f"/keyset/api/streams/{STREAM_B}")[0] == 404  # not in the default Redis
 
     # A URL, a path or any other non-id is refused by the rule before anything is read; a
-    # connection that is not of type redis, or none, is a 503 naming it (no secret).
+    # connection that is not of type redis, or none, is a 404 naming it (no secret).
     for bad in ("redis://evil:6379/0", "..%2Fx", "a%20b", "-x", "x" * 251):
         status, doc = get(f"/keyset/api/streams?conn={bad}")
         assert status in (400, 422), (bad, status, doc)
     status, doc = get("/keyset/api/streams?conn=keyset_ui_not_redis")
-    assert status == 503 and "keyset_ui_not_redis" in doc["detail"], doc
+    assert status == 404 and "keyset_ui_not_redis" in doc["detail"], doc
     assert "127.0.0.1:1" not in doc["detail"]
     status, doc = get("/keyset/api/streams?conn=no_such_conn")
-    assert status == 503 and "no_such_conn" in doc["detail"], doc
+    assert status == 404 and "no_such_conn" in doc["detail"], doc
 
 
 def test_page_selector_shows_the_streams_of_each_connection(

@@ -172,7 +172,7 @@ def test_no_row_value_reaches_logs_dead_letters_page_or_cli(
         db_url, "src", "id", redis_url=redis_url, stream=stream, key_prefix=srv.key_prefix
     )
     try:
-        rnd = t.plan(max_ranges=1)
+        rnd = t.plan(max_ranges=1, new_stream=True)
         res = t.traverse(
             rnd.round_id, 0, processor, chunk_size=10, max_item_attempts=1, item_retry_delay=0
         )
@@ -248,7 +248,7 @@ def _plan(srv: Any, sqlite_url: str, redis_url: str, stream: str) -> KeysetTrave
     t = KeysetTraversal(
         sqlite_url, "ev", "seq", redis_url=redis_url, stream=stream, key_prefix=srv.key_prefix
     )
-    t.plan(max_ranges=2)
+    t.plan(max_ranges=2, new_stream=True)
     return t
 
 
