@@ -7,6 +7,10 @@ stream each, and a real headless Chromium."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -78,6 +82,46 @@ def test_api_reads_the_selected_redis_connection(
     assert "127.0.0.1:1" not in doc["detail"]
     status, doc = get("/keyset/api/streams?conn=no_such_conn")
     assert status == 404 and "no_such_conn" in doc["detail"], doc
+
+
+def test_connections_lists_redis_connections_of_the_metadata_db(airflow_api_server: Any) -> None:
+    """A connection of type redis created in Airflow's metadata database (``airflow connections
+    add``, as an admin would) is offered too, after the environment's; others are not."""
+    srv = airflow_api_server
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(srv.home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{srv.home / 'airflow.db'}",
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),  # this checkout's plugin
+        }
+    )
+
+    def cli(*args: str) -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "airflow", "connections", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    auth = {"Authorization": f"Bearer {srv.token()}"}
+    cli("add", "zz_db_redis", "--conn-type", "redis", "--conn-host", "127.0.0.1")
+    cli("add", "zz_db_postgres", "--conn-type", "postgres", "--conn-host", "127.0.0.1")
+    try:
+        status, _, body = srv.http("GET", "/keyset/api/connections", headers=auth)
+        assert status == 200, body
+        assert json.loads(body)["connections"] == [
+            srv.redis_conn_id,
+            srv.second_conn_id,
+            "zz_db_redis",
+        ], body
+    finally:
+        cli("delete", "zz_db_redis")
+        cli("delete", "zz_db_postgres")
 
 
 def test_page_selector_shows_the_streams_of_each_connection(
