@@ -78,6 +78,12 @@ RUN_ID = NameRule(
     re.compile(r"[A-Za-z0-9_.~:+\-]{1,250}"),
     "1-250 characters of letters, digits, '_', '.', '~', ':', '+', '-'",
 )
+CONN_ID = NameRule(  # an Airflow connection id as the page's selector sends it (never a URL)
+    "connection id",
+    re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,249}"),
+    "1-250 characters of letters, digits, '_', '.', '-', starting with a letter or digit "
+    "(e.g. 'redis_default')",
+)
 
 
 def stream(value: Any) -> str:
@@ -98,6 +104,10 @@ def dag_id(value: Any) -> str:
 
 def run_id(value: Any) -> str:
     return RUN_ID.check(value)
+
+
+def conn_id(value: Any) -> str:
+    return CONN_ID.check(value)
 
 
 def range_id(value: Any) -> int:

@@ -12,6 +12,10 @@ Routes (relative to the mount point)::
                                                  (``?stream=..&round=..``: the extra links')
     GET /static/keyset-ui.js                     the page's bundle (public, static: no data)
     GET /icon.svg                                navigation icon (public, static)
+    GET /api/connections                         the Redis connections the page may read: the
+                                                 configured default first, then every Airflow
+                                                 connection of type redis (metadata DB and
+                                                 AIRFLOW_CONN_* variables)
     GET /api/streams                             streams under the key prefix
     GET /api/streams/{stream}?closed=3           watermark, retention floor, open + recent rounds
     GET /api/streams/{stream}/rounds/{round_id}?dead=3
@@ -25,6 +29,15 @@ Routes (relative to the mount point)::
                                                  (several), 404 saying why there is none
     POST /api/streams/{stream}/pause  {"reason"}  pause the stream (edit rights on DAGs)
     POST /api/streams/{stream}/resume             resume it (edit rights on DAGs)
+    POST /api/streams/{stream}/rounds/{round_id}/ranges/{range_id}/requeue-dead  {}
+                                                 move the range's dead letters back to its retry
+                                                 set (open rounds; edit rights on DAGs)
+
+Every ``/api`` route takes ``?conn=<connection id>``: which Redis connection to read (default
+``[keyset] redis_conn_id``). It is a connection id, validated by full match
+(``core/names.py``), never a URL; the connection must exist and be of type redis (else status.HTTP_404_NOT_FOUND
+naming it; 503 for the configured default), so the page reads only Redis servers an admin
+defined as Airflow connections.
 
 Guarantees:
 
@@ -34,12 +47,16 @@ Guarantees:
   401; an invalid or expired token: 401/403; a user the auth manager does not authorize for the
   custom view ``RESOURCE_NAME`` with method ``GET``: 403. An unauthenticated browser on the page
   gets a 401 page with a link to Airflow's login that returns here.
-- **Read-only but for pause/resume**: ``GET`` routes only read Redis (see ``status.py``). The two
-  ``POST`` routes write the stream's control hash only (pause, reason, who), never a cursor, a
-  round or a watermark; they are allowed only to users the auth manager lets edit DAGs
+- **Read-only but for pause/resume and requeue**: ``GET`` routes only read Redis (see
+  ``status.py``). Pause and resume write the stream's control hash only (pause, reason, who),
+  never a cursor, a round or a watermark; requeue moves a range's dead letters back to its retry
+  set through the engine's fenced script (``status.requeue_dead``: the cursor does not move, the
+  letters are processed by the DAG's own traverse task on its next try, never here, so the
+  processor, target and ``where`` come from the DAG, never from Redis or the client). The
+  ``POST`` routes are allowed only to users the auth manager lets edit DAGs
   (``is_authorized_dag(method="PUT")``), others get 403. The stream JSON says ``can_edit`` so the
   page shows the buttons only to them.
-- **No cross-site writes** (``same_origin_json``): both ``POST`` routes take only a JSON body
+- **No cross-site writes** (``same_origin_json``): every ``POST`` route take only a JSON body
   with ``Content-Type: application/json`` (else 415: a plain HTML form cannot send it, and a
   script of another origin cannot without a CORS preflight), and refuse with 403 a request whose
   ``Sec-Fetch-Site`` is ``cross-site`` or ``same-site`` or whose ``Origin`` is not the server's
@@ -67,7 +84,7 @@ from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.configuration import conf
-from fastapi import Body, Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi import Body, Depends, FastAPI, HTTPException, Path, Query, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -165,6 +182,25 @@ class ResumeRequest(BaseModel):
     pass
 
 
+class RequeueRequest(BaseModel):
+    pass
+
+
+#: ``?conn=``: the Redis connection id to read (validated by ``_conn``), default the configured.
+ConnParam = Annotated[str | None, Query(max_length=250)]
+
+
+def _conn(conn: str | None) -> str:
+    """The connection id to read: ``conn`` (full match of ``names.CONN_ID``, else 400) or the
+    configured default."""
+    if conn is None or conn == "":
+        return settings()[0]
+    try:
+        return names.conn_id(conn)
+    except InvalidNameError as exc:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
+
+
 #: ``Sec-Fetch-Site`` values of a request the page itself made (or a user typed).
 SAME_SITE_FETCH = frozenset({"same-origin", "none"})
 
@@ -217,13 +253,24 @@ def _checked(**values: str) -> None:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
 
 
-def _read(fn: Any, *args: Any) -> Any:
-    """Run one read against Redis and map failures to HTTP errors that name no secret."""
-    conn_id, prefix = settings()
+def _read(fn: Any, *args: Any, conn: str | None = None) -> Any:
+    """Run one read against the Redis of connection ``conn`` (default: the configured one) and
+    map failures to HTTP errors that name no secret."""
+    (default, prefix), conn_id = settings(), _conn(conn)
     try:
-        return fn(_client(conn_id), prefix, *args)
+        client = _client(conn_id)
+    except ConfigurationError as exc:  # no such connection, or not of type redis
+        # The configured one: the server is misconfigured (503); one the client chose: 404.
+        code = (
+            status.HTTP_503_SERVICE_UNAVAILABLE if conn_id == default else status.HTTP_404_NOT_FOUND
+        )
+        raise HTTPException(code, scrub(str(exc))) from exc
+    try:
+        return fn(client, prefix, *args)
     except view.NotFound as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+    except view.Conflict as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
     except view.StateLost as exc:
         raise HTTPException(status.HTTP_410_GONE, str(exc)) from exc
     except InvalidNameError as exc:
@@ -314,32 +361,59 @@ def _add_page_routes(app: FastAPI) -> None:
 def _add_api_routes(app: FastAPI) -> None:
     """The JSON API the page reads (and, for editors, pause/resume)."""
 
+    @app.get("/api/connections")
+    def connections(_user: AuthorizedUser) -> dict[str, Any]:
+        default, prefix = settings()
+        return {"default": default, "key_prefix": prefix, "connections": redis_conn_ids(default)}
+
     @app.get("/api/streams")
-    def streams(_user: AuthorizedUser) -> dict[str, Any]:
-        conn_id, prefix = settings()
-        return {"redis_conn_id": conn_id, "key_prefix": prefix, "streams": _read(view.streams)}
+    def streams(_user: AuthorizedUser, conn: ConnParam = None) -> dict[str, Any]:
+        conn_id, prefix = _conn(conn), settings()[1]
+        found = _read(view.streams, conn=conn_id)
+        return {"redis_conn_id": conn_id, "key_prefix": prefix, "streams": found}
 
     @app.get("/api/streams/{stream}")
     def stream(
-        stream: str, user: AuthorizedUser, closed: Annotated[int, Query(ge=0, le=20)] = 3
+        stream: str,
+        user: AuthorizedUser,
+        closed: Annotated[int, Query(ge=0, le=20)] = 3,
+        conn: ConnParam = None,
     ) -> dict[str, Any]:
         _checked(stream=stream)
-        out: dict[str, Any] = _read(view.stream_view, stream, closed)
+        out: dict[str, Any] = _read(view.stream_view, stream, closed, conn=conn)
         out["can_edit"] = can_edit(user)
         return out
 
     @app.post("/api/streams/{stream}/pause")
-    def pause(stream: str, body: PauseRequest, user: JsonEditor) -> dict[str, Any]:
+    def pause(
+        stream: str, body: PauseRequest, user: JsonEditor, conn: ConnParam = None
+    ) -> dict[str, Any]:
         _checked(stream=stream)
         who = f"ui:{getattr(user, 'get_name', lambda: '?')()}"
-        return {"control": _read(view.pause_stream, stream, body.reason, who)}
+        return {"control": _read(view.pause_stream, stream, body.reason, who, conn=conn)}
 
     @app.post("/api/streams/{stream}/resume")
     def resume(
-        stream: str, _user: JsonEditor, _body: Annotated[ResumeRequest | None, Body()] = None
+        stream: str,
+        _user: JsonEditor,
+        _body: Annotated[ResumeRequest | None, Body()] = None,
+        conn: ConnParam = None,
     ) -> dict[str, Any]:
         _checked(stream=stream)
-        return {"control": _read(view.resume_stream, stream)}
+        return {"control": _read(view.resume_stream, stream, conn=conn)}
+
+    @app.post("/api/streams/{stream}/rounds/{round_id}/ranges/{range_id}/requeue-dead")
+    def requeue_dead(
+        stream: str,
+        round_id: str,
+        range_id: Annotated[int, Path(ge=0, le=names.MAX_RANGE_ID)],
+        _user: JsonEditor,
+        _body: Annotated[RequeueRequest | None, Body()] = None,
+        conn: ConnParam = None,
+    ) -> dict[str, Any]:
+        _checked(stream=stream, round_id=round_id)
+        out: dict[str, Any] = _read(view.requeue_dead, stream, round_id, range_id, conn=conn)
+        return out
 
     @app.get("/api/streams/{stream}/rounds/{round_id}")
     def round_(
@@ -347,17 +421,61 @@ def _add_api_routes(app: FastAPI) -> None:
         round_id: str,
         _user: AuthorizedUser,
         dead: Annotated[int, Query(ge=0, le=50)] = 3,
+        conn: ConnParam = None,
     ) -> dict[str, Any]:
         _checked(stream=stream, round_id=round_id)
-        return _read(view.round_view, stream, round_id, dead)
+        out: dict[str, Any] = _read(view.round_view, stream, round_id, dead, conn=conn)
+        return out
 
     @app.get("/api/runs/{dag_id}/{run_id}")
-    def run_rounds(dag_id: str, run_id: str, user: AuthorizedUser) -> dict[str, Any]:
+    def run_rounds(
+        dag_id: str, run_id: str, user: AuthorizedUser, conn: ConnParam = None
+    ) -> dict[str, Any]:
         _checked(dag_id=dag_id, run_id=run_id)
         out: dict[str, Any] = _read(
-            runs.run_view, dag_id, run_id, planned_by_airflow(user, dag_id, run_id)
+            runs.run_view, dag_id, run_id, planned_by_airflow(user, dag_id, run_id), conn=conn
         )
         return out
+
+
+#: ``AIRFLOW_CONN_<ID>``: a connection defined in the environment (Airflow's own lookup).
+_ENV_CONN_PREFIX = "AIRFLOW_CONN_"
+
+
+def redis_conn_ids(default: str) -> list[str]:
+    """The Redis connections the page offers: ``default`` first, then, sorted, every Airflow
+    connection of type ``redis`` in the metadata database and in ``AIRFLOW_CONN_*`` variables
+    (one query and one pass over the environment: no DAG is parsed, no Redis is contacted).
+    Connections of a secrets backend are not listed (they cannot be enumerated); a user may
+    still read one by id with ``?conn=``."""
+    import os
+
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    found: set[str] = set()
+    with create_session() as session:
+        query = select(Connection.conn_id).where(Connection.conn_type == "redis")
+        found.update(str(c) for c in session.scalars(query))
+    for name, value in os.environ.items():
+        if name.startswith(_ENV_CONN_PREFIX) and _is_redis(value):
+            found.add(name[len(_ENV_CONN_PREFIX) :].lower())
+    found = {c for c in found if names.CONN_ID.ok(c)}
+    return [default, *sorted(found - {default})]
+
+
+def _is_redis(value: str) -> bool:
+    """Is this ``AIRFLOW_CONN_*`` value (JSON or URI) a connection of type redis?"""
+    import json
+
+    text = value.strip()
+    if text.startswith("{"):
+        try:
+            return str(json.loads(text).get("conn_type", "")).lower() == "redis"
+        except (ValueError, AttributeError):
+            return False
+    return text.lower().startswith(("redis://", "rediss://"))
 
 
 def planned_by_airflow(user: BaseUser, dag_id: str, run_id: str) -> list[dict[str, Any]] | None:

@@ -37,6 +37,7 @@ from typing import Any
 
 from ..core.errors import (
     ConfigurationError,
+    LeaseHeldError,
     RoundNotFoundError,
     RoundStateLostError,
     StreamNotFoundError,
@@ -84,6 +85,11 @@ class NotFound(LookupError):
     """No such stream or round under the configured key prefix (the message says which)."""
 
 
+class Conflict(RuntimeError):
+    """The action does not apply to the round's or range's current state (the message says why
+    and what to do instead)."""
+
+
 class StateLost(RuntimeError):
     """Redis no longer holds a round that was planned (flushed, evicted, restarted)."""
 
@@ -128,6 +134,54 @@ def resume_stream(client: Any, prefix: str, stream: str) -> dict[str, Any]:
     ctl = _existing(client, stream, prefix)
     ctl.resume()
     return ctl.control_state().as_dict()
+
+
+#: Most dead letters one page action moves back to a range's retry set.
+REQUEUE_LIMIT = 10_000
+
+
+def requeue_dead(
+    client: Any, prefix: str, stream: str, round_id: str, range_id: int
+) -> dict[str, Any]:
+    """Move a range's dead letters (up to ``REQUEUE_LIMIT``) back to its retry set, attempts
+    reset, through the engine's fenced script (``CursorStore.requeue_dead``): the range is
+    pending again and the next traverse try of the round (a retry or a cleared task instance of
+    the DAG's own traverse task) processes them with the DAG's processor and target. Only an
+    open round: a closed round has no traverse try left, so it is refused (``Conflict``) with
+    the CLI replay to run instead. A range a live owner holds is refused too (nothing moved)."""
+    ctl = _existing(client, stream, prefix)
+    state = ctl.store.round_state(round_id)
+    if state is None:
+        raise NotFound(f"stream {stream!r} has no round {round_id!r} under key prefix {prefix!r}")
+    info = ctl.store.round_info(round_id)
+    if not 0 <= range_id < int(info.get("n_ranges", 0)):
+        raise NotFound(f"round {round_id} of stream {stream!r} has no range {range_id}")
+    if state == RoundState.CLOSED:
+        raise Conflict(
+            f"round {round_id} of stream {stream!r} is closed: no traverse try will take its "
+            f"letters any more. Replay them through the DAG's own traverse task: "
+            f"airflow-keyset replay-dead-letters {stream} {round_id} --range {range_id} "
+            f"--dag-id <the DAG that planned it>"
+        )
+    try:
+        moved = ctl.store.requeue_dead(round_id, range_id, REQUEUE_LIMIT)
+    except LeaseHeldError as exc:
+        raise Conflict(str(exc)) from exc
+    except RoundStateLostError as exc:
+        raise StateLost(str(exc)) from exc
+    return {
+        "stream": stream,
+        "round_id": round_id,
+        "range_id": range_id,
+        "moved": moved,
+        "message": (
+            f"{moved} dead letter(s) of round {round_id} range {range_id} are back in its retry "
+            "set; the next try of the DAG's traverse task for this range processes them (clear "
+            "that task instance if it already succeeded)."
+            if moved
+            else f"round {round_id} range {range_id} has no dead letters"
+        ),
+    }
 
 
 def _existing(client: Any, stream: str, prefix: str) -> StreamControl:

@@ -18,6 +18,7 @@ GOOD = {
     names.ROUND_ID: ["r1", "r12", "r" + "9" * 18],
     names.DAG_ID: ["nightly_orders", "a.b-c", "commandes_été"],
     names.RUN_ID: ["manual__2026-01-01T00:00:00+00:00", "scheduled__x~1"],
+    names.CONN_ID: ["redis_default", "keyset_ui_redis_b", "Redis.prod-2", "x" * 250],
 }
 # each bad value is bad for every rule it is listed under
 BAD_EVERYWHERE = ["", "a\n", "a\r", "a\x00", " a", "a b", "a*", "a?", "a{b}", "a/b", "a\n\n"]
@@ -37,6 +38,16 @@ BAD = {
     ],
     names.DAG_ID: [*BAD_EVERYWHERE, "a:b", "x" * 251],
     names.RUN_ID: [*BAD_EVERYWHERE, "x" * 251, "é"],
+    names.CONN_ID: [
+        *BAD_EVERYWHERE,
+        "x" * 251,
+        "-a",
+        ".a",
+        "é",
+        "redis://h:6379/0",
+        "a:b",
+        "../x",
+    ],
 }
 
 

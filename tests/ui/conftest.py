@@ -77,6 +77,10 @@ class ApiServer:
     home: Path
     log: Path
     editor_password: str = ""  # user "editor", role "user": may edit DAGs (pause/resume streams)
+    #: A second Redis connection (another db of the test Redis, same key prefix): the page's
+    #: connection selector must show the streams of both.
+    second_conn_id: str = "keyset_ui_redis_b"
+    second_redis_url: str = ""
 
     def http(
         self, method: str, path: str, *, headers: dict[str, str] | None = None, body: Any = None
@@ -123,6 +127,14 @@ def _airflow_cmd() -> list[str]:
     return [str(airflow_bin)] if airflow_bin.exists() else [sys.executable, "-m", "airflow"]
 
 
+def second_redis_url(redis_url: str) -> str:
+    """The test Redis's next database (the second connection's Redis)."""
+    url = make_url(redis_url)
+    return url.set(database=str((int(url.database or 0) + 1) % 16)).render_as_string(
+        hide_password=False
+    )
+
+
 def _redis_conn(redis_url: str) -> str:
     url = make_url(redis_url)
     return json.dumps(
@@ -166,6 +178,7 @@ def ui_key_prefix(redis_url: str) -> Iterator[str]:
     prefix = f"kstui{uuid.uuid4().hex[:8]}"
     yield prefix
     _services.delete_prefix(redis_url, prefix)
+    _services.delete_prefix(second_redis_url(redis_url), prefix)
 
 
 @pytest.fixture
@@ -174,6 +187,7 @@ def airflow_api_server(ui_api_server: ApiServer, redis_url: str) -> Iterator[Api
     is deleted afterwards (the next test sees no stream)."""
     yield ui_api_server
     _services.delete_prefix(redis_url, ui_api_server.key_prefix)
+    _services.delete_prefix(ui_api_server.second_redis_url, ui_api_server.key_prefix)
 
 
 @pytest.fixture(scope="session")
@@ -207,6 +221,8 @@ def ui_api_server(redis_url: str, ui_key_prefix: str) -> Iterator[ApiServer]:
             "AIRFLOW__KEYSET__REDIS_CONN_ID": "keyset_ui_redis",
             "AIRFLOW__KEYSET__KEY_PREFIX": ui_key_prefix,
             "AIRFLOW_CONN_KEYSET_UI_REDIS": _redis_conn(redis_url),
+            "AIRFLOW_CONN_KEYSET_UI_REDIS_B": _redis_conn(second_redis_url(redis_url)),
+            "AIRFLOW_CONN_KEYSET_UI_NOT_REDIS": "postgres://u@127.0.0.1:1/x",
             "PYTHONPATH": server_pythonpath(env),
         }
     )
@@ -245,6 +261,7 @@ def ui_api_server(redis_url: str, ui_key_prefix: str) -> Iterator[ApiServer]:
         home,
         log,
         editor_password,
+        second_redis_url=second_redis_url(redis_url),
     )
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S

@@ -61,6 +61,15 @@ LAYOUT_JS = """(() => {
       title: e.title, lines: e.getClientRects().length, height: box(e).height,
       lineHeight: parseFloat(getComputedStyle(e).lineHeight) || 20,
       cut: e.scrollWidth > e.clientWidth})),
+    // Chart labels drawn outside their SVG's viewBox are cut off (an SVG clips what overflows).
+    chartCuts: [...app.querySelectorAll('svg.range-chart')].flatMap(svg => {
+      const vb = svg.viewBox.baseVal;
+      return [...svg.querySelectorAll('text')].map(t => ({text: t.textContent, b: t.getBBox()}))
+        .filter(({b}) => b.x < vb.x - 0.5 || b.y < vb.y - 0.5 || b.x + b.width > vb.x + vb.width + 0.5
+                        || b.y + b.height > vb.y + vb.height + 0.5)
+        .map(({text, b}) => ({text, x: b.x, right: b.x + b.width, y: b.y, bottom: b.y + b.height,
+                              viewBox: [vb.width, vb.height]}));
+    }),
   };
 })()"""
 
@@ -81,6 +90,7 @@ def assert_layout(layout: dict[str, Any], where: str) -> None:
     for c in layout["clips"]:
         assert c["lines"] == 1 and c["height"] < 1.6 * c["lineHeight"], f"{where}: wraps {c}"
         assert c["title"] == c["text"], f"{where}: no tooltip with the whole text {c}"
+    assert layout.get("chartCuts", []) == [], f"{where}: chart labels cut off {layout['chartCuts']}"
     # One vertical scroller, and it is Airflow's (it holds the page), not one of the page's own.
     scrollers = layout["vscrollers"]
     assert len(scrollers) == 1 and scrollers[0]["holdsPage"], (

@@ -315,7 +315,7 @@ def test_fab_role_needs_can_read_on_the_keyset_view(
     assert status == 200, body
     state = t.control.control_state()
     assert state.paused and state.reason == "deploy" and state.paused_by == "ui:editor"
-    assert srv.http("POST", f"{base}/resume", token=editor)[0] == 200
+    assert srv.http("POST", f"{base}/resume", token=editor, body={})[0] == 200
     assert t.control.control_state().paused is False
 
 

@@ -9,7 +9,7 @@
 // there is one vertical scrollbar; tables too wide for their panel scroll inside it.
 import { Box, Flex, Heading, Spinner, Text } from "@chakra-ui/react";
 import { useCallback, useEffect, useState } from "react";
-import { getRound, getRunRounds, getStream, getStreams } from "./api.js";
+import { getConnections, getRound, getRunRounds, getStream, getStreams, setConnection } from "./api.js";
 import { RoundDetail } from "./Round.jsx";
 import { StreamPanel } from "./Stream.jsx";
 
@@ -70,6 +70,36 @@ function RunView({ data, mapIndex }) {
   ));
 }
 
+/** The Redis connection selector: the configured default first, then every Airflow connection
+ * of type redis (GET api/connections). The choice is kept in the URL (`?conn=`). */
+function ConnectionSelect({ value, onChange }) {
+  const [list, setList] = useState(null);
+  useEffect(() => {
+    getConnections().then(setList, () => setList(null));
+  }, []);
+  if (!list) return null;
+  const current = value || list.default;
+  const ids = list.connections.includes(current) ? list.connections : [...list.connections, current];
+  return (
+    <Text as="label" color="fg.muted" display="inline-flex" gap="1.5" alignItems="baseline">
+      Redis connection
+      <select
+        id="redis-conn"
+        value={current}
+        onChange={(ev) => onChange(ev.target.value === list.default ? null : ev.target.value)}
+        style={{ background: "transparent", color: "inherit", border: "1px solid currentColor", borderRadius: "4px", padding: "0 4px" }}
+      >
+        {ids.map((id) => (
+          <option key={id} value={id}>
+            {id}
+            {id === list.default ? " (default)" : ""}
+          </option>
+        ))}
+      </select>
+    </Text>
+  );
+}
+
 function errorText(e) {
   if (e.status === 401 || e.status === 403) return `Not signed in to Airflow or not allowed (${e.message}). Sign in to Airflow and reload.`;
   return `Could not load: ${e.message}`;
@@ -83,12 +113,24 @@ export default function KeysetApp({ dagId, runId, taskId, mapIndex }) {
   const runScope = Boolean(dagId && runId);
   const highlight = taskId && mapIndex !== undefined && Number(mapIndex) >= 0 ? Number(mapIndex) : null;
   const [expanded, setExpanded] = useState(() => new Set());
+  const [conn, setConn] = useState(() => query.get("conn"));
+  const [notice, setNotice] = useState(null);
+  const chooseConn = useCallback((id) => {
+    const url = new URL(window.location.href);
+    if (id) url.searchParams.set("conn", id);
+    else url.searchParams.delete("conn");
+    window.history.replaceState(window.history.state, "", url);
+    setExpanded(new Set());
+    setNotice(null);
+    setConn(id);
+  }, []);
   const [tick, setTick] = useState(0);
   const [view, setView] = useState({ data: null, error: null, ready: false, at: null });
   const reload = useCallback(() => setTick((t) => t + 1), []);
 
   useEffect(() => {
     let gone = false;
+    setConnection(conn);
     const load = runScope ? loadRun(dagId, runId) : loadStreams(only, expanded);
     load.then(
       (data) => !gone && setView({ data, error: null, ready: true, at: new Date() }),
@@ -100,7 +142,7 @@ export default function KeysetApp({ dagId, runId, taskId, mapIndex }) {
       if (timer) clearTimeout(timer);
     };
     // `only` is read from `search`
-  }, [tick, search, runScope, dagId, runId, expanded, refreshS, reload]);
+  }, [tick, search, runScope, dagId, runId, expanded, refreshS, reload, conn]);
 
   const { data, error, ready, at } = view;
   return (
@@ -108,9 +150,10 @@ export default function KeysetApp({ dagId, runId, taskId, mapIndex }) {
       {!runScope && (
         <Flex as="header" gap="4" align="baseline" wrap="wrap" mb="2">
           <Heading as="h1" size="xl">Keyset traversals</Heading>
+          <ConnectionSelect value={conn} onChange={chooseConn} />
           {data && data.kind === "streams" && (
-            <Text color="fg.muted" id="source-info">
-              Redis connection {data.list.redis_conn_id}, key prefix {data.list.key_prefix}
+            <Text color="fg.muted" id="source-info" data-conn={data.list.redis_conn_id}>
+              key prefix {data.list.key_prefix}
             </Text>
           )}
           {at && <Text color="fg.muted" id="refreshed">updated {at.toLocaleTimeString("en-GB")}</Text>}
@@ -119,6 +162,11 @@ export default function KeysetApp({ dagId, runId, taskId, mapIndex }) {
       {error && (
         <Box id="error" role="alert" color="fg.error" borderWidth="1px" borderColor="border.error" bg="bg.error" borderRadius="md" px="3" py="2" my="2" whiteSpace="pre-wrap">
           {error}
+        </Box>
+      )}
+      {notice && (
+        <Box id="notice" role="status" borderWidth="1px" borderColor="border.info" bg="bg.info" borderRadius="md" px="3" py="2" my="2">
+          {notice}
         </Box>
       )}
       {!ready && <Spinner size="sm" />}
@@ -131,11 +179,16 @@ export default function KeysetApp({ dagId, runId, taskId, mapIndex }) {
               entry={entry}
               onExpand={(id) => setExpanded((s) => new Set([...s, `${entry.name}/${id}`]))}
               onChanged={reload}
-              onError={(text) => setView((v) => ({ ...v, error: text }))}
+              onError={(text, done) => {
+                if (text) setView((v) => ({ ...v, error: text }));
+                setNotice(done || null);
+              }}
             />
           ))
         ) : (
-          <Text color="fg.muted">No streams under key prefix {data.list.key_prefix}.</Text>
+          <Text color="fg.muted">
+            No streams under key prefix {data.list.key_prefix} in the Redis of connection {data.list.redis_conn_id}.
+          </Text>
         ))}
     </Box>
   );

@@ -1,5 +1,6 @@
 // One round: its head line, the per-range chart, the ranges table and the dead letters.
-import { Box, Flex, Heading, Link, Table, Text } from "@chakra-ui/react";
+import { Box, Button, Flex, Heading, Link, Table, Text } from "@chakra-ui/react";
+import { requeueDead } from "./api.js";
 import { RangeChart } from "./RangeChart.jsx";
 import { Clip, ProgressBar, ScrollX, StateBadge } from "./parts.jsx";
 import { compactInterval, compactKey, fmtDur, fmtInt, fmtPct, fmtRate, fmtWhen, taskInstanceHref } from "./format.js";
@@ -140,7 +141,46 @@ function RangesTable({ round, highlight }) {
   );
 }
 
-function DeadLetters({ round }) {
+/** For DAG editors, on an open round: per range with dead letters, a button that moves them back
+ * to the range's retry set (after a confirmation), so the next try of the DAG's own traverse task
+ * processes them with the DAG's processor and target. A closed round says to replay instead. */
+function RequeueActions({ stream, round, onChanged, onError }) {
+  const ranges = round.ranges.filter((r) => r.dead > 0);
+  if (!ranges.length) return null;
+  if (round.state === "closed") {
+    return (
+      <Text color="fg.muted" fontSize="sm" className="requeue-closed">
+        The round is closed: replay its letters through the DAG's own task with{" "}
+        <code>airflow-keyset replay-dead-letters {stream} {round.round_id} --dag-id DAG</code>.
+      </Text>
+    );
+  }
+  const act = async (r) => {
+    const ask =
+      `Requeue the ${r.dead} dead letter(s) of round ${round.round_id} range ${r.range_id} of stream ${stream}?\n\n` +
+      "They go back to the range's retry set with fresh attempts; the next try of the DAG's traverse task " +
+      "for this range processes them (clear that task instance if it already succeeded).";
+    if (!window.confirm(ask)) return;
+    try {
+      const res = await requeueDead(stream, round.round_id, r.range_id);
+      onError(null, res.message);
+    } catch (e) {
+      onError(`Could not requeue range ${r.range_id}: ${e.message}`);
+    }
+    onChanged();
+  };
+  return (
+    <Flex className="requeue" gap="2" wrap="wrap" align="center" my="1">
+      {ranges.map((r) => (
+        <Button key={r.range_id} size="xs" variant="outline" className="requeue-dead" data-range={r.range_id} onClick={() => act(r)}>
+          Requeue range {r.range_id}'s {fmtInt(r.dead)} dead letter(s)
+        </Button>
+      ))}
+    </Flex>
+  );
+}
+
+function DeadLetters({ round, actions }) {
   const rows = round.ranges.flatMap((r) => (r.dead_letters || []).map((d, i) => ({ r, d, i })));
   const total = round.dead || 0;
   return (
@@ -155,6 +195,7 @@ function DeadLetters({ round }) {
           <Text color="fg.muted" fontSize="sm">
             Newest first, up to a few per range. Replay with <code>airflow-keyset replay-dead-letters</code>.
           </Text>
+          {actions}
           <ScrollX>
             <Table.Root size="sm" variant="line">
               <Table.Header>
@@ -187,7 +228,7 @@ function DeadLetters({ round }) {
   );
 }
 
-export function RoundDetail({ round, highlight }) {
+export function RoundDetail({ round, highlight, stream, canEdit, onChanged, onError }) {
   const merged = round.ranges_merged ? ` (${round.ranges_merged} coalesced)` : "";
   return (
     <Box as="section" className="round" data-round={round.round_id} data-state={round.state} mt="4" pt="2" borderTopWidth="1px" borderStyle="dashed">
@@ -215,7 +256,10 @@ export function RoundDetail({ round, highlight }) {
       </Text>
       <RangeChart round={round} />
       <RangesTable round={round} highlight={highlight} />
-      <DeadLetters round={round} />
+      <DeadLetters
+        round={round}
+        actions={canEdit && stream ? <RequeueActions stream={stream} round={round} onChanged={onChanged} onError={onError} /> : null}
+      />
     </Box>
   );
 }

@@ -135,7 +135,7 @@ export function StreamPanel({ entry, onExpand, onChanged, onError }) {
         <Text color="fg.muted">no rounds in Redis</Text>
       )}
       {details.map((d) => (
-        <RoundDetail key={d.round_id} round={d} />
+        <RoundDetail key={d.round_id} round={d} stream={name} canEdit={snap.can_edit} onChanged={onChanged} onError={onError} />
       ))}
     </Box>
   );

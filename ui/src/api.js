@@ -32,11 +32,23 @@ async function call(path, init) {
 }
 
 const e = encodeURIComponent;
-export const getStreams = () => call("api/streams");
-export const getStream = (name) => call(`api/streams/${e(name)}?closed=3`);
-export const getRound = (name, roundId) => call(`api/streams/${e(name)}/rounds/${e(roundId)}?dead=3`);
-export const getRunRounds = (dagId, runId) => call(`api/runs/${e(dagId)}/${e(runId)}`);
+
+// The Redis connection every call reads (`?conn=`; null: the server's configured default). Set
+// by the page's connection selector (KeysetApp) before it loads.
+let conn = null;
+export const setConnection = (id) => {
+  conn = id || null;
+};
+const q = (path) => (conn ? `${path}${path.includes("?") ? "&" : "?"}conn=${e(conn)}` : path);
+
+export const getConnections = () => call("api/connections");
+export const getStreams = () => call(q("api/streams"));
+export const getStream = (name) => call(q(`api/streams/${e(name)}?closed=3`));
+export const getRound = (name, roundId) => call(q(`api/streams/${e(name)}/rounds/${e(roundId)}?dead=3`));
+export const getRunRounds = (dagId, runId) => call(q(`api/runs/${e(dagId)}/${e(runId)}`));
 const post = (path, body) =>
-  call(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  call(q(path), { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
 export const pauseStream = (name, reason) => post(`api/streams/${e(name)}/pause`, { reason });
 export const resumeStream = (name) => post(`api/streams/${e(name)}/resume`, {});
+export const requeueDead = (name, roundId, rangeId) =>
+  post(`api/streams/${e(name)}/rounds/${e(roundId)}/ranges/${e(rangeId)}/requeue-dead`, {});
