@@ -51,8 +51,8 @@ from world_support import CRASH_POINTS
 
 WORLDS = rs.trials(6, 200)
 #: The short mode's seed (``make test`` is reproducible); the long mode draws one per run. Seeds
-#: 1, 2 (``sqlite-claim-lock``) and 4 (``empty-interval-fence``) fail on today's code: see
-#: ``world_model.KNOWN_DEFECTS`` and docs/reliability.md.
+#: 1, 2 (``sqlite-claim-lock``) and 4 (``empty-interval-fence``) failed before branch fixledger
+#: (docs/reliability.md).
 SHORT_SEED = 3
 STEPS = int(os.environ.get("KEYSET_MODEL_STEPS") or (120 if rs.LONG else 40))  # per world
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import re
 import tempfile
 import time
 import uuid
@@ -82,14 +81,6 @@ KNOWN_DEFECTS = {
     "explicit-replan-restart": (
         "found by this model on branch durable: after a refusal, the explicit re-plan it names "
         "puts state in Redis, and the next chained plan starts below every key"
-    ),
-    "sqlite-claim-lock": (
-        "found by this model: on a SQLite target, a lock wait at the exactly_once claim's "
-        "ledger step ends the try with a raw OperationalError, not a dependency failure"
-    ),
-    "empty-interval-fence": (
-        "found by this model on branch ledger: an empty committed interval (k, k] of another "
-        "range fences every try of the range around it (LeaseLostError for ever)"
     ),
 }
 TOLERATED = {d.strip() for d in os.environ.get("KEYSET_MODEL_TOLERATE", "").split(",") if d.strip()}
@@ -612,8 +603,6 @@ class World:
             explained |= {"CursorConflictError"}
         if self.mirror_faults.failed:
             explained |= {"RoundStateLostError"}
-        if name == "OperationalError" and "database is locked" in e.error:
-            self.known("sqlite-claim-lock", f"worker {w.name} ({w.mode}): {e.error[:2000]}")
         if name not in explained:
             self.fail(
                 f"worker {w.name} ({w.mode}) ended with an unexplained error: {e.error}\n{e.result}"
@@ -751,8 +740,6 @@ class World:
             if self.mirror_faults.failed > failed_before and not must:
                 self.faults.counts["close failed: mirror outage"] += 1
                 return
-            if must and re.search(r"keys \((\S+), \1\] inside", str(self.ends(r))):
-                self.known("empty-interval-fence", f"round {r} never closes: {self.ends(r)}")
             if must:
                 ends = [
                     f"{w.name} {w.mode}: {w.ended.status} {w.ended.error[:300]} "

@@ -28,8 +28,9 @@ identity change can make a key's writes commit twice.
   claim (Redis moved forward before a row is read).
 - **Commit.** Before the Redis advance, the chunk's ``(expected, new]`` is recorded: under the
   round's lock, refused (everything rolled back) unless an interval of this owner's generation
-  ends at ``expected`` and no other interval overlaps ``(expected, new]`` or was opened inside
-  it; the owner's interval grows to ``new`` (or a new one opens, after a skipped interval).
+  ends at ``expected`` and no other non-empty interval overlaps ``(expected, new]`` (an empty
+  interval ``(k, k]``, a claim's anchor, holds no key and fences nothing); the owner's interval
+  grows to ``new`` (or a new one opens, after a skipped interval).
 - **Counters.** An interval keeps the owner's Redis counters at both ends, so passing one adds
   exactly what was done in it. A cursor strictly inside an interval is Redis lagging behind the
   same lineage (a restore, a lost advance): it adds what Redis has not counted. An interval that
@@ -56,10 +57,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import sqlalchemy as sa
 
 from ..chunk import Chunk, ChunkResult, Processor
-from ..errors import ConfigurationError, LeaseLostError, RetryableError
+from ..db_reasons import describe_exception
+from ..errors import ConfigurationError, DependencyFailedError, LeaseLostError, RetryableError
 from ..keys import display_key, encode_key
 from ..options import TraverseOptions
-from ..sql.dialects import for_engine
+from ..sql.dialects import Dialect, for_engine
 from ..sql.ledger import (
     Interval,
     LedgerTables,
@@ -148,7 +150,28 @@ def claim_ledger(
     """After the Redis claim: the ledger step of the claim (a new generation, the intervals of
     ``(cursor, hi]`` taken, the traversal planned around them, the owner's interval opened at
     the first key to read), then Redis moved over the committed intervals at the cursor.
-    Returns the claim as it stands after that and the run's ledger."""
+    Returns the claim as it stands after that and the run's ledger. A lock wait, deadlock,
+    serialization failure or lost connection in the ledger step (the dialect's transient errors,
+    as for a chunk) is a dependency failure: ``DependencyFailedError``, nothing committed."""
+    assert ctx.target is not None
+    try:
+        return _claim_ledger(ctx, round_id, range_id, claim, o)
+    except Exception as exc:
+        if not _transient(for_engine(ctx.target.dialect), exc):
+            raise
+        raise DependencyFailedError(
+            f"round {round_id} range {range_id}: the claim's step in the target's ledger failed "
+            f"({describe_exception(exc)}: a lock wait, deadlock or lost connection); nothing "
+            f"was committed, the lease is released and the cursor stays at "
+            f"{display_key(claim.cursor, ctx.arity)}. An Airflow retry (or a new traverse) "
+            "claims it again; if it recurs, look for a long transaction holding the target's "
+            "lock (on SQLite, any other writer)."
+        ) from exc
+
+
+def _claim_ledger(
+    ctx: RunContext, round_id: str, range_id: int, claim: Claim, o: TraverseOptions
+) -> tuple[Claim, RunLedger]:
     assert ctx.target is not None
     tables = ledger_table(ctx.ledger_table)
     if (id(ctx.target), tables.intervals.name) not in _created:
@@ -322,9 +345,7 @@ class RunLedger:
 
     def transient(self, exc: BaseException) -> bool:
         """A deadlock, lock or statement timeout, serialization failure or lost connection."""
-        if self.dialect is None or not isinstance(exc, Exception):
-            return False
-        return self.dialect.classify_row_error(exc) == "retry"
+        return _transient(self.dialect, exc)
 
     def _probe(self, run: RangeCommits, chunk: Chunk) -> Any:
         """A call rolled back whatever it does: a SAVEPOINT of the open transaction (on SQLite
@@ -456,11 +477,10 @@ class RunLedger:
         # owner's too; an interval of another range merely ending here is no takeover.
         if not any(r.epoch == self.epoch for r in at):
             raise self._fenced(expected, new)
-        overlap = [
-            r for r in rows
-            if (not r.empty and r.lo < new and r.hi > expected)
-            or (r.empty and expected < r.lo < new)
-        ]  # fmt: skip
+        # An empty interval (k, k] holds no key: a claim's anchor, no commit. It never fences
+        # (its owner may be gone for good: a range a failover lost); if that owner commits
+        # keys here later, its own commit meets this one's interval and is refused.
+        overlap = [r for r in rows if not r.empty and r.lo < new and r.hi > expected]
         if overlap:
             raise self._fenced(expected, new, overlap[0])
         counters = (s.done + add[0], s.skipped + add[1])
@@ -514,6 +534,14 @@ class RunLedger:
             f"round {round_id} range {self.range_id}: the target's ledger moved on ({why}); "
             "this try's transaction was rolled back, nothing of it committed"
         )
+
+
+def _transient(dialect: Dialect | None, exc: BaseException) -> bool:
+    """The dialect classifies ``exc`` as transient (a deadlock, a lock or statement timeout, a
+    serialization failure, a lost connection: ``classify_row_error`` says ``"retry"``)."""
+    if dialect is None or not isinstance(exc, Exception):
+        return False
+    return dialect.classify_row_error(exc) == "retry"
 
 
 def _rolled_back(sp: Any) -> bool:

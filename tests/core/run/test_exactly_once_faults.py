@@ -18,7 +18,7 @@ from test_exactly_once_identity import effects, target, target_url, write
 
 from airflow_keyset_provider import ChunkResult, RetryableError
 from airflow_keyset_provider.core import KeysetTraversal
-from airflow_keyset_provider.core.errors import ConfigurationError
+from airflow_keyset_provider.core.errors import ConfigurationError, DependencyFailedError
 
 _ = target  # a fixture (PostgreSQL with both drivers, SQLite, MariaDB)
 
@@ -287,3 +287,33 @@ def test_a_ledger_table_of_the_earlier_layout_is_refused_with_the_fix(
         t.traverse(rnd.round_id, 0, write, exactly_once=True)
     assert t.range_status(rnd.round_id)[0]["done"] == 0
     t.close()
+
+
+def test_a_lock_wait_at_the_claims_ledger_step_is_a_dependency_failure(
+    pg_engine, pg_schema_url, redis_url, key_prefix, tmp_path
+):
+    """Found by the one-world model (``sqlite-claim-lock``, seeds 1 and 2). On a SQLite target
+    another writer holds the database's lock through the claim's ledger step (its busy timeout
+    is the lease, 1 s): the try ends with ``DependencyFailedError`` (it ended with a raw
+    ``sqlite3.OperationalError: database is locked``), the lease released and the cursor where
+    it was, so the next try claims at once and finishes; every key once."""
+    url = f"sqlite:///{tmp_path / 'target.db'}"
+    engine = sa.create_engine(url, poolclass=NullPool)
+    with engine.begin() as c:
+        c.execute(sa.text("CREATE TABLE effects (seq bigint NOT NULL)"))
+    make_events(pg_engine, list(range(1, 41)))
+    t = traversal(pg_schema_url, redis_url, key_prefix, target_url=url)
+    rnd = t.plan(max_ranges=2, start_key=0, end_key=40)
+    kw = dict(chunk_size=10, exactly_once=True, lease_seconds=1, claim_timeout=0)
+    assert t.traverse(rnd.round_id, 0, write, **kw).complete  # the ledger tables exist
+    with engine.connect() as other:
+        other.exec_driver_sql("BEGIN IMMEDIATE")  # another writer holds the lock
+        with pytest.raises(DependencyFailedError, match="claim's step in the target's ledger"):
+            t.traverse(rnd.round_id, 1, write, **kw)
+        other.rollback()
+    assert t.range_status(rnd.round_id)[1]["done"] == 0
+    res = t.traverse(rnd.round_id, 1, write, **kw)  # claimed at once: the lease was released
+    assert res.complete and res.done == 20
+    assert effects(engine) == Counter(range(1, 41))
+    t.close()
+    engine.dispose()

@@ -266,3 +266,46 @@ def test_a_neighbour_finishing_at_this_ranges_cursor_does_not_fence_it(
     assert effects(engine) == Counter(range(1, 401))
     t.close()
     engine.dispose()
+
+
+class Crash(BaseException):
+    """The owner dies in its first call (nothing of it committed; its claim's step did)."""
+
+
+def test_an_empty_interval_of_a_range_a_failover_lost_does_not_fence_its_keys(
+    target, pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """Found by the one-world model (``empty-interval-fence``, seed 4). On the primary, range 0
+    (0, 400] was split at 210; range 1 (210, 400] is claimed (its claim's ledger step opens its
+    empty interval (210, 210]) and its owner dies before committing a key. The primary dies;
+    the replica never saw the split: one range (0, 400]. Its owner's chunk (200, 250] holds
+    210: the empty interval holds no key and must not fence it (it did: ``LeaseLostError ...
+    keys (210, 210] inside (200, 250] were committed by another owner (range 1)`` on every
+    try, the round never closed). Every key once, exact totals."""
+    url, engine = target
+    make_events(pg_engine, list(range(1, 401)))
+    replica = traversal(pg_schema_url, redis_url, f"{key_prefix}:replica", target_url=url)
+    primary = traversal(pg_schema_url, redis_url, f"{key_prefix}:primary", target_url=url)
+    rnd = replica.plan(max_ranges=1, start_key=0, end_key=400)
+    assert primary.plan(max_ranges=1, start_key=0, end_key=400).round_id == rnd.round_id
+    claim = primary.store.claim(rnd.round_id, 0, "old#1", "old", 60_000)
+    assert primary.store.request_split(rnd.round_id, 0, "idle-task") == "asked"
+    assert primary.store.split(rnd.round_id, 0, claim.token, encode_key((210,))) == 1
+    primary.store.release(rnd.round_id, 0, claim.token)
+
+    def dies(chunk: Any) -> None:
+        raise Crash
+
+    kw = dict(chunk_size=50, exactly_once=True)
+    with pytest.raises(Crash):
+        primary.traverse(rnd.round_id, 1, dies, **kw)
+    with engine.connect() as c:
+        rows = c.execute(sa.text("SELECT lo, hi FROM keyset_ledger WHERE seg > 0")).all()
+    assert [tuple(r) for r in rows] == [(encode_key((210,)), encode_key((210,)))]
+    res = replica.traverse(rnd.round_id, 0, write, **kw)
+    assert res.complete and res.done == 400
+    assert effects(engine) == Counter(range(1, 401))
+    totals = replica.close_round(rnd.round_id)
+    assert (totals.done, totals.skipped, totals.dead) == (400, 0, 0)
+    replica.close()
+    primary.close()

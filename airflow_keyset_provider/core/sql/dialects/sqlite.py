@@ -13,12 +13,15 @@
 - commit order: SQLite serialises writers, so a key committed is committed in order; the
   ``settle_seconds`` window is a plain delay (the base class);
 - planner: exact counts and one ordered pass (the base class);
-- timeouts: none beyond the driver's busy timeout (SQLite has no statement timeout).
+- timeouts: none beyond the driver's busy timeout (SQLite has no statement timeout); a wait for
+  another connection's lock that outlasted it (``SQLITE_BUSY``, ``SQLITE_LOCKED``: "database is
+  locked") is transient (``classify_row_error``: ``"retry"``).
 """
 
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,7 +32,7 @@ from sqlalchemy.dialects.sqlite import base as sqlite_base
 from ...errors import KeyValidationError, UnsupportedKeyTypeError
 from .. import key_types
 from ..catalog import IndexInfo
-from .base import Dialect, KeyTypeFound
+from .base import Dialect, KeyTypeFound, RowErrorKind
 
 if TYPE_CHECKING:
     from ..relation import Relation
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
 _COLLATE = re.compile(r"\bCOLLATE\s+([\"'`\[]?)(\w+)[\"'`\]]?", re.IGNORECASE)
 _PK_DESC = re.compile(r"\bPRIMARY\s+KEY\s+DESC\b", re.IGNORECASE)
 _STORAGE_CLASS = {"int": "integer", "text": "text"}
+_BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED (primary result codes)
+_BUSY_MESSAGES = ("database is locked", "database table is locked", "database is busy")
 
 
 def _reads_as(declared: str, kind: str) -> bool:
@@ -218,6 +223,16 @@ class SqliteDialect(Dialect):
     def implicit_unique(self, table: sa.Table) -> list[set[str]]:
         rowid = self._table.rowid if self._table is not None else None
         return [{rowid}] if rowid else []
+
+    def classify_row_error(self, exc: BaseException) -> RowErrorKind | None:
+        orig = getattr(exc, "orig", exc)
+        code = getattr(orig, "sqlite_errorcode", None)  # Python 3.11+: the extended result code
+        if (isinstance(code, int) and (code & 0xFF) in _BUSY_CODES) or (
+            isinstance(orig, sqlite3.OperationalError)
+            and any(m in str(orig) for m in _BUSY_MESSAGES)
+        ):
+            return "retry"  # another connection held the lock past the busy timeout
+        return super().classify_row_error(exc)
 
     def check_key_values(self, src: Relation, conn: sa.Connection) -> None:
         """A leading key column of a table that is not STRICT (and not the rowid) holds only its
