@@ -51,6 +51,7 @@ commits on its own, as without the mode.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -109,7 +110,9 @@ class Skip:
     failed: tuple[tuple[str, str], ...] = ()
 
 
-_created: set[tuple[int, str]] = set()  # (engine, table) pairs whose ledger tables exist
+#: The ledger tables known to exist, per target engine. Keyed by the engine itself (weakly), not by
+#: ``id()``: a discarded engine's id is reused by a new one, which would then skip the creation.
+_created: weakref.WeakKeyDictionary[sa.Engine, set[str]] = weakref.WeakKeyDictionary()
 
 
 def check_exactly_once(ctx: RunContext, o: TraverseOptions) -> None:
@@ -174,9 +177,10 @@ def _claim_ledger(
 ) -> tuple[Claim, RunLedger]:
     assert ctx.target is not None
     tables = ledger_table(ctx.ledger_table)
-    if (id(ctx.target), tables.intervals.name) not in _created:
+    known = _created.setdefault(ctx.target, set())
+    if tables.intervals.name not in known:
         create_ledger(ctx.target, tables)
-        _created.add((id(ctx.target), tables.intervals.name))
+        known.add(tables.intervals.name)
     t, key = tables.intervals, (ctx.stream, round_id)
     counters = (claim.done, claim.skipped)
     with ctx.target.begin() as conn:
