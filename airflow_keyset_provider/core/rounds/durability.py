@@ -23,6 +23,14 @@ from the asset state store of ``keyset://<stream>``, ``operators/durable_record.
 - **Redis knows nothing and the record is empty** (the asset never saw a plan of this stream): a
   genuinely new stream; it starts below every key, and the log says so.
 
+- **Redis holds rounds of the stream but no watermark** and no open chained round (an explicit
+  re-plan after a loss still open, a round reset): a chained plan is **refused** the same way
+  unless ``new_stream=True``; it would start below every key.
+- **the explicit re-plan a refusal names** (``rebases``: an explicit plan while Redis has no state
+  of the stream, not ``new_stream``, no empty record) is the stream's new base: if Redis still has
+  no watermark when it closes, the watermark becomes its end (``close_round.lua``), and chained
+  plans continue from there.
+
 ``new_stream=True`` only decides the last two cases and the restore: it starts a stream with no
 Redis state below every key, whatever a record says (the round counter still moves past the
 record's rounds, so round ids stay unique). Explicit plans (``start_key`` given) are never refused:
