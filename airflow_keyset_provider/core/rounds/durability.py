@@ -23,7 +23,8 @@ from the asset state store of ``keyset://<stream>``, ``operators/durable_record.
 - **Redis knows nothing and the record is empty** (the asset never saw a plan of this stream): a
   genuinely new stream; it starts below every key, and the log says so.
 
-- **Redis holds rounds of the stream but no watermark** and no open chained round (an explicit
+- **Redis holds rounds of the stream but no watermark**, no open chained round and no checkpoint
+  mirror (which would have restored a watermark it had) to say none ever existed (an explicit
   re-plan after a loss still open, a round reset): a chained plan is **refused** the same way
   unless ``new_stream=True``; it would start below every key.
 - **the explicit re-plan a refusal names** (``rebases``: an explicit plan while Redis has no state
@@ -154,7 +155,9 @@ def settle_stream(
     ):
         known = True
     if known:
-        if chained and not new_stream and not answered and store.watermark() is None:
+        # with a mirror, Redis now holds what it knows: no watermark there means none ever was
+        refusable = chained and not new_stream and not answered and not mirrored
+        if refusable and store.watermark() is None:
             raise StreamStateLostError(_no_watermark_message(store.stream))
         return False
     if chained and not new_stream and (record is None or not record.empty):
