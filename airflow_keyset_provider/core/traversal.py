@@ -36,7 +36,7 @@ from .options import DEFAULT_CHUNK_BYTES, TraverseOptions, call_options
 from .pace.stream_control import ControlState, probe_timeout
 from .rounds import stream_key
 from .rounds.control import RangeSpec, Round, RoundTotals, StreamControl
-from .rounds.durability import StreamRecord, settle_stream
+from .rounds.durability import StreamRecord, rebases, settle_stream
 from .rounds.mirror import CheckpointMirror
 from .rounds.planner import check_max_ranges, split
 from .rounds.status import RangeStatus, RoundState
@@ -176,6 +176,7 @@ class KeysetTraversal:
         self.source.validate()
         self.control.recover_stream()
         chained = start_key is None
+        rebase = rebases(self.store, record, chained=chained, new_stream=new_stream)
         settle_stream(
             self.store,
             record,
@@ -183,6 +184,7 @@ class KeysetTraversal:
             new_stream=new_stream,
             arity=self.arity,
             mirrored=self.mirror is not None,
+            answered=self.store.lookup(round_key, chained) is not None,
         )
         key = stream_key.fingerprint(self.source.key_names, self.source.key_kinds)
         stream_key.check(self.store, self.mirror, key)  # a foreign watermark never plans a round
@@ -205,6 +207,7 @@ class KeysetTraversal:
             source=self.source.fingerprint(),
             arity=self.arity,
             bounds=bounds,
+            rebase=rebase,
         )
         if created and start == MIN_KEY and bounds:
             floor = self.source.lowest_key()  # progress of a range from -inf: status only

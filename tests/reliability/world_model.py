@@ -78,10 +78,6 @@ class Tainted(Exception):
 #: Defects the model finds on main that other branches fix (issue 27): id -> where it is fixed.
 KNOWN_DEFECTS = {
     "silent-restart": "issue 27 item 10, branch durable",
-    "explicit-replan-restart": (
-        "found by this model on branch durable: after a refusal, the explicit re-plan it names "
-        "puts state in Redis, and the next chained plan starts below every key"
-    ),
 }
 TOLERATED = {d.strip() for d in os.environ.get("KEYSET_MODEL_TOLERATE", "").split(",") if d.strip()}
 
@@ -242,6 +238,7 @@ class ModelRound:
     gen: int = 0  # Redis generation: a loss without a mirror hands the round ids out again
     closed: int | None = None
     lost: bool = False  # Redis lost it without a mirror: it can only be refused from now on
+    rebase: bool = False  # the explicit re-plan after a loss: its close sets a missing watermark
 
     @property
     def key(self) -> str:
@@ -295,7 +292,7 @@ class World:
         self.canaries = 0  # single-key calls of a key already processed (isolation's canary)
         self.violations: list[str] = []
         self.tainted = False
-        self.explicit_since_loss = False  # an explicit plan after a loss without a mirror
+        self.no_watermark = False  # Redis lost the watermark (no mirror) and none is back yet
         self.n_workers = 0
         self._setup_table()
         self.admin = self.traversal(redis.Redis.from_url(self.redis_url))
@@ -474,14 +471,12 @@ class World:
         start, end = _dec(rnd.start_encoded), _dec(rnd.end_encoded)
         if expect_refusal and rnd.created:
             self.known(
-                "explicit-replan-restart" if self.explicit_since_loss else "silent-restart",
+                "silent-restart",
                 f"silent restart: Redis lost the stream (no mirror) and the next plan started a "
                 f"round ({start}, {end}] instead of refusing (the model's watermark is "
                 f"{self.watermark})",
             )
             return
-        if new_stream or not expect_refusal:
-            self.explicit_since_loss = False
         if new_stream:
             self.watermark, self.refused, self.lost_unmirrored = 0, False, False
             for r in self.rounds:
@@ -517,6 +512,9 @@ class World:
             return
         lo, hi = sorted((present[a % len(present)], present[b % len(present)]))
         failed_before = self.mirror_faults.failed
+        # the re-plan a loss's refusal names: Redis has no state of the stream (no mirror)
+        rebase = (self.lost_unmirrored or self.refused) and not self.cfg.mirror
+        rebase = rebase and not self.admin.store.has_state()
         try:
             rnd = self.admin.plan(max_ranges=self.cfg.max_ranges, start_key=lo - 1, end_key=hi)
         except Exception as exc:
@@ -527,9 +525,9 @@ class World:
             return
         if (_dec(rnd.start_encoded), _dec(rnd.end_encoded)) != (lo - 1, hi) or not rnd.created:
             self.fail(f"an explicit plan ({lo - 1}, {hi}] returned {rnd}")
-        self.rounds.append(ModelRound(rnd.round_id, lo - 1, hi, False, self.step, self.gen))
-        if self.lost_unmirrored or self.refused:
-            self.explicit_since_loss = True
+        self.rounds.append(
+            ModelRound(rnd.round_id, lo - 1, hi, False, self.step, self.gen, rebase=rebase)
+        )
 
     def open_rounds(self) -> list[ModelRound]:
         return [r for r in self.rounds if r.closed is None and not r.lost]
@@ -673,7 +671,7 @@ class World:
         if self.cfg.mirror:
             self._replay_allowance(open_ranges, "redis loss")
         else:
-            self.lost_unmirrored = True
+            self.lost_unmirrored = self.no_watermark = True
             self.gen += 1
             for r in self.rounds:
                 if r.closed is None:
@@ -759,7 +757,12 @@ class World:
             r.closed = self.step
             self.check_closed(r, totals)
             if r.chained:
-                self.watermark = r.end
+                self.watermark, self.no_watermark = r.end, False
+            elif r.rebase and self.no_watermark:
+                # the stream's new base (a record's watermark still moves Redis's forward)
+                self.watermark = max(self.watermark, r.end) if self.cfg.record else r.end
+                self.no_watermark = self.refused = self.lost_unmirrored = False
+                self.faults.counts["stream re-based on an explicit re-plan"] += 1
 
     def ends(self, r: ModelRound) -> list[str]:
         return [w.ended.error[:300] for w in self.workers if w.round_id == r.round_id and w.ended]

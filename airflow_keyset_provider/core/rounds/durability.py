@@ -23,6 +23,15 @@ from the asset state store of ``keyset://<stream>``, ``operators/durable_record.
 - **Redis knows nothing and the record is empty** (the asset never saw a plan of this stream): a
   genuinely new stream; it starts below every key, and the log says so.
 
+- **Redis holds rounds of the stream but no watermark**, no open chained round and no checkpoint
+  mirror (which would have restored a watermark it had) to say none ever existed (an explicit
+  re-plan after a loss still open, a round reset): a chained plan is **refused** the same way
+  unless ``new_stream=True``; it would start below every key.
+- **the explicit re-plan a refusal names** (``rebases``: an explicit plan while Redis has no state
+  of the stream, not ``new_stream``, no empty record) is the stream's new base: if Redis still has
+  no watermark when it closes, the watermark becomes its end (``close_round.lua``), and chained
+  plans continue from there.
+
 ``new_stream=True`` only decides the last two cases and the restore: it starts a stream with no
 Redis state below every key, whatever a record says (the round counter still moves past the
 record's rounds, so round ids stay unique). Explicit plans (``start_key`` given) are never refused:
@@ -107,9 +116,11 @@ def round_number(round_id: str) -> int:
 def lost_open_round(store: CursorStore, record: StreamRecord | None) -> PlannedRound | None:
     """The record's newest planned chained round if it was open and Redis lost it: not recorded
     closed (its number is above the last closed round's), not in Redis, and Redis's round counter
-    never reached it (a round removed on purpose, ``reset-round``, leaves the counter). Else None."""
+    never reached it (a round removed on purpose, ``reset-round``, leaves the counter), and Redis
+    has no watermark (one there now is a base a person chose after the loss: an explicit re-plan
+    that closed, ``rebases``). Else None."""
     planned = record.planned if record is not None else None
-    if planned is None:
+    if planned is None or store.watermark() is not None:
         return None
     number = round_number(planned.round_id)
     if record is not None and record.last_round and round_number(record.last_round) >= number:
@@ -128,10 +139,12 @@ def settle_stream(
     new_stream: bool,
     arity: int,
     mirrored: bool,
+    answered: bool = False,
 ) -> bool:
     """Restore, refuse or start the stream before a plan (the module docstring's cases). Returns
     True when the stream starts new (no Redis state: the first round starts below every key).
-    Raises ``StreamStateLostError`` naming the choices; a refusal writes nothing."""
+    ``answered``: Redis already has the round this plan returns (the open chained round, or the
+    round of its idempotency key). Raises ``StreamStateLostError`` naming the choices."""
     known = store.has_state()
     if chained and not new_stream:
         lost = lost_open_round(store, record)
@@ -142,6 +155,10 @@ def settle_stream(
     ):
         known = True
     if known:
+        # with a mirror, Redis now holds what it knows: no watermark there means none ever was
+        refusable = chained and not new_stream and not answered and not mirrored
+        if refusable and store.watermark() is None:
+            raise StreamStateLostError(_no_watermark_message(store.stream))
         return False
     if chained and not new_stream and (record is None or not record.empty):
         raise StreamStateLostError(_no_state_message(store.stream, record, mirrored))
@@ -153,6 +170,18 @@ def settle_stream(
         ": its first round starts below every key" if chained else "",
     )
     return True
+
+
+def rebases(
+    store: CursorStore, record: StreamRecord | None, *, chained: bool, new_stream: bool
+) -> bool:
+    """True when an explicit plan is the re-plan a refusal names: Redis has no state of the stream
+    (it lost it, or never had it) and neither the caller (``new_stream``) nor an empty record
+    says the stream is new. The round closes as the stream's base: if Redis still has no
+    watermark then, the watermark becomes the round's end (``close_round.lua``)."""
+    if chained or new_stream or (record is not None and record.empty):
+        return False
+    return not store.has_state()
 
 
 def _forward_from(
@@ -211,6 +240,16 @@ def _lost_round_message(
     )
 
 
+def _no_watermark_message(stream: str) -> str:
+    return (
+        f"stream {stream!r} has rounds in Redis (a round counter) but no watermark and no open "
+        "chained round: a chained plan would start below every key and deliver the whole table "
+        "again. Redis may have lost the stream and been given rounds since (an explicit re-plan "
+        "still open, a round reset), or no chained round of it ever closed. "
+        f"{_choices(stream, None, 1)}"
+    )
+
+
 def _no_state_message(stream: str, record: StreamRecord | None, mirrored: bool) -> str:
     if record is not None:
         seen = f"the {record.source} has rounds of it but no watermark to restore"
@@ -233,6 +272,7 @@ __all__ = [
     "PlannedRound",
     "StreamRecord",
     "lost_open_round",
+    "rebases",
     "round_number",
     "settle_stream",
 ]

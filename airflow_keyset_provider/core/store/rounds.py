@@ -129,9 +129,12 @@ class RoundWrites(StoreReads):
         source: str,
         arity: int,
         bounds: Sequence[tuple[str, str]],
+        rebase: bool = False,
     ) -> tuple[str, bool]:
         """Save a new round atomically; returns ``(round_id, created)``. If the idempotency key or
-        the stream's open chained round already has a round, returns that one unchanged."""
+        the stream's open chained round already has a round, returns that one unchanged.
+        ``rebase`` (explicit rounds only): if the stream still has no watermark when the round
+        closes, the watermark becomes its end (``core/rounds/durability.py``)."""
         call = call_id()
         for _ in range(3):
             round_id = f"r{self._next_round_number()}"
@@ -140,7 +143,7 @@ class RoundWrites(StoreReads):
             args: list[Any] = [
                 round_id,
                 idempotency_key or "",
-                "1" if chained else "0",
+                "1" if chained else "2" if rebase else "0",
                 start,
                 end,
                 source,

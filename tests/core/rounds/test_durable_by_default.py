@@ -192,3 +192,50 @@ def test_new_stream_ignores_a_record_but_keeps_round_ids_unique(
     rnd = t.plan(max_ranges=1, record=record, new_stream=True)
     assert (rnd.round_id, rnd.start_key) == ("r2", None)
     t.close()
+
+
+def test_the_explicit_replan_a_refusal_names_becomes_the_streams_base(
+    pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """The refusal's choice (2): after Redis lost the stream, an explicit round (100, 150] is
+    planned. While it is open a chained plan still refuses (Redis holds a round counter, no
+    watermark); once it closes the chained plan continues from 150. The old code planned
+    (-inf, 150] and delivered keys 1-100 a second time (the model's ``explicit-replan-restart``)."""
+    make_events(pg_engine, list(range(1, 101)))
+    t = traversal(pg_schema_url, redis_url, key_prefix)
+    seen: Counter = Counter()
+    assert _run(t, seen, new_stream=True).watermark == 100
+    t.store.delete_stream()  # Redis lost the stream
+    with pytest.raises(StreamStateLostError, match="explicit bounds"):
+        t.plan(max_ranges=2)
+    _add(pg_engine, 101, 200)
+    rnd = t.plan(max_ranges=2, start_key=100, end_key=150)
+    with pytest.raises(StreamStateLostError, match="no watermark"):
+        t.plan(max_ranges=2)  # the explicit round is still open: no base yet
+    for spec in rnd.ranges:
+        t.traverse(rnd.round_id, spec.range_id, lambda c: seen.update(c.keys), chunk_size=50)
+    assert t.close_round(rnd.round_id).watermark == 150
+    nxt = t.plan(max_ranges=2)
+    assert (nxt.start_encoded, nxt.created) == (t.store.watermark(), True)
+    assert t.watermark() == 150
+    for spec in nxt.ranges:
+        t.traverse(nxt.round_id, spec.range_id, lambda c: seen.update(c.keys), chunk_size=50)
+    assert t.close_round(nxt.round_id).watermark == 200
+    assert sorted(seen) == list(range(1, 201)) and max(seen.values()) == 1
+    t.close()
+
+
+def test_an_explicit_round_of_a_declared_new_stream_does_not_move_the_watermark(
+    events, pg_schema_url, redis_url, key_prefix
+):
+    """An explicit round planned with ``new_stream=True`` (a backfill of a new stream) is no
+    re-plan: it closes above a gap and the watermark stays absent; a chained plan then refuses
+    (Redis holds rounds of the stream but no watermark) unless the caller says new_stream=True,
+    which starts below every key."""
+    t = traversal(pg_schema_url, redis_url, key_prefix)
+    seen: Counter = Counter()
+    assert _run(t, seen, start_key=100, end_key=150, new_stream=True).watermark is None
+    with pytest.raises(StreamStateLostError, match="no watermark"):
+        t.plan(max_ranges=2)
+    assert _run(t, seen, new_stream=True).watermark == 400
+    t.close()

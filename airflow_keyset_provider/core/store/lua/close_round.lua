@@ -2,7 +2,8 @@
 -- Close a round if, and only if, every range is complete and the ranges cover (start, end]
 -- with no gap and no overlap; then move the stream's watermark forward (never backwards), and
 -- only over the contiguous completed prefix: a round that starts above the watermark is parked
--- in the "ahead" hash and absorbed once the rounds below it have closed.
+-- in the "ahead" hash and absorbed once the rounds below it have closed; a rebase round (field
+-- chained = '2') that closes while the stream has no watermark sets it to its end.
 -- KEYS[1] round hash  KEYS[2] watermark  KEYS[3] open set  KEYS[4] chained id  KEYS[5] ahead hash
 -- KEYS[6..] per range (ids 0..n-1): range hash, retry hash, dead list. Ranges are walked in key
 -- order (sorted by lo), not by id: a split appends a range whose keys sit inside the old ones.
@@ -63,7 +64,9 @@ redis.call('HSET', KEYS[1], 'state', 'closed', 'closed_ms', now, 'done', done,
 redis.call('SREM', KEYS[3], rnd[4])
 if redis.call('GET', KEYS[4]) == rnd[4] then redis.call('DEL', KEYS[4]) end
 local function reaches(start) return (wm == false and start == '') or (wm and start <= wm) end
-if (rnd[5] == '1') or reaches(rnd[2]) then
+-- chained '2': an explicit round planned when Redis had no state of the stream (the re-plan a
+-- loss's refusal names); with still no watermark it becomes the stream's base, as a chained one
+if (rnd[5] == '1') or (rnd[5] == '2' and wm == false) or reaches(rnd[2]) then
   if wm == false or rnd[3] > wm then wm = rnd[3] end
   -- absorb parked rounds that now touch the prefix, until none does
   local moved = true

@@ -2,7 +2,7 @@
 -- Create a round and its ranges, or return the round that already answers this request.
 -- KEYS[1] round hash  KEYS[2] open set  KEYS[3] chained id  KEYS[4] by_key hash
 -- KEYS[5..] one range hash per range, in range order
--- ARGV[1] round id  ARGV[2] idempotency key ('' = none)  ARGV[3] chained ('1'/'0')
+-- ARGV[1] round id  ARGV[2] idempotency key ('' = none)  ARGV[3] chained ('1'/'0'; '2': explicit, a rebase: close_round.lua)
 -- ARGV[4] start  ARGV[5] end  ARGV[6] source fingerprint  ARGV[7] key arity
 -- ARGV[8] call id (unique per call, '' = none)  ARGV[9..] lo, hi per range
 -- Returns {'existing', id} when the idempotency key or the open chained round already has a
