@@ -213,8 +213,10 @@ def _asset_events(dep: AirflowDeployment, dag_id: str) -> list[dict[str, Any]]:
 
 
 def _asset_state(dep: AirflowDeployment, asset_id: int) -> dict[str, Any]:
+    """The asset state the barrier publishes for users, without the stream's durable record (the
+    ``keyset_*`` keys of ``airflow_keyset_provider.durable_record``)."""
     entries = dep.get(f"/assets/{asset_id}/state-store")["asset_state_store"]
-    return {e["key"]: e["value"] for e in entries}
+    return {e["key"]: e["value"] for e in entries if not e["key"].startswith("keyset_")}
 
 
 def _task_state(
