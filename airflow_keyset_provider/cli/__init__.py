@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -48,6 +49,7 @@ from ..core.errors import (
     RoundUnknownError,
     StoreUnavailableError,
 )
+from ..core.redaction import scrub
 from .arguments import (
     COUNT_ARG,
     PREFIX_ARG,
@@ -384,11 +386,16 @@ def main(
     out = sys.stdout if stdout is None else stdout
     err = sys.stderr if stderr is None else stderr
     parser = build_parser()
-    try:  # argparse writes --help, --version and usage errors to the streams given
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    # argparse writes --help and --version to stdout, and usage errors to stderr, which may echo
+    # arguments (`unrecognized arguments: --redis-url redis://:secret@...`): scrubbed first
+    usage = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(usage):
             args = parser.parse_args(list(argv) if argv is not None else None)
     except SystemExit as exc:  # argparse: --help/--version exit 0, bad usage exits 2
+        err.write(scrub(usage.getvalue(), *(a for a in (argv or sys.argv) if "://" in a)))
         return int(exc.code or 0)
+    err.write(usage.getvalue())
     if args.verbose:
         logging.basicConfig(
             level=logging.INFO, stream=err, format="%(asctime)s %(levelname)s %(message)s"

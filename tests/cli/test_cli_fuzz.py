@@ -15,7 +15,7 @@ import io
 import os
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from airflow_keyset_provider.cli import EXIT_CODES, main
@@ -54,6 +54,9 @@ options = st.one_of(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+# found by the fuzz in a CI run: after `--`, argparse echoed the Redis URL with its password in
+# "unrecognized arguments: ..."
+@example(command="status", positional=["events-nightly", "--"], opts=[])
 @given(
     command=st.sampled_from(COMMANDS),
     positional=st.lists(names, max_size=3),
