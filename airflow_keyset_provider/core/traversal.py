@@ -40,6 +40,15 @@ from .rounds.durability import StreamRecord, rebases, settle_stream
 from .rounds.mirror import CheckpointMirror
 from .rounds.planner import check_max_ranges, split
 from .rounds.status import RangeStatus, RoundState
+from .rounds.verification import (
+    DEFAULT_VERIFY_CHUNK,
+    DEFAULT_VERIFY_KEYS,
+    VERIFY_FIELD,
+    OnVerifyFailure,
+    RoundVerifier,
+    Verification,
+    check_verify_options,
+)
 from .run.context import RunContext
 from .run.pull import PullLoop, RoundPullResult
 from .run.state import ProgressCallback, ProgressHook, RangeResult
@@ -150,6 +159,7 @@ class KeysetTraversal:
         sample_rows: int = 50_000,
         new_stream: bool = False,
         record: StreamRecord | None = None,
+        verify: str | None = None,
     ) -> Round:
         """Fix a round ``start < key <= end`` and split it into at most ``max_ranges`` ranges.
 
@@ -169,8 +179,13 @@ class KeysetTraversal:
         its first round starts below every key (logged as a new stream). A record that saw
         nothing of the stream makes it new too; without a mirror or a record, the first plan of
         a stream needs ``new_stream=True``.
+
+        ``verify`` (an SQL predicate no row of the round should match once it is processed) is
+        recorded with the round when it is created, for ``verify_round`` to compare with
+        (``core/rounds/verification.py``); it is never run from the record.
         """
         check_max_ranges(max_ranges)
+        check_verify_options(verify)
         self.store.ping()
         self.store.check_eviction_policy()
         self.source.validate()
@@ -209,6 +224,8 @@ class KeysetTraversal:
             bounds=bounds,
             rebase=rebase,
         )
+        if created and verify is not None:
+            self.store.set_round_field(round_id, VERIFY_FIELD, verify)
         if created and start == MIN_KEY and bounds:
             floor = self.source.lowest_key()  # progress of a range from -inf: status only
             if floor is not None:
@@ -492,6 +509,50 @@ class KeysetTraversal:
             f"round {round_id} range {range_id}: the replay failed ({type(exc).__name__}: {exc}); "
             f"{where}. Fix the cause and run the replay again."
         )
+
+    def verify_round(
+        self,
+        round_id: str,
+        predicate: str,
+        *,
+        on_failure: str = OnVerifyFailure.FAIL,
+        processor: Processor | None = None,
+        max_keys: int = DEFAULT_VERIFY_KEYS,
+        chunk_size: int = DEFAULT_VERIFY_CHUNK,
+        max_item_attempts: int = 3,
+    ) -> Verification:
+        """Verify a round whose ranges are complete, before it closes: count the rows of
+        ``(start, end]`` (and ``where``) that still match ``predicate``, keep the first
+        ``max_keys`` keys; with ``on_failure="repair"`` send the matching rows through
+        ``processor`` once (in the target's transaction, as a traversal chunk) and verify again.
+        The result is recorded in the round (the status model's ``verification``) and returned;
+        a ``failed`` result leaves deciding to the caller (the barrier fails without closing).
+        Refused (``ConfigurationError``) when the source or predicate is not the round's, and
+        while a range is not complete (``core/rounds/verification.py``)."""
+        check = self.control.check_round(round_id)
+        if not check.complete:
+            raise ConfigurationError(
+                f"round {round_id} has {len(check.lagging)} range(s) not complete; verify it "
+                "once every range is complete (the barrier does)"
+            )
+        verifier = RoundVerifier(
+            self.control,
+            self.source,
+            round_id,
+            predicate,
+            max_keys=max_keys,
+            chunk_size=chunk_size,
+            stop=self._stop,
+        )
+        try:
+            return verifier.run(
+                on_failure,
+                None if processor is None else as_processor(processor),
+                self.target,
+                max_item_attempts,
+            )
+        finally:
+            self._stop.clear()
 
     def close_round(self, round_id: str) -> RoundTotals:
         return self.control.close_round(round_id)

@@ -34,6 +34,7 @@ from ..keys import key_label as value_label
 from ..pace.stream_control import ControlState
 from ..states import RangeState, RoundState, range_state, round_state
 from .progress import key_eta, key_fraction
+from .verification import VERIFICATION_FIELD, VERIFY_FIELD, Verification
 
 # ---- wording shared by the terminal and the page ------------------------------------------
 
@@ -262,6 +263,10 @@ class RoundStatus:
     rate: float | None = None
     eta_s: float | None = None
     rate_basis: str | None = None
+    #: the round's ``verify`` predicate (the DAG author's SQL, as planned); None: no verification
+    verify: str | None = None
+    #: the last verification's result (``core/rounds/verification.py``); None: not run yet
+    verification: Verification | None = None
 
     @classmethod
     def from_info(
@@ -297,6 +302,10 @@ class RoundStatus:
             ranges=tuple(ranges),
             rate=rate,
             rate_basis=basis if rate is not None else None,
+            verify=info.get(VERIFY_FIELD),
+            verification=Verification.from_record(
+                info.get(VERIFICATION_FIELD), int(info.get("arity") or 1)
+            ),
         )
         p = rnd.progress
         if began and elapsed and not rnd.closed and p is not None and 0 < p < 1:
@@ -331,6 +340,14 @@ class RoundStatus:
     @property
     def closed(self) -> bool:
         return self.state == RoundState.CLOSED
+
+    @property
+    def verification_dict(self) -> dict[str, Any] | None:
+        """The verification as the CLI, the page and the barrier show it: None without a
+        ``verify`` predicate; ``{"state": "pending"}`` before it ran; else the result."""
+        if self.verification is not None:
+            return self.verification.as_dict()
+        return None if self.verify is None else {"state": "pending"}
 
     @property
     def unfinished(self) -> bool:
@@ -399,6 +416,7 @@ class RoundStatus:
             "rate": self.rate,
             "eta_s": self.eta_s,
             "rate_basis": self.rate_basis,
+            "verification": self.verification_dict,
             "ranges": [r.as_dict() for r in self.ranges],
         }
 
