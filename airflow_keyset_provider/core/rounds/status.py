@@ -34,7 +34,7 @@ from ..keys import key_label as value_label
 from ..pace.stream_control import ControlState
 from ..states import RangeState, RoundState, range_state, round_state
 from .progress import key_eta, key_fraction
-from .verification import VERIFICATION_FIELD, VERIFY_FIELD, Verification
+from .verify_record import VERIFICATION_FIELD, VERIFY_FIELD, Verification
 
 # ---- wording shared by the terminal and the page ------------------------------------------
 

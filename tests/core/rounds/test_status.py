@@ -67,6 +67,7 @@ ROUND_KEYS = {
     "start_label",
     "end_label",
     "start_encoded",
+    "verification",
     "end_encoded",
     "source",
     "n_ranges",
