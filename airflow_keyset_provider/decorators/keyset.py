@@ -26,6 +26,7 @@ from airflow.sdk import BaseOperator, TaskGroup
 
 from airflow_keyset_provider.core.chunk import PROCESSOR_ATTRIBUTE, load_processor
 from airflow_keyset_provider.core.options import OPTION_NAMES, TraverseOptions
+from airflow_keyset_provider.core.rounds.verify_record import DEFAULT_VERIFY_CHUNK
 from airflow_keyset_provider.operators.plan import PlanRangesOperator
 from airflow_keyset_provider.operators.traverse import TraverseRangeOperator
 from airflow_keyset_provider.sensors.keyset import BarrierSensor
@@ -42,6 +43,9 @@ PLAN_ARGUMENTS = (
     "commit_wait_timeout",
     "settle_seconds",
     "new_stream",
+    "verify",
+    "on_verify_failure",
+    "verify_keys",
 )
 
 
@@ -126,8 +130,15 @@ def keyset_round(
     mapped over its output (``traverse``) >> a deferrable ``BarrierSensor`` (``barrier``, with
     ``outlets``). ``kwargs`` named in ``PLAN_ARGUMENTS`` go to the plan, the others to the
     traverse task (``chunk_size``, ``target_conn_id``, ``retries``, ...). ``stream`` defaults to
-    the DAG id, as for the operators; give one per round if a DAG has several."""
+    the DAG id, as for the operators; give one per round if a DAG has several.
+
+    ``verify="<SQL predicate>"`` makes the barrier verify the round before it closes (no row of
+    the round still matches it); ``on_verify_failure="repair"`` sends the rows that still match
+    once through this processor (with the traverse task's ``target_conn_id`` and
+    ``max_item_attempts``), ``"fail"`` (default) fails the barrier with their count and keys;
+    ``verify_keys`` how many keys it lists (``BarrierSensor``, ``core/rounds/verification.py``)."""
     plan_kwargs = {k: kwargs.pop(k) for k in PLAN_ARGUMENTS if k in kwargs}
+    verify_chunk_size = kwargs.pop("verify_chunk_size", DEFAULT_VERIFY_CHUNK)
     traverse = (
         processor
         if isinstance(processor, KeysetTraverseTask)
@@ -153,6 +164,10 @@ def keyset_round(
             max_dead_letters=max_dead_letters,
             deferrable=deferrable,
             outlets=list(outlets),
+            processor=traverse.function,
+            target_conn_id=traverse.traverse_kwargs.get("target_conn_id"),
+            verify_chunk_size=verify_chunk_size,
+            max_item_attempts=traverse.traverse_kwargs.get("max_item_attempts", 3),
         )
         plan >> traverse(plan) >> barrier
     return group

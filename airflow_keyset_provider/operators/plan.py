@@ -27,6 +27,10 @@ from airflow_keyset_provider.core.keys import coerce_bound, from_tuple, parse_bo
 from airflow_keyset_provider.core.rounds.control import RangeSpec
 from airflow_keyset_provider.core.rounds.plan_answer import first_answer
 from airflow_keyset_provider.core.rounds.planner import MAX_RANGES
+from airflow_keyset_provider.core.rounds.verify_record import (
+    DEFAULT_VERIFY_KEYS,
+    check_verify_options,
+)
 from airflow_keyset_provider.core.run.pull import first_positions
 from airflow_keyset_provider.durable_record import asset_name, read_record, record_planned
 from airflow_keyset_provider.hooks.keyset import KeysetHook
@@ -195,6 +199,15 @@ class PlanRangesOperator(BaseOperator):
         close there; this task declares the asset as an inlet) or refused with
         ``StreamStateLostError`` naming the choices; a stream Airflow never planned is new
         (``core/rounds/durability.py``). Remove it once the stream has run.
+    :param verify: an SQL predicate no row of the round should match once it is processed (e.g.
+        ``"status = 'open'"``), checked by the ``BarrierSensor`` after every range is complete and
+        before the round closes (``core/rounds/verification.py``): it counts the rows of the round
+        (and of ``where``) that still match and lists the first ``verify_keys``. Trusted SQL,
+        like ``where`` (templated); recorded with the round and compared, never run from Redis.
+    :param on_verify_failure: ``"fail"`` (default): the barrier fails with the count and the
+        keys, the round stays open; ``"repair"``: the matching rows go once through the
+        barrier's ``processor``, then the round is verified again (still failing: fail).
+    :param verify_keys: how many matching keys a failed verification lists (default 20).
     """
 
     template_fields: Sequence[str] = (
@@ -205,6 +218,7 @@ class PlanRangesOperator(BaseOperator):
         "start_key",
         "end_key",
         "stream",
+        "verify",
     )
     ui_color = "#d8e6f3"
     operator_extra_links = (KeysetRoundLink(),)
@@ -229,10 +243,19 @@ class PlanRangesOperator(BaseOperator):
         settle_seconds: float = 0.0,
         checkpoint_conn_id: str | None = None,
         new_stream: bool = False,
+        verify: str | None = None,
+        on_verify_failure: str = "fail",
+        verify_keys: int = DEFAULT_VERIFY_KEYS,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         _check_max_ranges(max_ranges, max_tasks)
+        check_verify_options(verify, on_verify_failure, verify_keys)
+        self.verify, self.on_verify_failure, self.verify_keys = (
+            verify,
+            on_verify_failure,
+            verify_keys,
+        )
         self.new_stream = new_stream
         self._declare_stream_asset(stream)
         self.checkpoint_conn_id = checkpoint_conn_id
@@ -271,7 +294,6 @@ class PlanRangesOperator(BaseOperator):
         columns = list(self.columns) if self.columns is not None else None
         rnd, firsts, planned_by = self._plan_round(context, stream, key, columns)
         self._log_round(stream, rnd, planned_by, run_key(context))
-        self._push_round(context, stream, rnd, planned_by)
         common = {
             "source_conn_id": self.source_conn_id,
             "table": self.table,
@@ -283,6 +305,7 @@ class PlanRangesOperator(BaseOperator):
             "key_prefix": self.key_prefix,
             "checkpoint_conn_id": self.checkpoint_conn_id,
         }
+        self._push_round(context, stream, rnd, planned_by, common)
         if self.max_tasks is not None:
             return pull_tasks(rnd, self.max_tasks, common, firsts)
         return [
@@ -332,6 +355,7 @@ class PlanRangesOperator(BaseOperator):
                     round_key=run_key(context),
                     new_stream=self.new_stream,
                     record=record,
+                    verify=self.verify,
                 )
                 if start is None and record is not None:
                     record_planned(stream, rnd)  # before the task succeeds: else it raises
@@ -381,11 +405,17 @@ class PlanRangesOperator(BaseOperator):
             )
 
     def _push_round(
-        self, context: Context, stream: str, rnd: Round, planned_by: str | None
+        self,
+        context: Context,
+        stream: str,
+        rnd: Round,
+        planned_by: str | None,
+        source: dict[str, Any],
     ) -> None:
         """XComs for ``BarrierSensor``: the round id, and the round's stream, prefix and bounds;
         ``planned_by``: the round key (``<dag_id>/<run_id>/<task_id>``) of the plan that created
-        the round, when this plan reused it (None when this plan created it)."""
+        the round, when this plan reused it (None when this plan created it). With ``verify``
+        also the verification's settings and the source description (``source``) it reads."""
         ti = context["ti"]
         ti.xcom_push(key=ROUND_ID_XCOM_KEY, value=rnd.round_id)
         ti.xcom_push(
@@ -399,6 +429,16 @@ class PlanRangesOperator(BaseOperator):
                 "end_key": to_json(rnd.end_key),
                 "ranges": len(rnd.ranges),
                 "planned_by": planned_by,
+                **(
+                    {}
+                    if self.verify is None
+                    else {
+                        "verify": self.verify,
+                        "on_verify_failure": self.on_verify_failure,
+                        "verify_keys": self.verify_keys,
+                        "source": source,
+                    }
+                ),
             },
         )
 

@@ -14,6 +14,14 @@ barrier. Guarantees:
   round as done until a person has looked at the dead letters (then either raise the limit and
   clear the barrier, or reset the round to traverse it again). Retrying cannot fix this, so the
   task fails without retries.
+- Verification: when the plan has ``verify`` (an SQL predicate), the barrier scans the round
+  for rows that still match it once every range is complete and before it closes
+  (``core/rounds/verification.py``). Verified: it closes as usual, with ``verification`` in its
+  XCom and asset event. Failed: with ``on_verify_failure="fail"`` it fails without closing (no
+  retry: the round stays open, the watermark does not move) naming the count and the first keys;
+  with ``"repair"`` the matching rows go once through ``processor`` and the round is verified
+  again, and a round still failing fails the same way. The predicate that runs is the plan's (from
+  the DAG), compared with the one recorded in the round, never read from Redis.
 - On timeout it fails with the lagging ranges: range, cursor, state, owner, last heartbeat.
 - Assets: every ``Asset`` declared in ``outlets`` (``stream_asset(stream)`` is the conventional
   one) gets one event per successful barrier try, whose ``extra`` holds the closed round's
@@ -37,7 +45,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow.sdk import Asset, BaseSensorOperator, Context, PokeReturnValue, conf
@@ -51,10 +59,15 @@ from airflow_keyset_provider.common import (
     check_names,
     key_label,
 )
+from airflow_keyset_provider.core.chunk import load_processor
 from airflow_keyset_provider.core.keys import to_json
 from airflow_keyset_provider.core.redaction import scrub
 from airflow_keyset_provider.core.rounds.control import StreamControl
 from airflow_keyset_provider.core.rounds.status import RoundState
+from airflow_keyset_provider.core.rounds.verify_record import (
+    DEFAULT_VERIFY_CHUNK,
+    DEFAULT_VERIFY_KEYS,
+)
 from airflow_keyset_provider.durable_record import record_closed
 from airflow_keyset_provider.hooks.keyset import AirflowStatsMetrics, KeysetHook
 from airflow_keyset_provider.links import KeysetRoundLink
@@ -130,6 +143,11 @@ class BarrierSensor(BaseSensorOperator):
         round Redis lost is restored and the closed round's watermark is mirrored.
     :param deferrable: wait in the triggerer instead of a worker slot.
     :param poke_interval: seconds between checks (also the trigger's poll interval).
+    :param processor: the round's processor (a callable or ``"package.module:function"``), run
+        by the repair pass of a plan with ``on_verify_failure="repair"``.
+    :param target_conn_id: the processor's database for the repair pass (as the traverse task's).
+    :param verify_chunk_size: rows per statement of the verification scan (default 10,000).
+    :param max_item_attempts: the repair pass's attempts per item the processor names failed.
 
     ``retries`` and ``retry_delay`` default to ``BARRIER_RETRIES`` (2) and
     ``BARRIER_RETRY_DELAY`` (10 s) when neither the task nor ``default_args`` gives them: a
@@ -151,9 +169,15 @@ class BarrierSensor(BaseSensorOperator):
         max_dead_letters: int | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         checkpoint_conn_id: str | None = None,
+        processor: Callable[..., Any] | str | None = None,
+        target_conn_id: str | None = None,
+        verify_chunk_size: int = DEFAULT_VERIFY_CHUNK,
+        max_item_attempts: int = 3,
         **kwargs: Any,
     ) -> None:
         super().__init__(**_retry_defaults(kwargs))
+        self.processor, self.target_conn_id = processor, target_conn_id
+        self.verify_chunk_size, self.max_item_attempts = verify_chunk_size, max_item_attempts
         if not plan_task_id and not round_id:
             raise ValueError(
                 "BarrierSensor needs plan_task_id (a PlanRangesOperator of this DAG) or round_id"
@@ -236,7 +260,7 @@ class BarrierSensor(BaseSensorOperator):
             is_done=True, xcom_value=self._close_and_publish(context, ctl, round_id)
         )
 
-    def _close(self, ctl: StreamControl, round_id: str) -> dict[str, Any]:
+    def _close(self, context: Context, ctl: StreamControl, round_id: str) -> dict[str, Any]:
         with airflow_errors():
             if (
                 self.max_dead_letters is not None
@@ -251,6 +275,7 @@ class BarrierSensor(BaseSensorOperator):
                         "watermark did not move. Inspect the dead letters (StreamControl.dead_letters), "
                         "then raise the limit and clear this task, or reset the round to traverse it again."
                     )
+            verification = self._verify(context, ctl, round_id)
             totals = ctl.close_round(round_id)
             created_ms = int(ctl.store.round_info(round_id).get("created_ms") or 0)
         metrics, tags = AirflowStatsMetrics(), {"stream": ctl.stream}
@@ -260,6 +285,8 @@ class BarrierSensor(BaseSensorOperator):
         out = totals.as_dict()
         out["watermark"] = to_json(totals.watermark)
         out["stream"] = ctl.stream
+        if verification is not None:
+            out["verification"] = verification
         self.log.info(
             "round %s (%s, %s] closed: done %d, skipped %d, dead %d; stream %s watermark now %s",
             round_id,
@@ -273,11 +300,63 @@ class BarrierSensor(BaseSensorOperator):
         )
         return out
 
+    # ---- verification: after every range is complete, before the close ---------------------
+    def _verify(self, context: Context, ctl: StreamControl, round_id: str) -> dict[str, Any] | None:
+        """The round's verification (None when its plan has no ``verify``): run now while the
+        round is open; a closed round's (a retried barrier) as recorded. A failed one raises
+        ``AirflowFailException`` naming the count and the first keys; the round stays open."""
+        if ctl.store.round_state(round_id) == RoundState.CLOSED:
+            return ctl.round_status(round_id).verification_dict
+        info = {} if self.round_id else self._plan_info(context)
+        predicate = info.get("verify")
+        if not predicate:
+            return None
+        src = info.get("source") or {}
+        hook = KeysetHook(
+            src.get("source_conn_id"),
+            self.redis_conn_id,
+            src.get("checkpoint_conn_id"),
+            self.target_conn_id,
+        )
+        t = hook.traversal(
+            table=src["table"],
+            key=src["key"],
+            stream=ctl.stream,
+            where=src.get("where"),
+            where_params=src.get("where_params"),
+            columns=src.get("columns"),
+            key_prefix=src["key_prefix"],
+        )
+        try:
+            result = t.verify_round(
+                round_id,
+                predicate,
+                on_failure=info.get("on_verify_failure") or "fail",
+                processor=None if self.processor is None else load_processor(self.processor),
+                max_keys=int(info.get("verify_keys") or DEFAULT_VERIFY_KEYS),
+                chunk_size=self.verify_chunk_size,
+                max_item_attempts=self.max_item_attempts,
+            )
+        finally:
+            t.close()
+        self.log.info("round %s: %s", round_id, result.describe())
+        if not result.verified:
+            raise AirflowFailException(
+                f"round {round_id}: verification {result.describe()}. The round stays open and "
+                "the watermark did not move. Fix the rows (or the processor), then clear this "
+                "task to verify again; with on_verify_failure='repair' the barrier sends them "
+                "through the processor once."
+            )
+        return result.as_dict()
+
+    def _plan_info(self, context: Context) -> dict[str, Any]:
+        return context["ti"].xcom_pull(task_ids=self.plan_task_id, key=ROUND_XCOM_KEY) or {}
+
     # ---- assets: one event per closed round, the watermark in the asset state store ----------
     def _close_and_publish(
         self, context: Context, ctl: StreamControl, round_id: str
     ) -> dict[str, Any]:
-        out = self._close(ctl, round_id)
+        out = self._close(context, ctl, round_id)
         record_closed(ctl.stream, round_id, ctl.store.watermark(), ctl.store.key_fingerprint())
         self._publish_round(context, out)
         return out
@@ -292,6 +371,8 @@ class BarrierSensor(BaseSensorOperator):
         if not assets:
             return
         extra = {k: out.get(k) for k in ROUND_EVENT_FIELDS}
+        if out.get("verification") is not None:  # only a verified round closes with one
+            extra["verification"] = out["verification"]
         expected = stream_asset(out["stream"]).name
         states = context.get("asset_state_store")
         for asset in assets:
