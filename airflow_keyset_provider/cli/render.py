@@ -178,6 +178,10 @@ def render_round(con: Any, rnd: RoundStatus, *, wide: bool = False) -> None:
         + (f" ({rnd.rate_basis})" if rnd.rate_basis else "")
         + (f", ETA {format_duration(rnd.eta_s)}" if eta else "")
     )
+    if rnd.verification_text is not None:
+        from rich.markup import escape
+
+        con.print(f"  verify: {escape(rnd.verification_text)}")
     con.print(range_table(rnd, wide=wide))
     if wide and any(r.owner or r.takeovers for r in rnd.ranges):
         con.print(owner_table(rnd))

@@ -342,6 +342,14 @@ class RoundStatus:
         return self.state == RoundState.CLOSED
 
     @property
+    def verification_text(self) -> str | None:
+        """One line for the terminal: None without ``verify``; ``pending`` before it ran; else
+        ``Verification.describe`` (the state, counts and first keys; never row data)."""
+        if self.verification is not None:
+            return self.verification.describe()
+        return None if self.verify is None else "pending (the barrier verifies before closing)"
+
+    @property
     def verification_dict(self) -> dict[str, Any] | None:
         """The verification as the CLI, the page and the barrier show it: None without a
         ``verify`` predicate; ``{"state": "pending"}`` before it ran; else the result."""
