@@ -78,6 +78,7 @@ _SUMMARY_KEYS = (
     "progress",
     "rate",
     "eta_s",
+    "verification",
 )
 
 

@@ -177,3 +177,34 @@ def test_keys_on_one_line_as_the_map_index_column_writes_them() -> None:
     assert compact_key(None) == "-inf" and compact_key(42) == "42"
     other_zone = dt.datetime(2024, 5, 1, 10, tzinfo=dt.timezone(dt.timedelta(hours=2)))
     assert compact_key(other_zone) == "2024-05-01T10:00:00+02:00"  # only UTC is shortened
+
+
+def test_the_page_api_carries_the_round_verification(
+    pg_schema_url: str, redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """The page reads the verification from the one status model: the round's view and the
+    stream's round list both carry it (state, count, first keys; never row data)."""
+    engine = sa.create_engine(pg_schema_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (k bigint PRIMARY KEY, v text NOT NULL)")
+        conn.execute(sa.text("INSERT INTO t VALUES (:k, 'ok')"), [{"k": i} for i in range(1, 51)])
+    t = KeysetTraversal(
+        pg_schema_url, table="t", key="k", redis_url=redis_url, stream="s", key_prefix=key_prefix
+    )
+    try:
+        rnd = t.plan(max_ranges=2, new_stream=True, verify="v = 'bad'")
+        for spec in rnd.ranges:
+            t.traverse(rnd.round_id, spec.range_id, lambda chunk: None, chunk_size=20)
+        view = status.round_view(redis_client, key_prefix, "s", rnd.round_id)
+        assert view["verification"] == {"state": "pending"}
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE t SET v = 'bad' WHERE k IN (3, 40)")
+        t.verify_round(rnd.round_id, "v = 'bad'")
+    finally:
+        t.close()
+        engine.dispose()
+    view = status.round_view(redis_client, key_prefix, "s", rnd.round_id)
+    v = view["verification"]
+    assert (v["state"], v["matching"], v["first_keys"]) == ("failed", 2, ["3", "40"])
+    [summary] = status.stream_view(redis_client, key_prefix, "s")["rounds"]
+    assert summary["verification"] == v

@@ -228,6 +228,16 @@ function DeadLetters({ round, actions }) {
   );
 }
 
+/** The round's verification (``verify=``): pending, verified (after a repair pass), or failed
+ * with the count and first keys that still match; keys only, never row data. */
+function verifyText(v) {
+  if (v.state === "pending") return "pending (the barrier verifies before closing)";
+  const repaired = v.repaired === null || v.repaired === undefined ? "" : ` after repairing ${fmtInt(v.repaired)} key(s)`;
+  if (v.state === "verified") return `verified${repaired}: no row still matches`;
+  const more = v.first_keys.length < v.matching ? ", …" : "";
+  return `failed${repaired}: ${fmtInt(v.matching)} row(s) still match (first keys: ${v.first_keys.join(", ")}${more})`;
+}
+
 export function RoundDetail({ round, highlight, stream, canEdit, onChanged, onError }) {
   const merged = round.ranges_merged ? ` (${round.ranges_merged} coalesced)` : "";
   return (
@@ -247,6 +257,11 @@ export function RoundDetail({ round, highlight, stream, canEdit, onChanged, onEr
         {round.source && round.source.table && (
           <Text as="span" color="fg.muted">
             table {round.source.table}, key {[].concat(round.source.key).join(", ")}
+          </Text>
+        )}
+        {round.verification && (
+          <Text as="span" className="verification" data-verify={round.verification.state} color={round.verification.state === "failed" ? "fg.error" : "fg.muted"}>
+            verify {verifyText(round.verification)}
           </Text>
         )}
       </Flex>
