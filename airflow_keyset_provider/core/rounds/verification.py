@@ -75,19 +75,33 @@ class _Scan:
 
 
 class _Pacer:
-    """Charges the stream's governor and holds while the stream is paused (between chunks)."""
+    """Charges the stream's governor and holds while the stream is paused, between chunks. The
+    stream's control (pause, rate) is read at most every ``poll_seconds``, as the traversal's
+    pacer polls it (``TraverseOptions.control_poll_seconds``)."""
 
-    def __init__(self, control: StreamControl, stop: threading.Event, chunk_size: int) -> None:
+    def __init__(
+        self,
+        control: StreamControl,
+        stop: threading.Event,
+        chunk_size: int,
+        poll_seconds: float = 1.0,
+    ) -> None:
         self.control, self.stop, self.chunk_size = control, stop, chunk_size
         self.governor = Governor(control.store)
+        self.poll_seconds = poll_seconds
+        self._state: Any = None
+        self._read_at = 0.0
+
+    def _control_state(self) -> Any:
+        now = time.monotonic()
+        if self._state is None or now - self._read_at >= self.poll_seconds:
+            self._state, self._read_at = self.control.control_state(), now
+        return self._state
 
     def __call__(self, rows: int) -> None:
-        while True:
-            state = self.control.control_state()
-            if not state.paused or self.stop.is_set():
-                break
-            self.stop.wait(1.0)
-        rate = state.max_rows_per_second
+        while self._control_state().paused and not self.stop.is_set():
+            self.stop.wait(self.poll_seconds)
+        rate = self._control_state().max_rows_per_second
         if rate:
             wait = self.governor.charge(rows, rate, burst_for(rate, self.chunk_size))
             if wait > 0:
@@ -153,12 +167,14 @@ class RoundVerifier:
         started = time.monotonic()
         found = _Scan()
         for _, lo, hi in self._ranges():
-            for chunk in scan_chunks(self.source, self.predicate, lo, hi, self.chunk_size):
+
+            def room() -> int:
+                return self.max_keys - len(found.first_keys)
+
+            for chunk in scan_chunks(self.source, self.predicate, lo, hi, self.chunk_size, room):
                 found.rows += chunk.rows
-                found.matching += len(chunk.matched)
-                room = self.max_keys - len(found.first_keys)
-                if room > 0:
-                    found.first_keys.extend(chunk.matched[:room])
+                found.matching += chunk.matching
+                found.first_keys.extend(chunk.matched)
                 self.pace(chunk.rows)
                 if self.stop.is_set():
                     raise KeysetError(f"round {self.round_id}: verification stopped on request")
@@ -174,7 +190,9 @@ class RoundVerifier:
         """One repair pass (module docstring): -> (keys done, keys still failing)."""
         done = failed_total = 0
         for range_id, lo, hi in self._ranges():
-            for chunk in scan_chunks(self.source, self.predicate, lo, hi, self.chunk_size):
+            for chunk in scan_chunks(
+                self.source, self.predicate, lo, hi, self.chunk_size, lambda: self.chunk_size
+            ):
                 self.pace(chunk.rows)
                 pending = chunk.matched
                 for attempt in range(1, max_item_attempts + 1):

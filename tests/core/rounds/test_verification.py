@@ -193,3 +193,39 @@ def test_verify_refuses_a_round_with_incomplete_ranges(
             t.verify_round(rnd.round_id, VERIFY)
     finally:
         t.close()
+
+
+def test_a_composite_key_round_verifies_and_lists_its_keys(
+    db_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """A composite key (no max() of a row value: the chunk's last row with window aggregates):
+    chunks cut inside a tenant, the first keys in key order."""
+    engine = sa.create_engine(db_url, poolclass=NullPool)
+    with engine.begin() as c:
+        c.execute(
+            sa.text(
+                "CREATE TABLE items (tenant int NOT NULL, n int NOT NULL, "
+                "status varchar(16) NOT NULL, PRIMARY KEY (tenant, n))"
+            )
+        )
+        c.execute(
+            sa.text("INSERT INTO items VALUES (:t, :n, :s)"),
+            [
+                {"t": t, "n": n, "s": "open" if (t, n) in {(1, 30), (2, 7), (3, 39)} else "done"}
+                for t in range(1, 4)
+                for n in range(1, 41)
+            ],
+        )
+    engine.dispose()
+    t = KeysetTraversal(
+        db_url, "items", ["tenant", "n"], redis_url=redis_url, stream="items", key_prefix=key_prefix
+    )
+    try:
+        rnd = t.plan(2, new_stream=True, verify=VERIFY)
+        for r in rnd.ranges:
+            t.traverse(rnd.round_id, r.range_id, lambda chunk: None, chunk_size=25)
+        v = t.verify_round(rnd.round_id, VERIFY, max_keys=2, chunk_size=17)
+        assert (v.state, v.matching, v.rows_scanned) == (VerifyState.FAILED, 3, 120)
+        assert v.key_labels == ["(1, 30)", "(2, 7)"]
+    finally:
+        t.close()
