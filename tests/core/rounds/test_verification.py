@@ -4,6 +4,7 @@ count and the first keys; one repair pass through the processor fixes them and v
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -227,5 +228,33 @@ def test_a_composite_key_round_verifies_and_lists_its_keys(
         v = t.verify_round(rnd.round_id, VERIFY, max_keys=2, chunk_size=17)
         assert (v.state, v.matching, v.rows_scanned) == (VerifyState.FAILED, 3, 120)
         assert v.key_labels == ["(1, 30)", "(2, 7)"]
+    finally:
+        t.close()
+
+
+def test_the_scan_is_paced_by_the_stream_governor_and_held_while_paused(
+    pg_schema_url: str, redis_url: str, key_prefix: str, redis_client: Any
+) -> None:
+    """A throttled stream's verification charges the stream's token bucket (the governor); a
+    paused stream holds the scan until it is resumed."""
+    make_orders(pg_schema_url)
+    t = _traversal(pg_schema_url, redis_url, key_prefix)
+    try:
+        round_id = _plan_and_traverse(t, Cancel(pg_schema_url), verify=VERIFY)
+        t.store.reset_bucket()
+        t.throttle(1_000_000)
+        assert t.verify_round(round_id, VERIFY, chunk_size=64).verified
+        assert redis_client.exists(t.store.bucket_key)  # the scan's rows were charged
+        t.throttle(None)
+
+        t.pause("maintenance", "test")
+        done: list[Any] = []
+        worker = threading.Thread(target=lambda: done.append(t.verify_round(round_id, VERIFY)))
+        worker.start()
+        worker.join(3)
+        assert worker.is_alive() and not done  # held while paused
+        t.resume()
+        worker.join(60)
+        assert done and done[0].verified
     finally:
         t.close()
