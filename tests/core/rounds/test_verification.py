@@ -258,3 +258,20 @@ def test_the_scan_is_paced_by_the_stream_governor_and_held_while_paused(
         assert done and done[0].verified
     finally:
         t.close()
+
+
+def test_a_predicate_redis_holds_is_compared_never_run(
+    pg_schema_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """Redis is not a source of SQL: a round whose recorded predicate was changed in Redis (here
+    to SQL that would fail if it ran) is refused before any statement reads the source."""
+    make_orders(pg_schema_url, 10)
+    t = _traversal(pg_schema_url, redis_url, key_prefix)
+    try:
+        round_id = _plan_and_traverse(t, Cancel(pg_schema_url), verify=VERIFY)
+        t.store.set_round_field(round_id, "verify", "1/0 = 1")
+        with pytest.raises(ConfigurationError, match="another verify predicate"):
+            t.verify_round(round_id, VERIFY)
+        assert t.control.round_status(round_id).verification is None  # nothing ran or recorded
+    finally:
+        t.close()
