@@ -152,10 +152,6 @@ class RoundVerifier:
             )
         return info
 
-    def recorded(self) -> Verification | None:
-        info = self.control.store.round_info(self.round_id)
-        return Verification.from_record(info.get(VERIFICATION_FIELD), self.arity)
-
     # ---- scan ------------------------------------------------------------------------------
     def _ranges(self) -> list[tuple[int, str, str]]:
         """The round's ranges ``(id, lo, hi)`` in key order (coalesced empty ones left out)."""
@@ -166,11 +162,11 @@ class RoundVerifier:
     def scan(self) -> tuple[_Scan, float]:
         started = time.monotonic()
         found = _Scan()
+
+        def room() -> int:  # the first keys still wanted
+            return self.max_keys - len(found.first_keys)
+
         for _, lo, hi in self._ranges():
-
-            def room() -> int:
-                return self.max_keys - len(found.first_keys)
-
             for chunk in scan_chunks(self.source, self.predicate, lo, hi, self.chunk_size, room):
                 found.rows += chunk.rows
                 found.matching += chunk.matching
