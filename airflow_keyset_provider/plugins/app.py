@@ -31,7 +31,14 @@ Routes (relative to the mount point)::
     POST /api/streams/{stream}/resume             resume it (edit rights on DAGs)
     POST /api/streams/{stream}/rounds/{round_id}/ranges/{range_id}/requeue-dead  {}
                                                  move the range's dead letters back to its retry
-                                                 set (open rounds; edit rights on DAGs)
+                                                 set (open rounds; edit rights on DAGs); the
+                                                 answer says which traverse try will run them
+    POST /api/streams/{stream}/rounds/{round_id}/ranges/{range_id}/replay-dead  {}
+                                                 replay them now through the DAG's own traverse
+                                                 task (``replays.py``; open and closed rounds;
+                                                 edit rights on that DAG): 200 ``succeeded`` /
+                                                 ``failed`` (letters put back) / ``nothing``,
+                                                 202 ``running``, 429 every slot busy
 
 Every ``/api`` route takes ``?conn=<connection id>``: which Redis connection to read (default
 ``[keyset] redis_conn_id``). It is a connection id, validated by full match
@@ -47,14 +54,18 @@ Guarantees:
   401; an invalid or expired token: 401/403; a user the auth manager does not authorize for the
   custom view ``RESOURCE_NAME`` with method ``GET``: 403. An unauthenticated browser on the page
   gets a 401 page with a link to Airflow's login that returns here.
-- **Read-only but for pause/resume and requeue**: ``GET`` routes only read Redis (see
+- **Read-only but for pause/resume, requeue and replay**: ``GET`` routes only read Redis (see
   ``status.py``). Pause and resume write the stream's control hash only (pause, reason, who),
   never a cursor, a round or a watermark; requeue moves a range's dead letters back to its retry
   set through the engine's fenced script (``status.requeue_dead``: the cursor does not move, the
   letters are processed by the DAG's own traverse task on its next try, never here, so the
-  processor, target and ``where`` come from the DAG, never from Redis or the client). The
-  ``POST`` routes are allowed only to users the auth manager lets edit DAGs
-  (``is_authorized_dag(method="PUT")``), others get 403. The stream JSON says ``can_edit`` so the
+  processor, target and ``where`` come from the DAG, never from Redis or the client). Replay
+  runs the DAG's traverse task over the range's letters in this server (``replays.py``: the
+  CLI's ``DagReplay``, in a bounded pool off the request thread), writing what the engine's
+  replay writes: the range's cursor state and counters, the processor's own writes through the
+  DAG's target connection. The ``POST`` routes are allowed only to users the auth manager lets
+  edit DAGs (``is_authorized_dag(method="PUT")``), a replay also to edit the DAG that planned the
+  round; others get 403. The stream JSON says ``can_edit`` so the
   page shows the buttons only to them.
 - **No cross-site writes** (``same_origin_json``): every ``POST`` route take only a JSON body
   with ``Content-Type: application/json`` (else 415: a plain HTML form cannot send it, and a

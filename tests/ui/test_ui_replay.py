@@ -16,6 +16,8 @@ connection), real Redis and a real headless Chromium.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,8 @@ POISON = {7, 8, 47}
 
 DAG_FILE = """
 import datetime as dt
+import pathlib
+import time
 
 import sqlalchemy as sa
 from airflow.sdk import DAG, task
@@ -42,6 +46,10 @@ from airflow_keyset_provider import Chunk, ChunkResult
 @task.keyset_traverse(target_conn_id="keyset_ui_sql", chunk_size=10, retry_budget_seconds=1,
                       max_chunk_attempts=2)
 def copy_out(chunk: Chunk) -> ChunkResult:
+    hold = pathlib.Path(__file__).with_name("ui_replay.hold")
+    deadline = time.monotonic() + 300  # the test lifts the hold; never wait forever
+    while hold.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
     c = chunk.connection
     if c.exec_driver_sql("SELECT count(*) FROM halt").scalar():
         raise RuntimeError("the outbox database refuses writes (halt)")
@@ -62,6 +70,7 @@ def _setup(srv: Any, redis_url: str) -> tuple[KeysetTraversal, sa.Engine]:
     dead letters 7 and 8) and ``r2`` (keys 41-60, 1 range, open, chained; dead letter 47), both
     planned under the DAG's round key, traversed with a processor that refuses the poison."""
     (srv.home / "dags" / "ui_replay_dag.py").write_text(DAG_FILE)
+    _hold(srv).unlink(missing_ok=True)
     db = srv.home / SOURCE_DB
     db.unlink(missing_ok=True)
     engine = sa.create_engine(f"sqlite:///{db}")
@@ -90,6 +99,11 @@ def _setup(srv: Any, redis_url: str) -> tuple[KeysetTraversal, sa.Engine]:
     assert (r2.round_id, len(r2.ranges)) == ("r2", 1), r2
     t.traverse("r2", 0, refuse, max_item_attempts=1, item_retry_delay=0)
     return t, engine
+
+
+def _hold(srv: Any) -> Path:
+    """While this file exists, the DAG's processor waits (a replay that outlasts the request)."""
+    return Path(srv.home / "dags" / "ui_replay.hold")
 
 
 def _range(t: KeysetTraversal, round_id: str, range_id: int) -> dict[str, Any]:
@@ -246,5 +260,61 @@ def test_page_replay_button_with_confirmation_failure_notice_and_layout(
     assert chromium.evaluate("!document.querySelector('#action-error')")
     chromium.wait(f"!{button}")
     assert _outbox(engine) == {7, 8}
+    t.close()
+    engine.dispose()
+
+
+def test_a_replay_longer_than_the_request_goes_on_in_the_background_one_per_range(
+    airflow_api_server: Any, redis_url: str
+) -> None:
+    """The request answers 202 ``running`` (the processor is held, so the replay cannot end
+    within the request's wait); a second request for the same range is refused while it runs,
+    a third replay while both slots are taken (429); once the hold is lifted the replays end on
+    their own and the ranges have no dead letter."""
+    srv = airflow_api_server
+    t, engine = _setup(srv, redis_url)
+    editor = {"Authorization": f"Bearer {srv.token('editor', srv.editor_password)}"}
+    url = f"/keyset/api/streams/{DAG_ID}/rounds/r1/ranges/0/replay-dead"
+    with engine.begin() as c:
+        c.exec_driver_sql("DELETE FROM poison")
+    _hold(srv).touch()
+    try:
+        status, _, raw = srv.http("POST", url, headers=editor, body={})
+        doc = json.loads(raw)
+        assert status == 202 and doc["state"] == "running", (doc["state"], doc["message"])
+        assert f"owner keyset-page-replay:{doc['job']}" in doc["message"], doc
+        # the range is the replay's now: a second request is refused, nothing moves twice
+        status, _, raw = srv.http("POST", url, headers=editor, body={})
+        assert status == 409 and "being replayed already" in json.loads(raw)["detail"], raw
+        owner = _range(t, "r1", 0).get("owner") or ""
+        assert owner.startswith(f"keyset-page-replay:{doc['job']}"), owner
+        # a second slot: r2's range, in a thread (its request waits too); then every slot of
+        # this API server process is taken and a third replay is refused with 429
+        second: dict[str, Any] = {}
+        thread = threading.Thread(
+            target=lambda: second.update(
+                answer=srv.http("POST", url.replace("/r1/", "/r2/"), headers=editor, body={})
+            )
+        )
+        thread.start()
+        deadline = time.monotonic() + 120
+        while not (_range(t, "r2", 0).get("owner") or "").startswith("keyset-page-replay:"):
+            assert time.monotonic() < deadline, _range(t, "r2", 0)
+            time.sleep(0.3)
+        status, _, raw = srv.http("POST", url.replace("/0/", "/1/"), headers=editor, body={})
+        assert status == 429 and "2 replays at once" in json.loads(raw)["detail"], raw
+    finally:
+        _hold(srv).unlink(missing_ok=True)
+    deadline = time.monotonic() + 120
+    for round_id in ("r1", "r2"):
+        while int(_range(t, round_id, 0)["dead"]) or _range(t, round_id, 0).get("owner"):
+            assert time.monotonic() < deadline, _range(t, round_id, 0)
+            time.sleep(0.3)
+    thread.join(120)
+    assert second["answer"][0] in (200, 202), second
+    assert _outbox(engine) >= {7, 8, 47}
+    # the slot is free again: the next request answers at once (nothing left to replay)
+    status, _, raw = srv.http("POST", url, headers=editor, body={})
+    assert status == 200 and json.loads(raw)["state"] == "nothing", raw
     t.close()
     engine.dispose()

@@ -99,6 +99,9 @@ def test_owner_lineages_parse_into_task_instances() -> None:
         "map_index": None,
     }
     assert status.parse_lineage("") is None and status.parse_lineage("d//t") is None
+    # a replay's owner is no task instance: the CLI's, and the page's (no "/")
+    assert status.parse_lineage("airflow-keyset/replay/orders/r3") is None
+    assert status.parse_lineage("keyset-page-replay:0123456789ab") is None
 
 
 def test_a_run_whose_round_redis_lost_is_lost_not_unplanned(
