@@ -23,9 +23,9 @@ replay is bounded: at most ``REQUEUE_LIMIT`` letters, each with the task's
 Outcomes (``state``): ``succeeded`` (the range's counts after it), ``failed`` (the replay failed
 and put back the letters it moved, as they were: ``ReplayFailedError``'s message says so and
 how many), ``running``, ``nothing`` (no dead letters). Refusals, before any letter moves, raise
-``status.NotFound`` (no such range; a DAG this server cannot find or import),
-``status.Conflict`` (a round planned outside Airflow, several or no traverse tasks of the
-stream, a templated ``where``, another key prefix, another source than the round's, a live
+``status.NotFound`` (no such range; a DAG this server cannot find or import, or one with no
+traverse task of the stream), ``status.Conflict`` (a round planned outside Airflow, several
+traverse tasks of the stream, a templated ``where``, another key prefix, another source than the round's, a live
 owner holds the range, a replay of the range already running) or ``Busy``; ``authorize`` raises
 ``status.Forbidden``.
 """
