@@ -64,17 +64,13 @@ class ReplaySource:
         )
 
     @classmethod
-    def from_dag(cls, task: DagTraverse, args: argparse.Namespace) -> ReplaySource:
-        for flag in ("table", "key", "columns", "where_params"):
-            if getattr(args, flag):
-                raise CliError(
-                    f"--{flag.replace('_', '-')} comes from the DAG with --dag-id", EXIT_USAGE
-                )
+    def from_dag(cls, task: DagTraverse, where_given: str | None) -> ReplaySource:
+        """The DAG's source; ``where_given`` only for a templated ``where`` (its rendering)."""
         where = task.where
-        if args.where is not None:
+        if where_given is not None:
             if not templated([task.where]):
                 raise CliError("--where comes from the DAG with --dag-id", EXIT_USAGE)
-            where = args.where
+            where = where_given
         elif templated([task.where, task.table]):
             raise CliError(
                 f"DAG {task.dag_id!r} task {task.task_id!r} has a templated table or where "
@@ -121,13 +117,13 @@ def cmd_replay(args: argparse.Namespace, out: TextIO) -> int:
     from ..core.chunk import load_processor
 
     if args.dag_id:
-        t, processor, options = _from_dag(args)
+        replay = _from_dag(args)
     else:
         if not args.processor:
             raise CliError("give --processor pkg.mod:fn, or --dag-id to use the DAG's", EXIT_USAGE)
         processor = load_processor(args.processor)
-        t, options = _from_flags(args), {"exactly_once": args.exactly_once}
-    options.update(
+        replay = DagReplay(None, _from_flags(args), processor, {"exactly_once": args.exactly_once})
+    replay.options.update(
         {
             name: value
             for name in (
@@ -140,51 +136,111 @@ def cmd_replay(args: argparse.Namespace, out: TextIO) -> int:
         }
     )
     try:
-        results = t.replay_dead_letters(
+        rows = replay.run(
             args.round,
-            processor=processor,
-            range_id=args.range,
-            owner_lineage=f"airflow-keyset/replay/{args.stream}/{args.round}",
-            **options,
+            args.range,
+            f"airflow-keyset/replay/{args.stream}/{args.round}",  # plugins/status.py CLI_REPLAY_LINEAGE
         )
     finally:
-        t.close()
-    return _report(args, out, [r.as_dict() for r in results])
+        replay.close()
+    return _report(args, out, rows)
 
 
-def _from_dag(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+def _from_dag(args: argparse.Namespace) -> DagReplay:
     """The traversal, processor and options of the DAG's traverse task (``dag_task.py``)."""
-    from ..core.chunk import load_processor
-    from ..hooks.keyset import KeysetHook
-
-    for flag in ("source_url", "source_conn_id", "target_url", "target_conn_id"):
+    for flag in ("source_url", "source_conn_id", "target_url", "target_conn_id", "table", "key",
+                 "columns", "where_params"):  # fmt: skip
         if getattr(args, flag):
             raise CliError(
                 f"--{flag.replace('_', '-')} comes from the DAG with --dag-id", EXIT_USAGE
             )
-    task = dag_traverse(load_dag(args.dag_id, args.dag_file), args.stream, args.task_id)
-    src = ReplaySource.from_dag(task, args)
-    processor = load_processor(args.processor or task.processor)
-    hook = KeysetHook(
-        task.source_conn_id,
-        args.redis_conn_id or task.redis_conn_id,
-        task.checkpoint_conn_id,
-        task.target_conn_id,
+    prepared = DagReplay.prepare(
+        args.stream,
+        args.dag_id,
+        task_id=args.task_id,
+        dag_file=args.dag_file,
+        where=args.where,
+        processor=args.processor,
+        redis_conn_id=args.redis_conn_id,
     )
-    args.key_prefix = task.key_prefix  # where the DAG's rounds live (for the report too)
-    try:
-        t = hook.traversal(
-            table=src.table,
-            key=src.key if len(src.key) > 1 else src.key[0],
-            stream=args.stream,
-            where=src.where,
-            where_params=src.where_params,
-            columns=src.columns,
-            key_prefix=task.key_prefix,
+    assert prepared.task is not None
+    args.key_prefix = prepared.task.key_prefix  # where the DAG's rounds live (for the report too)
+    return prepared
+
+
+@dataclass
+class DagReplay:
+    """A replay through a DAG's own traverse task, ready to run: the traversal over the DAG's
+    source (``ReplaySource.from_dag``: table, key, ``where``, columns; never Redis), the task's
+    processor (decorator functions included) and its options (target connection,
+    ``exactly_once``, tuning). ``airflow-keyset replay-dead-letters`` (``task`` None with
+    ``--processor`` and the source flags) and the page's replay route (``plugins/replays.py``)
+    both run a replay through this, and only this."""
+
+    task: DagTraverse | None
+    traversal: Any
+    processor: Any
+    options: dict[str, Any]
+
+    @classmethod
+    def prepare(
+        cls,
+        stream: str,
+        dag_id: str,
+        *,
+        task_id: str | None = None,
+        dag_file: str | None = None,
+        where: str | None = None,
+        processor: str | None = None,
+        redis_conn_id: str | None = None,
+    ) -> DagReplay:
+        """Parse the DAG (``dag_file`` or the DAGs folder), find its traverse task of ``stream``
+        and build the traversal; ``CliError`` (with its exit code) names what is wrong.
+        ``redis_conn_id`` None: the plan's; ``where``: a templated ``where``'s rendering."""
+        from ..core.chunk import load_processor
+        from ..hooks.keyset import KeysetHook
+
+        task = dag_traverse(load_dag(dag_id, dag_file), stream, task_id)
+        src = ReplaySource.from_dag(task, where)
+        hook = KeysetHook(
+            task.source_conn_id,
+            redis_conn_id or task.redis_conn_id,
+            task.checkpoint_conn_id,
+            task.target_conn_id,
         )
-    except ConfigurationError as exc:
-        raise CliError(f"DAG {task.dag_id!r} task {task.task_id!r}: {exc}", EXIT_USAGE) from exc
-    return t, processor, {**task.engine_options, "exactly_once": task.exactly_once}
+        try:
+            t = hook.traversal(
+                table=src.table,
+                key=src.key if len(src.key) > 1 else src.key[0],
+                stream=stream,
+                where=src.where,
+                where_params=src.where_params,
+                columns=src.columns,
+                key_prefix=task.key_prefix,
+            )
+        except ConfigurationError as exc:
+            raise CliError(f"DAG {task.dag_id!r} task {task.task_id!r}: {exc}", EXIT_USAGE) from exc
+        options = {**task.engine_options, "exactly_once": task.exactly_once}
+        return cls(task, t, load_processor(processor or task.processor), options)
+
+    def run(
+        self, round_id: str, range_id: int | None, owner_lineage: str, **overrides: Any
+    ) -> list[dict[str, Any]]:
+        """``KeysetTraversal.replay_dead_letters`` with the task's processor and options
+        (``overrides`` on top); each replayed range's result as a dict. Raises what the engine
+        raises (``ReplayFailedError`` after putting the letters back, ``LeaseHeldError`` with
+        nothing moved, ``ConfigurationError`` for a round planned over other rows)."""
+        results = self.traversal.replay_dead_letters(
+            round_id,
+            processor=self.processor,
+            range_id=range_id,
+            owner_lineage=owner_lineage,
+            **{**self.options, **overrides},
+        )
+        return [r.as_dict() for r in results]
+
+    def close(self) -> None:
+        self.traversal.close()
 
 
 def _from_flags(args: argparse.Namespace) -> Any:

@@ -31,7 +31,14 @@ Routes (relative to the mount point)::
     POST /api/streams/{stream}/resume             resume it (edit rights on DAGs)
     POST /api/streams/{stream}/rounds/{round_id}/ranges/{range_id}/requeue-dead  {}
                                                  move the range's dead letters back to its retry
-                                                 set (open rounds; edit rights on DAGs)
+                                                 set (open rounds; edit rights on DAGs); the
+                                                 answer says which traverse try will run them
+    POST /api/streams/{stream}/rounds/{round_id}/ranges/{range_id}/replay-dead  {}
+                                                 replay them now through the DAG's own traverse
+                                                 task (``replays.py``; open and closed rounds;
+                                                 edit rights on that DAG): 200 ``succeeded`` /
+                                                 ``failed`` (letters put back) / ``nothing``,
+                                                 202 ``running``, 429 every slot busy
 
 Every ``/api`` route takes ``?conn=<connection id>``: which Redis connection to read (default
 ``[keyset] redis_conn_id``). It is a connection id, validated by full match
@@ -47,14 +54,18 @@ Guarantees:
   401; an invalid or expired token: 401/403; a user the auth manager does not authorize for the
   custom view ``RESOURCE_NAME`` with method ``GET``: 403. An unauthenticated browser on the page
   gets a 401 page with a link to Airflow's login that returns here.
-- **Read-only but for pause/resume and requeue**: ``GET`` routes only read Redis (see
+- **Read-only but for pause/resume, requeue and replay**: ``GET`` routes only read Redis (see
   ``status.py``). Pause and resume write the stream's control hash only (pause, reason, who),
   never a cursor, a round or a watermark; requeue moves a range's dead letters back to its retry
   set through the engine's fenced script (``status.requeue_dead``: the cursor does not move, the
   letters are processed by the DAG's own traverse task on its next try, never here, so the
-  processor, target and ``where`` come from the DAG, never from Redis or the client). The
-  ``POST`` routes are allowed only to users the auth manager lets edit DAGs
-  (``is_authorized_dag(method="PUT")``), others get 403. The stream JSON says ``can_edit`` so the
+  processor, target and ``where`` come from the DAG, never from Redis or the client). Replay
+  runs the DAG's traverse task over the range's letters in this server (``replays.py``: the
+  CLI's ``DagReplay``, in a bounded pool off the request thread), writing what the engine's
+  replay writes: the range's cursor state and counters, the processor's own writes through the
+  DAG's target connection. The ``POST`` routes are allowed only to users the auth manager lets
+  edit DAGs (``is_authorized_dag(method="PUT")``), a replay also to edit the DAG that planned the
+  round; others get 403. The stream JSON says ``can_edit`` so the
   page shows the buttons only to them.
 - **No cross-site writes** (``same_origin_json``): every ``POST`` route take only a JSON body
   with ``Content-Type: application/json`` (else 415: a plain HTML form cannot send it, and a
@@ -93,7 +104,7 @@ from ..common import ROUND_XCOM_KEY
 from ..core import names
 from ..core.errors import ConfigurationError, InvalidNameError, StoreUnavailableError
 from ..core.redaction import scrub
-from . import runs
+from . import replays, runs
 from . import status as view
 from .routes import BUNDLE_FILE, UI_ROUTE, URL_PREFIX
 
@@ -186,6 +197,20 @@ class RequeueRequest(BaseModel):
     pass
 
 
+class ReplayRequest(BaseModel):
+    pass
+
+
+def _may_edit_dag(user: BaseUser, dag_id: str) -> None:
+    """403 unless the auth manager lets ``user`` edit DAG ``dag_id`` (a replay runs its task)."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+    if not get_auth_manager().is_authorized_dag(
+        method="PUT", details=DagDetails(id=dag_id), user=user
+    ):
+        raise view.Forbidden(f"replaying through DAG {dag_id} needs edit rights on that DAG")
+
+
 #: ``?conn=``: the Redis connection id to read (validated by ``_conn``), default the configured.
 ConnParam = Annotated[str | None, Query(max_length=250)]
 
@@ -253,7 +278,7 @@ def _checked(**values: str) -> None:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from exc
 
 
-def _read(fn: Any, *args: Any, conn: str | None = None) -> Any:
+def _read(fn: Any, *args: Any, conn: str | None = None, **kwargs: Any) -> Any:
     """Run one read against the Redis of connection ``conn`` (default: the configured one) and
     map failures to HTTP errors that name no secret."""
     (default, prefix), conn_id = settings(), _conn(conn)
@@ -266,7 +291,11 @@ def _read(fn: Any, *args: Any, conn: str | None = None) -> Any:
         )
         raise HTTPException(code, scrub(str(exc))) from exc
     try:
-        return fn(client, prefix, *args)
+        return fn(client, prefix, *args, **kwargs)
+    except view.Forbidden as exc:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, str(exc)) from exc
+    except replays.Busy as exc:
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(exc)) from exc
     except view.NotFound as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
     except view.Conflict as exc:
@@ -414,6 +443,30 @@ def _add_api_routes(app: FastAPI) -> None:
         _checked(stream=stream, round_id=round_id)
         out: dict[str, Any] = _read(view.requeue_dead, stream, round_id, range_id, conn=conn)
         return out
+
+    @app.post("/api/streams/{stream}/rounds/{round_id}/ranges/{range_id}/replay-dead")
+    def replay_dead(
+        stream: str,
+        round_id: str,
+        range_id: Annotated[int, Path(ge=0, le=names.MAX_RANGE_ID)],
+        user: JsonEditor,
+        _body: Annotated[ReplayRequest | None, Body()] = None,
+        conn: ConnParam = None,
+    ) -> Response:
+        _checked(stream=stream, round_id=round_id)
+        who = f"ui:{getattr(user, 'get_name', lambda: '?')()}"
+        out: dict[str, Any] = _read(
+            replays.replay_range,
+            stream,
+            round_id,
+            range_id,
+            conn=conn,
+            conn_id=_conn(conn),
+            who=who,
+            authorize=lambda dag_id: _may_edit_dag(user, dag_id),
+        )
+        code = status.HTTP_202_ACCEPTED if out["state"] == "running" else status.HTTP_200_OK
+        return JSONResponse(out, status_code=code)
 
     @app.get("/api/streams/{stream}/rounds/{round_id}")
     def round_(

@@ -91,6 +91,10 @@ class Conflict(RuntimeError):
     and what to do instead)."""
 
 
+class Forbidden(PermissionError):
+    """The user may not do this to that DAG (the message says which right is missing)."""
+
+
 class StateLost(RuntimeError):
     """Redis no longer holds a round that was planned (flushed, evicted, restarted)."""
 
@@ -137,19 +141,18 @@ def resume_stream(client: Any, prefix: str, stream: str) -> dict[str, Any]:
     return ctl.control_state().as_dict()
 
 
+#: How the CLI's replay names itself as a range's owner (``cli/replay.py``): not a task instance.
+CLI_REPLAY_LINEAGE = "airflow-keyset/replay/"
+
 #: Most dead letters one page action moves back to a range's retry set.
 REQUEUE_LIMIT = 10_000
 
 
-def requeue_dead(
+def round_range(
     client: Any, prefix: str, stream: str, round_id: str, range_id: int
-) -> dict[str, Any]:
-    """Move a range's dead letters (up to ``REQUEUE_LIMIT``) back to its retry set, attempts
-    reset, through the engine's fenced script (``CursorStore.requeue_dead``): the range is
-    pending again and the next traverse try of the round (a retry or a cleared task instance of
-    the DAG's own traverse task) processes them with the DAG's processor and target. Only an
-    open round: a closed round has no traverse try left, so it is refused (``Conflict``) with
-    the CLI replay to run instead. A range a live owner holds is refused too (nothing moved)."""
+) -> tuple[StreamControl, str, dict[str, str]]:
+    """The stream's control, the round's state and its record, for an action on one existing
+    range (``NotFound`` naming what is missing)."""
     ctl = _existing(client, stream, prefix)
     state = ctl.store.round_state(round_id)
     if state is None:
@@ -157,12 +160,35 @@ def requeue_dead(
     info = ctl.store.round_info(round_id)
     if not 0 <= range_id < int(info.get("n_ranges", 0)):
         raise NotFound(f"round {round_id} of stream {stream!r} has no range {range_id}")
+    return ctl, state, info
+
+
+def planning_dag(info: Mapping[str, str]) -> str | None:
+    """The DAG whose plan task planned the round (its round key ``<dag_id>/<run_id>/<task_id>``,
+    ``common.run_key``), or None for a round planned outside Airflow."""
+    planned = parse_lineage(info.get("round_key") or "")
+    return planned["dag_id"] if planned else None
+
+
+def requeue_dead(
+    client: Any, prefix: str, stream: str, round_id: str, range_id: int
+) -> dict[str, Any]:
+    """Move a range's dead letters (up to ``REQUEUE_LIMIT``) back to its retry set, attempts
+    reset, through the engine's fenced script (``CursorStore.requeue_dead``): the range is
+    pending again and nothing runs them now. ``picked_up_by`` says, from what the store records,
+    which traverse try will: a retry or a clear of the task instance that last held the range,
+    the next run of the DAG when the round is its open chained round (that run's plan continues
+    it), or, either way, a replay (``replays.replay_range``, the CLI's ``replay-dead-letters``),
+    which processes them at once. Only an open round: a closed round has no traverse try left,
+    so it is refused (``Conflict``) saying to replay instead. A range a live owner holds is
+    refused too (nothing moved)."""
+    ctl, state, info = round_range(client, prefix, stream, round_id, range_id)
     if state == RoundState.CLOSED:
         raise Conflict(
             f"round {round_id} of stream {stream!r} is closed: no traverse try will take its "
-            f"letters any more. Replay them through the DAG's own traverse task: "
+            f"letters any more. Replay them instead (the page's Replay button, or "
             f"airflow-keyset replay-dead-letters {stream} {round_id} --range {range_id} "
-            f"--dag-id <the DAG that planned it>"
+            f"--dag-id <the DAG that planned it>)"
         )
     try:
         moved = ctl.store.requeue_dead(round_id, range_id, REQUEUE_LIMIT)
@@ -170,19 +196,61 @@ def requeue_dead(
         raise Conflict(str(exc)) from exc
     except RoundStateLostError as exc:
         raise StateLost(str(exc)) from exc
+    picked_up_by = _picked_up_by(ctl, round_id, range_id, info)
     return {
         "stream": stream,
         "round_id": round_id,
         "range_id": range_id,
         "moved": moved,
+        "picked_up_by": picked_up_by,
         "message": (
             f"{moved} dead letter(s) of round {round_id} range {range_id} are back in its retry "
-            "set; the next try of the DAG's traverse task for this range processes them (clear "
-            "that task instance if it already succeeded)."
+            "set with fresh attempts; the range is pending again, its cursor unchanged. Nothing "
+            "runs them now: " + "; or ".join(picked_up_by) + "."
             if moved
             else f"round {round_id} range {range_id} has no dead letters"
         ),
     }
+
+
+def _picked_up_by(
+    ctl: StreamControl, round_id: str, range_id: int, info: Mapping[str, str]
+) -> list[str]:
+    """Which traverse tries will process a requeued range's letters (see ``requeue_dead``)."""
+    lineage = ctl.store.client.hget(ctl.store.range_key(round_id, range_id), "lineage")
+    held = parse_lineage(lineage.decode() if isinstance(lineage, bytes) else lineage or "")
+    out = []
+    planned = parse_lineage(info.get("round_key") or "")
+    if held is not None:
+        task = held["task_id"] + ("" if held["map_index"] is None else f" [{held['map_index']}]")
+        out.append(
+            f"the next try of task {task} of DAG {held['dag_id']} run {held['run_id']}, which "
+            "last held the range (a retry, or clear that task instance if it succeeded)"
+        )
+    elif planned is not None:
+        out.append(
+            f"a traverse try of this range in run {planned['run_id']} of DAG "
+            f"{planned['dag_id']}, which planned the round: the traverse task instance with map "
+            f"index {range_id} (clear it: it succeeded when the range completed; in pull mode, "
+            "any of the run's traverse tasks still claiming ranges)"
+        )
+    else:
+        out.append(
+            "the next traverse of this range by the program that runs the round (no Airflow "
+            "DAG planned it: KeysetTraversal.traverse or traverse_round)"
+        )
+    dag_id = planning_dag(info)
+    if info.get("chained") == "1" and dag_id is not None:
+        out.append(
+            f"the next run of DAG {dag_id}: its plan continues this open chained round and its "
+            "traverse tasks claim every unfinished range"
+        )
+    out.append(
+        "a replay of the range, which processes them at once (Replay on this page, or "
+        f"airflow-keyset replay-dead-letters {ctl.stream} {round_id} --range {range_id} "
+        f"--dag-id {dag_id or '<the DAG that planned it>'})"
+    )
+    return out
 
 
 def _existing(client: Any, stream: str, prefix: str) -> StreamControl:
@@ -243,7 +311,10 @@ def round_view(
 def parse_lineage(lineage: str) -> dict[str, Any] | None:
     """An owner lineage ``<dag_id>/<run_id>/<task_id>[/<map_index>]`` (``common.run_key``) as
     ``dag_id``, ``run_id``, ``task_id``, ``map_index`` (None when not mapped); None for ''
-    (a traversal outside Airflow) or anything else. Dag and task ids hold no ``/``."""
+    (a traversal outside Airflow), a replay's (``airflow-keyset/replay/...``, the CLI's; the
+    page's has no ``/``) or anything else. Dag and task ids hold no ``/``."""
+    if lineage.startswith(CLI_REPLAY_LINEAGE):
+        return None
     parts = lineage.split("/")
     if len(parts) < 3 or not all(parts):
         return None

@@ -159,3 +159,62 @@ def test_an_operator_round_is_replayed_with_the_dags_target_and_exactly_once(
         ledger = c.exec_driver_sql("SELECT count(*) FROM keyset_ledger").scalar()
     assert ledger >= 1  # no ledger before: the DAG's exactly_once reached the replay
     t.close()
+
+
+def test_the_pages_replay_finds_the_dag_by_its_recorded_file_and_runs_its_task(
+    airflow_env, pg_url, pg_engine, monkeypatch
+):
+    """What the Keyset page's Replay button runs (``plugins/replays.replay_range``), outside the
+    API server: the DAG is the one the round's key names, found through the file Airflow's
+    metadata database records for it; the decorated function and its target connection replay
+    the letters on PostgreSQL."""
+    from airflow_keyset_provider.hooks.keyset import KeysetHook
+    from airflow_keyset_provider.plugins import replays
+
+    monkeypatch.setenv("AIRFLOW_CONN_ORDERS_DB", postgres_conn(pg_url, airflow_env["schema"]))
+    make_orders(pg_engine, 2500)
+    with pg_engine.begin() as c:
+        c.exec_driver_sql(REFUSE_TRIGGER)
+    import cancel_stale_orders as module
+
+    dr = module.dag.test()
+    assert dr.state == "success", states(dr)
+    round_id = xcom(dr, "cancel_stale.plan", key="keyset_round")["round_id"]
+    n_ranges = xcom(dr, "cancel_stale.plan", key="keyset_round")["ranges"]
+    recorded = replays._dag_file("cancel_stale_orders")
+    assert recorded is not None and Path(recorded).name == "cancel_stale_orders.py", recorded
+    assert replays._dag_file("no_such_dag") is None
+
+    client = KeysetHook(redis_conn_id="redis_default").redis_client()
+    asked: list[str] = []
+
+    def replay(range_id: int) -> dict:
+        return replays.replay_range(
+            client, airflow_env["prefix"], "cancel_stale_orders", round_id, range_id,
+            conn_id="redis_default", who="test", authorize=asked.append, wait_s=300,
+        )  # fmt: skip
+
+    def dead() -> int:
+        return sum(len(t.dead_letters(round_id, i)) for i in range(n_ranges))
+
+    hook = KeysetHook("orders_db", "redis_default")
+    t = hook.traversal(
+        table="orders", key=["created_at", "id"], stream="cancel_stale_orders",
+        key_prefix=airflow_env["prefix"],
+    )  # fmt: skip
+    # (a failing replay puts the letters back: tests/ui/test_ui_replay.py, through the API server)
+    assert dead() == 4
+    with pg_engine.begin() as c:
+        c.exec_driver_sql("DROP TRIGGER orders_refuse_frozen ON orders")
+    answers = {i: replay(i) for i in range(n_ranges)}
+    with_letters = [i for i, a in answers.items() if a["state"] != "nothing"]
+    again = [answers[i] for i in with_letters]
+    assert with_letters and [a["state"] for a in again] == ["succeeded"] * len(again), answers
+    assert dead() == 0
+    t.close()
+    assert all(a["task_id"] == "cancel_stale.traverse" for a in again), again
+    assert set(asked) == {"cancel_stale_orders"}  # the planning DAG's edit right was asked
+    with pg_engine.connect() as c:
+        rows = c.execute(sa.text("SELECT id, status FROM orders WHERE id IN :ids"),
+                         {"ids": tuple(FROZEN)}).all()  # fmt: skip
+    assert {i for i, s in rows if s == "CANCELLED"} == FROZEN

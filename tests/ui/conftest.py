@@ -147,6 +147,9 @@ def _redis_conn(redis_url: str) -> str:
     )
 
 
+#: The SQLite file (in the server's home) of connection ``keyset_ui_sql``.
+SOURCE_DB = "source.db"
+
 #: The checkout under test. The API server's processes import the provider from here first: an
 #: editable install of another checkout in the same venv must not serve its plugin instead.
 REPO = Path(__file__).resolve().parents[2]
@@ -223,6 +226,10 @@ def ui_api_server(redis_url: str, ui_key_prefix: str) -> Iterator[ApiServer]:
             "AIRFLOW_CONN_KEYSET_UI_REDIS": _redis_conn(redis_url),
             "AIRFLOW_CONN_KEYSET_UI_REDIS_B": _redis_conn(second_redis_url(redis_url)),
             "AIRFLOW_CONN_KEYSET_UI_NOT_REDIS": "postgres://u@127.0.0.1:1/x",
+            # a SQL database the server's DAGs may read and write (the page's replay runs there)
+            "AIRFLOW_CONN_KEYSET_UI_SQL": json.dumps(
+                {"conn_type": "sqlite", "host": str(home / SOURCE_DB)}
+            ),
             "PYTHONPATH": server_pythonpath(env),
         }
     )

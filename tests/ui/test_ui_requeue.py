@@ -96,7 +96,8 @@ def test_requeue_dead_letters_needs_edit_rights_and_feeds_the_next_traverse(
     # The editor: both letters go back to the retry set; the range is pending again.
     status, doc = post(url, editor, {})
     assert status == 200 and doc["moved"] == 2, doc
-    assert "next try of the DAG's traverse task" in doc["message"]
+    # nothing runs them now; the answer says what will (no DAG planned this round: a traverse)
+    assert "Nothing runs them now: the next traverse of this range" in doc["message"], doc
     r0 = _range(t, "r2", 0)
     assert (int(r0["dead"]), int(r0["retries"]), r0["state"]) == (0, 2, "pending"), r0
     status, doc = post(url, editor, {})

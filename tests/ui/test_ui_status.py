@@ -99,6 +99,9 @@ def test_owner_lineages_parse_into_task_instances() -> None:
         "map_index": None,
     }
     assert status.parse_lineage("") is None and status.parse_lineage("d//t") is None
+    # a replay's owner is no task instance: the CLI's, and the page's (no "/")
+    assert status.parse_lineage("airflow-keyset/replay/orders/r3") is None
+    assert status.parse_lineage("keyset-page-replay:0123456789ab") is None
 
 
 def test_a_run_whose_round_redis_lost_is_lost_not_unplanned(
@@ -208,3 +211,45 @@ def test_the_page_api_carries_the_round_verification(
     assert (v["state"], v["matching"], v["first_keys"]) == ("failed", 2, ["3", "40"])
     [summary] = status.stream_view(redis_client, key_prefix, "s")["rounds"]
     assert summary["verification"] == v
+
+
+def test_requeue_names_the_try_that_will_process_the_letters(
+    sqlite_url: str, redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Requeue runs nothing: its answer names who will, from what the store records."""
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as c:
+        c.exec_driver_sql("CREATE TABLE q (seq INTEGER PRIMARY KEY)")
+        c.execute(sa.text("INSERT INTO q VALUES (:s)"), [{"s": i} for i in range(1, 21)])
+    t = KeysetTraversal(
+        sqlite_url, "q", "seq", redis_url=redis_url, stream="s", key_prefix=key_prefix
+    )
+    rnd = t.plan(max_ranges=1, round_key="d/manual__1/plan", new_stream=True)
+
+    def poison(chunk: Any) -> Any:
+        from airflow_keyset_provider import ChunkResult
+
+        return ChunkResult(failed={k: "bad" for k in chunk.keys if k in (3, 4)})
+
+    def requeue() -> dict[str, Any]:
+        t.traverse(rnd.round_id, 0, poison, max_item_attempts=1, item_retry_delay=0)
+        return status.requeue_dead(redis_client, key_prefix, "s", rnd.round_id, 0)
+
+    # a complete range keeps no holder: the planning run's mapped task instance, the chained
+    # DAG's next run, a replay
+    said = requeue()
+    assert said["moved"] == 2, said
+    first, chained, replay = said["picked_up_by"]
+    assert "run manual__1 of DAG d" in first and "map index 0" in first, first
+    assert chained.startswith("the next run of DAG d"), chained
+    assert "replay-dead-letters s r1 --range 0 --dag-id d" in replay, replay
+    # a task that died holding the range leaves its lineage in the range: that task's next try
+    store = t.store
+    t.traverse(rnd.round_id, 0, poison, max_item_attempts=1, item_retry_delay=0)
+    store.client.hset(store.range_key(rnd.round_id, 0), "lineage", "d/manual__1/traverse/0")
+    said = status.requeue_dead(redis_client, key_prefix, "s", rnd.round_id, 0)
+    assert said["picked_up_by"][0].startswith(
+        "the next try of task traverse [0] of DAG d run manual__1"
+    ), said
+    t.close()
+    engine.dispose()

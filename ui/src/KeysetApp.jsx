@@ -115,6 +115,8 @@ export default function KeysetApp({ dagId, runId, taskId, mapIndex }) {
   const [expanded, setExpanded] = useState(() => new Set());
   const [conn, setConn] = useState(() => query.get("conn"));
   const [notice, setNotice] = useState(null);
+  // An action's failure (a replay that failed): kept across reloads, until the next action.
+  const [actionError, setActionError] = useState(null);
   const chooseConn = useCallback((id) => {
     const url = new URL(window.location.href);
     if (id) url.searchParams.set("conn", id);
@@ -122,6 +124,7 @@ export default function KeysetApp({ dagId, runId, taskId, mapIndex }) {
     window.history.replaceState(window.history.state, "", url);
     setExpanded(new Set());
     setNotice(null);
+    setActionError(null);
     setConn(id);
   }, []);
   const [tick, setTick] = useState(0);
@@ -164,6 +167,11 @@ export default function KeysetApp({ dagId, runId, taskId, mapIndex }) {
           {error}
         </Box>
       )}
+      {actionError && (
+        <Box id="action-error" role="alert" color="fg.error" borderWidth="1px" borderColor="border.error" bg="bg.error" borderRadius="md" px="3" py="2" my="2" whiteSpace="pre-wrap">
+          {actionError}
+        </Box>
+      )}
       {notice && (
         <Box id="notice" role="status" borderWidth="1px" borderColor="border.info" bg="bg.info" borderRadius="md" px="3" py="2" my="2">
           {notice}
@@ -179,8 +187,12 @@ export default function KeysetApp({ dagId, runId, taskId, mapIndex }) {
               entry={entry}
               onExpand={(id) => setExpanded((s) => new Set([...s, `${entry.name}/${id}`]))}
               onChanged={reload}
-              onError={(text, done) => {
-                if (text) setView((v) => ({ ...v, error: text }));
+              onError={(text, done, sticky) => {
+                if (sticky) setActionError(text);
+                else {
+                  if (text) setView((v) => ({ ...v, error: text }));
+                  setActionError(null);
+                }
                 setNotice(done || null);
               }}
             />

@@ -1,6 +1,6 @@
 // One round: its head line, the per-range chart, the ranges table and the dead letters.
 import { Box, Button, Flex, Heading, Link, Table, Text } from "@chakra-ui/react";
-import { requeueDead } from "./api.js";
+import { replayDead, requeueDead } from "./api.js";
 import { RangeChart } from "./RangeChart.jsx";
 import { Clip, ProgressBar, ScrollX, StateBadge } from "./parts.jsx";
 import { compactInterval, compactKey, fmtDur, fmtInt, fmtPct, fmtRate, fmtWhen, taskInstanceHref } from "./format.js";
@@ -141,42 +141,78 @@ function RangesTable({ round, highlight }) {
   );
 }
 
-/** For DAG editors, on an open round: per range with dead letters, a button that moves them back
- * to the range's retry set (after a confirmation), so the next try of the DAG's own traverse task
- * processes them with the DAG's processor and target. A closed round says to replay instead. */
-function RequeueActions({ stream, round, onChanged, onError }) {
+/** The DAG that planned the round (its round key `<dag_id>/<run_id>/<task_id>`), or null. */
+function planningDag(round) {
+  const parts = (round.round_key || "").split("/");
+  return parts.length >= 3 && parts.every(Boolean) ? parts[0] : null;
+}
+
+/** For DAG editors, per range with dead letters: **Replay** (open and closed rounds) runs them
+ * now through the DAG's own traverse task, in the API server (plugins/replays.py); a replay that
+ * fails puts them back and the page says so. **Requeue** (open rounds) moves them back to the
+ * range's retry set for the next traverse try; the answer says which try that is. Both ask for a
+ * confirmation first. */
+function DeadLetterActions({ stream, round, onChanged, onError }) {
   const ranges = round.ranges.filter((r) => r.dead > 0);
   if (!ranges.length) return null;
-  if (round.state === "closed") {
-    return (
-      <Text color="fg.muted" fontSize="sm" className="requeue-closed">
-        The round is closed: replay its letters through the DAG's own task with{" "}
-        <code>airflow-keyset replay-dead-letters {stream} {round.round_id} --dag-id DAG</code>.
-      </Text>
-    );
-  }
-  const act = async (r) => {
+  const dag = planningDag(round);
+  const open = round.state !== "closed";
+  const replay = async (r) => {
+    const ask =
+      `Replay the ${r.dead} dead letter(s) of round ${round.round_id} range ${r.range_id} of stream ${stream} now?\n\n` +
+      `They run through DAG ${dag}'s own traverse task (its processor, target connection and exactly_once), ` +
+      "in the API server. Letters that fail again stay dead letters; if the replay fails, the letters it moved are put back as they were.";
+    if (!window.confirm(ask)) return;
+    try {
+      const res = await replayDead(stream, round.round_id, r.range_id);
+      if (res.state === "failed") onError(`Replay of range ${r.range_id} failed: ${res.message}`, null, true);
+      else onError(null, res.message);
+    } catch (e) {
+      onError(`Could not replay range ${r.range_id}: ${e.message}`, null, true);
+    }
+    onChanged();
+  };
+  const requeue = async (r) => {
     const ask =
       `Requeue the ${r.dead} dead letter(s) of round ${round.round_id} range ${r.range_id} of stream ${stream}?\n\n` +
-      "They go back to the range's retry set with fresh attempts; the next try of the DAG's traverse task " +
-      "for this range processes them (clear that task instance if it already succeeded).";
+      "They go back to the range's retry set with fresh attempts and nothing runs them now: the next traverse try " +
+      "that claims the range processes them (the answer names it). To process them now, use Replay.";
     if (!window.confirm(ask)) return;
     try {
       const res = await requeueDead(stream, round.round_id, r.range_id);
       onError(null, res.message);
     } catch (e) {
-      onError(`Could not requeue range ${r.range_id}: ${e.message}`);
+      onError(`Could not requeue range ${r.range_id}: ${e.message}`, null, true);
     }
     onChanged();
   };
   return (
-    <Flex className="requeue" gap="2" wrap="wrap" align="center" my="1">
-      {ranges.map((r) => (
-        <Button key={r.range_id} size="xs" variant="outline" className="requeue-dead" data-range={r.range_id} onClick={() => act(r)}>
-          Requeue range {r.range_id}'s {fmtInt(r.dead)} dead letter(s)
-        </Button>
-      ))}
-    </Flex>
+    <Box className="dead-actions" my="1">
+      {!dag && (
+        <Text color="fg.muted" fontSize="sm" className="replay-no-dag">
+          No Airflow DAG planned this round: replay with{" "}
+          <code>airflow-keyset replay-dead-letters {stream} {round.round_id} --processor pkg.mod:fn</code>.
+        </Text>
+      )}
+      <Flex className="requeue" gap="2" wrap="wrap" align="center">
+        {ranges.map((r) => (
+          <Flex key={r.range_id} gap="1" align="center">
+            {dag && (
+              <Button size="xs" variant="outline" className="replay-dead" data-range={r.range_id} onClick={() => replay(r)}
+                title={`run them now through DAG ${dag}'s traverse task`}>
+                Replay range {r.range_id}'s {fmtInt(r.dead)} dead letter(s)
+              </Button>
+            )}
+            {open && (
+              <Button size="xs" variant="ghost" className="requeue-dead" data-range={r.range_id} onClick={() => requeue(r)}
+                title="back to the retry set for the next traverse try">
+                Requeue range {r.range_id}'s {fmtInt(r.dead)} dead letter(s)
+              </Button>
+            )}
+          </Flex>
+        ))}
+      </Flex>
+    </Box>
   );
 }
 
@@ -193,7 +229,8 @@ function DeadLetters({ round, actions }) {
       ) : (
         <>
           <Text color="fg.muted" fontSize="sm">
-            Newest first, up to a few per range. Replay with <code>airflow-keyset replay-dead-letters</code>.
+            Newest first, up to a few per range. Replay them here (editors) or with{" "}
+            <code>airflow-keyset replay-dead-letters</code>.
           </Text>
           {actions}
           <ScrollX>
@@ -273,7 +310,7 @@ export function RoundDetail({ round, highlight, stream, canEdit, onChanged, onEr
       <RangesTable round={round} highlight={highlight} />
       <DeadLetters
         round={round}
-        actions={canEdit && stream ? <RequeueActions stream={stream} round={round} onChanged={onChanged} onError={onError} /> : null}
+        actions={canEdit && stream ? <DeadLetterActions stream={stream} round={round} onChanged={onChanged} onError={onError} /> : null}
       />
     </Box>
   );

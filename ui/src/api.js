@@ -52,3 +52,5 @@ export const pauseStream = (name, reason) => post(`api/streams/${e(name)}/pause`
 export const resumeStream = (name) => post(`api/streams/${e(name)}/resume`, {});
 export const requeueDead = (name, roundId, rangeId) =>
   post(`api/streams/${e(name)}/rounds/${e(roundId)}/ranges/${e(rangeId)}/requeue-dead`, {});
+export const replayDead = (name, roundId, rangeId) =>
+  post(`api/streams/${e(name)}/rounds/${e(roundId)}/ranges/${e(rangeId)}/replay-dead`, {});
