@@ -1,0 +1,39 @@
+"""The round's ETA from the preview's sample and the stream's governor budget (``estimate``).
+
+One chunk of a round costs its read, its processor call and one Redis round trip (the fenced
+advance); the sample measured the first two and the preview timed a Redis ``PING`` for the third.
+A task's rate is the sample's rows over that cost; ``workers`` tasks run at once (at most one per
+range); the stream's ``max_rows_per_second`` (``core/pace/governor.py``) caps the sum. The ETA
+assumes the rows ahead cost what the sample cost and that the tasks scale, which a busy database
+may not do: it is an estimate, and the preview says what it rests on.
+"""
+
+from __future__ import annotations
+
+from .report import Eta, ProcessorTrial, SampleRead
+
+
+def estimate(
+    rows: int,
+    sample: SampleRead | None,
+    trial: ProcessorTrial,
+    redis_seconds: float,
+    ranges: int,
+    workers: int,
+    budget: float | None,
+) -> Eta:
+    """The ``Eta`` of ``rows`` rows over ``ranges`` ranges (see the module docstring)."""
+    tasks = max(1, min(workers, ranges)) if ranges else 1
+    if rows <= 0:
+        return Eta(0.0, 0, None, None, tasks, budget, "empty round")
+    if sample is None or sample.rows <= 0:
+        return Eta(None, rows, None, None, tasks, budget, "no sample")
+    per_chunk = sample.seconds + redis_seconds
+    if trial.ran and trial.raised is None:
+        per_chunk += trial.seconds
+    task_rate = sample.rows / max(per_chunk, 1e-9)
+    rate = task_rate * tasks
+    limited_by = "sample rate"
+    if budget is not None and budget > 0 and budget < rate:
+        rate, limited_by = budget, "governor budget"
+    return Eta(rows / rate, rows, rate, task_rate, tasks, budget, limited_by)
