@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Asset, BaseOperator, Context
 
 from airflow_keyset_provider.common import (
     airflow_errors,
@@ -21,7 +21,7 @@ from airflow_keyset_provider.common import (
 from airflow_keyset_provider.core import load_processor
 from airflow_keyset_provider.core.keys import parse_bound
 from airflow_keyset_provider.core.preview.render import markdown, text_lines
-from airflow_keyset_provider.durable_record import read_record
+from airflow_keyset_provider.durable_record import asset_name, read_record
 from airflow_keyset_provider.hooks.keyset import KeysetHook
 from airflow_keyset_provider.operators.plan import _check_max_ranges, _typed_bound
 
@@ -109,6 +109,17 @@ class PreviewRoundOperator(BaseOperator):
         self.plan_task_id = plan_task_id
         self.commit_wait_timeout, self.settle_seconds = commit_wait_timeout, settle_seconds
         self.new_stream = new_stream
+        self._declare_stream_asset(stream)
+
+    def _declare_stream_asset(self, stream: str | None) -> None:
+        """The stream's asset as an inlet, as on the plan: the preview reads the same durable
+        record of the stream (Airflow's asset state) the plan reads, so it sees the same start."""
+        name = stream if stream is not None else (self.dag_id if self.has_dag() else None)
+        if not isinstance(name, str) or not name or "{{" in name:
+            return
+        asset = Asset(asset_name(name))
+        if not any(isinstance(i, Asset) and i.name == asset.name for i in self.inlets):
+            self.inlets = [*self.inlets, asset]
 
     def execute(self, context: Context) -> dict[str, Any]:
         stream = self.stream or self.dag_id
