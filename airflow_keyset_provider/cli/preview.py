@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--workers", type=int, default=1, help="traverse tasks running at once, for the ETA"
     )
+    g.add_argument(
+        "--sample-chunks", type=int, default=4, help="chunks read (and processed) as the sample"
+    )
 
 
 def _bound(t: Any, name: str, raw: str | None) -> Any:
@@ -104,6 +107,7 @@ def cmd_preview(args: argparse.Namespace, out: TextIO) -> int:
             processor=processor,
             chunk_size=args.chunk_size,
             workers=args.workers,
+            sample_chunks=args.sample_chunks,
             new_stream=args.new_stream,
         )
     finally:

@@ -271,6 +271,7 @@ class KeysetTraversal:
         processor: Processor | None = None,
         chunk_size: int = 1000,
         workers: int = 1,
+        sample_chunks: int = 4,
         round_key: str | None = None,
         exact_limit: int = 500_000,
         sample_rows: int = 50_000,
@@ -282,8 +283,8 @@ class KeysetTraversal:
 
         Returns the bounds the plan would fix (or the round it would return unchanged), its
         ranges with the database's row estimates, the chunk query's plan (an index range scan
-        confirmed; a full scan is listed in ``problems``), the first chunk read and timed, the
-        processor's verdict on it (applied / not applied / failed with reasons) in a target
+        confirmed; a full scan is listed in ``problems``), the first ``sample_chunks`` chunks read
+        and timed, the processor's verdict on them (applied / not applied / failed with reasons) in a target
         transaction that is rolled back (the processor runs only with ``target_url``), and the
         round's ETA with ``workers`` tasks under the stream's governor budget. Refuses what the
         plan would refuse (the key, the bounds). Nothing is written to the source, the target or
@@ -305,6 +306,7 @@ class KeysetTraversal:
             processor=None if processor is None else as_processor(processor),
             chunk_size=chunk_size,
             workers=workers,
+            sample_chunks=sample_chunks,
         )
         budget = self.control.control_state().max_rows_per_second
         return rehearse(self.source, self.store, self.target, request, budget)

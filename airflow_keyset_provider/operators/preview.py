@@ -55,6 +55,8 @@ class PreviewRoundOperator(BaseOperator):
     task of the same DAG run, so a preview run again after the plan ran shows that round.
     ``workers``: how many traverse tasks run at once (the ETA's parallelism; default: the plan's
     ``max_tasks``, else ``max_ranges``, which Airflow's parallelism and pools may lower).
+    ``sample_chunks``: how many chunks of ``chunk_size`` the sample reads and the processor
+    tries (default 4; the ETA is the rate over all of them).
     """
 
     template_fields: Sequence[str] = (
@@ -87,6 +89,7 @@ class PreviewRoundOperator(BaseOperator):
         max_tasks: int | None = None,
         chunk_size: int = 1000,
         workers: int | None = None,
+        sample_chunks: int = 4,
         key_prefix: str | None = None,
         plan_task_id: str | None = "plan",
         commit_wait_timeout: float = 60.0,
@@ -102,7 +105,7 @@ class PreviewRoundOperator(BaseOperator):
         self.where, self.where_params, self.columns = where, where_params, columns
         self.start_key, self.end_key = start_key, end_key
         self.max_ranges, self.max_tasks = max_ranges, max_tasks
-        self.chunk_size = chunk_size
+        self.chunk_size, self.sample_chunks = chunk_size, sample_chunks
         self.workers = workers if workers is not None else (max_tasks or max_ranges)
         self.key_prefix = key_prefix if key_prefix is not None else configured_key_prefix()
         check_names(stream=stream, key_prefix=self.key_prefix)
@@ -155,6 +158,7 @@ class PreviewRoundOperator(BaseOperator):
                     processor=processor,
                     chunk_size=self.chunk_size,
                     workers=self.workers,
+                    sample_chunks=self.sample_chunks,
                     round_key=round_key,
                     new_stream=self.new_stream,
                     record=read_record(stream, t) if start is None else None,

@@ -43,6 +43,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "exactly_once": ("exactly_once", ("exactly_once_writeback",)),
     "reads": ("read_designs", ("read_pg_vs_copy", "read_mariadb_vs_loop")),
     "airflow_bare": ("airflow_bare", ("airflow_vs_bare",)),
+    "preview": ("preview", ("preview_eta",)),
 }
 
 

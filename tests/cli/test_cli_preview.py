@@ -69,15 +69,15 @@ def test_preview_from_the_command_line(
         assert code == EXIT_OK, err.getvalue()
         doc = json.loads(out.getvalue())
         assert (doc["start_key"], doc["end_key"], len(doc["ranges"])) == (None, 300, 3)
-        assert doc["sample"]["rows"] == 50 and not doc["processor"]["ran"]
+        assert doc["sample"]["rows"] == 100 and not doc["processor"]["ran"]  # range 0: 2 chunks
 
         with_processor = [*argv, "--processor", "preview_proc:process"]
         out, err = io.StringIO(), io.StringIO()
         code = main([*with_processor, "--target-url", pg_schema_url], stdout=out, stderr=err)
         text = out.getvalue()
         assert code == EXIT_INCOMPLETE, err.getvalue()  # the processor failed keys: a problem
-        assert "45 applied, 0 not applied, 5 failed" in text, text  # 9, 18, ..., 45 of 1..50
-        assert "failed x5: seq divisible by 9" in text and "PROBLEM:" in text
+        assert "89 applied, 0 not applied, 11 failed" in text, text  # 9, 18, ..., 99
+        assert "failed x11: seq divisible by 9" in text and "PROBLEM:" in text
         assert "ETA" in text and "chunk query: index range" in text
         after = _snapshot(pg_schema_url, client, key_prefix)
     finally:

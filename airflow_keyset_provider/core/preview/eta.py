@@ -1,8 +1,10 @@
 """The round's ETA from the preview's sample and the stream's governor budget (``estimate``).
 
-One chunk of a round costs its read, its processor call and one Redis round trip (the fenced
-advance); the sample measured the first two and the preview timed a Redis ``PING`` for the third.
-A task's rate is the sample's rows over that cost; ``workers`` tasks run at once (at most one per
+One chunk of a round costs its read, its processor call in its transaction and one Redis round
+trip (the fenced advance); the sample measured the first two on each of its chunks and the
+preview timed a Redis ``PING`` for the third. A task's rate is the sample's rows over that cost
+(what the target's commit adds over the rollback the preview does is not in it: on a disk that
+flushes slowly and with small chunks the ETA is optimistic); ``workers`` tasks run at once (at most one per
 range); the stream's ``max_rows_per_second`` (``core/pace/governor.py``) caps the sum. The ETA
 assumes the rows ahead cost what the sample cost and that the tasks scale, which a busy database
 may not do: it is an estimate, and the preview says what it rests on.
@@ -28,10 +30,10 @@ def estimate(
         return Eta(0.0, 0, None, None, tasks, budget, "empty round")
     if sample is None or sample.rows <= 0:
         return Eta(None, rows, None, None, tasks, budget, "no sample")
-    per_chunk = sample.seconds + redis_seconds
+    spent = sample.seconds + redis_seconds * sample.chunks
     if trial.ran and trial.raised is None:
-        per_chunk += trial.seconds
-    task_rate = sample.rows / max(per_chunk, 1e-9)
+        spent += trial.seconds
+    task_rate = sample.rows / max(spent, 1e-9)
     rate = task_rate * tasks
     limited_by = "sample rate"
     if budget is not None and budget > 0 and budget < rate:

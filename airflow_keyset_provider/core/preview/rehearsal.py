@@ -9,8 +9,8 @@ come from a random block sample, so the plan's cut keys may differ a little from
 (the round's bounds do not). Each range gets the database's row estimate
 (``SqlSource.estimate_rows``: ``EXPLAIN`` on PostgreSQL and MySQL/MariaDB, no row read; an exact
 count of the range on SQLite, which has no range estimate). Then the chunk query is explained
-(``SqlSource.chunk_plan``), the first chunk of the first non-empty range is read and timed, the
-processor runs on it in a rolled-back target transaction (``trial``), and the ETA follows
+(``SqlSource.chunk_plan``), the first ``sample_chunks`` chunks of the first non-empty range are read
+and timed, the processor runs on each in a rolled-back target transaction (``trial``), and the ETA follows
 (``eta``).
 
 Writes nothing: Redis is only read (``CursorStore.peek``, not ``lookup``; no mirror restore, no
@@ -58,6 +58,7 @@ class PreviewRequest:
     processor: Any = None
     chunk_size: int = 1000
     workers: int = 1
+    sample_chunks: int = 4
 
 
 def rehearse(
@@ -72,6 +73,10 @@ def rehearse(
     check_max_ranges(req.max_ranges)
     if not isinstance(req.chunk_size, int) or req.chunk_size < 1:
         raise ConfigurationError(f"chunk_size must be a positive integer, got {req.chunk_size!r}")
+    if not isinstance(req.sample_chunks, int) or req.sample_chunks < 1:
+        raise ConfigurationError(
+            f"sample_chunks must be a positive integer, got {req.sample_chunks!r}"
+        )
     if not isinstance(req.workers, int) or req.workers < 1:
         raise ConfigurationError(f"workers must be a positive integer, got {req.workers!r}")
     store.ping()
@@ -109,7 +114,9 @@ def rehearse(
         )
         for i, (lo, hi) in enumerate(bounds)
     ]
-    plan, sample, chunk = None, None, None
+    plan: dict[str, Any] | None = None
+    sample: SampleRead | None = None
+    chunks: list[Chunk] = []
     target_range = next((i for i, r in enumerate(ranges) if r.estimated_rows > 0), 0)
     if bounds:
         lo, hi = bounds[target_range]
@@ -117,8 +124,10 @@ def rehearse(
         plan = scan.as_dict()
         if scan.problem:
             problems.append(scan.problem)
-        sample, chunk = _read_sample(source, target_range, lo, hi, req.chunk_size)
-    trial = try_processor(req.processor, chunk, target)
+        sample, chunks = _read_sample(
+            source, target_range, lo, hi, req.chunk_size, req.sample_chunks
+        )
+    trial = try_processor(req.processor, chunks, target)
     if trial.raised:
         problems.append(
             f"the processor raised on the sample ({trial.raised}): the round would retry the "
@@ -195,24 +204,35 @@ def _end(source: SqlSource, start: str, end: str | None, arity: int) -> str:
 
 
 def _read_sample(
-    source: SqlSource, range_id: int, lo: str, hi: str, n: int
-) -> tuple[SampleRead, Chunk]:
-    """The first chunk of ``(lo, hi]``, read as a traversal reads it and timed (the connection
-    is opened and the statement compiled by a one-row read first, as a running traversal has
-    them already)."""
+    source: SqlSource, range_id: int, lo: str, hi: str, n: int, chunks: int
+) -> tuple[SampleRead, list[Chunk]]:
+    """Up to ``chunks`` successive chunks from the start of ``(lo, hi]``, each read as a
+    traversal reads it and timed (the connection is opened and the statement compiled by a
+    one-row read first, as a running traversal has them already)."""
     release(source.fetch(lo, hi, 1))
-    started = time.monotonic()
-    fetched = source.fetch(lo, hi, n)
-    rows = materialize(fetched)
-    seconds = time.monotonic() - started
-    release(fetched)
     arity = source.arity
-    chunk = Chunk("preview", range_id, source.column_names, rows, source.key_of())
+    out: list[Chunk] = []
+    seconds, rows_read, cursor = 0.0, 0, lo
     first = last = None
-    if rows:
-        first = to_json(decode_user_key(encode_key(tuple(rows[0][:arity])), arity))
-        last = to_json(decode_user_key(encode_key(tuple(rows[-1][:arity])), arity))
-    return SampleRead(range_id, len(rows), seconds, first, last), chunk
+    for _ in range(chunks):
+        if cursor >= hi:
+            break
+        started = time.monotonic()
+        fetched = source.fetch(cursor, hi, n)
+        rows = materialize(fetched)
+        seconds += time.monotonic() - started
+        release(fetched)
+        if not rows:
+            break
+        out.append(Chunk("preview", range_id, source.column_names, rows, source.key_of()))
+        rows_read += len(rows)
+        cursor = encode_key(tuple(rows[-1][:arity]))
+        if first is None:
+            first = to_json(decode_user_key(encode_key(tuple(rows[0][:arity])), arity))
+        last = to_json(decode_user_key(cursor, arity))
+        if len(rows) < n:
+            break
+    return SampleRead(range_id, rows_read, seconds, first, last, len(out)), out
 
 
 def _redis_round_trip(store: CursorStore) -> float:

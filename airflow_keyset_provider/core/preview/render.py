@@ -72,7 +72,8 @@ def text_lines(doc: dict[str, Any]) -> list[str]:
     sample = doc.get("sample")
     if sample:
         out.append(
-            f"sample: {sample['rows']} row(s) of range {sample['range_id']} "
+            f"sample: {sample['rows']} row(s) in {sample.get('chunks', 1)} chunk(s) of range "
+            f"{sample['range_id']} "
             f"({key_label(sample['first_key'])} .. {key_label(sample['last_key'])}) "
             f"read in {sample['seconds']:.4f} s (chunk_size {doc['chunk_size']})"
         )

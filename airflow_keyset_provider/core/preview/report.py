@@ -28,19 +28,22 @@ class RangeEstimate:
 
 @dataclass(frozen=True)
 class SampleRead:
-    """The sample: the first ``rows`` keys of range ``range_id`` read as a traversal reads them
-    (the chunk query, ``chunk_size`` rows at most), ``seconds`` the read took."""
+    """The sample: the first ``rows`` keys of range ``range_id`` read as a traversal reads them,
+    in ``chunks`` successive chunk queries of ``chunk_size`` rows at most; ``seconds`` the reads
+    took together."""
 
     range_id: int
     rows: int
     seconds: float
     first_key: Any = None
     last_key: Any = None
+    chunks: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "range_id": self.range_id,
             "rows": self.rows,
+            "chunks": self.chunks,
             "seconds": round(self.seconds, 6),
             "first_key": self.first_key,
             "last_key": self.last_key,

@@ -16,7 +16,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..chunk import Chunk, check_result
+from ..chunk import Chunk, ChunkResult, check_result
+from ..keys import as_tuple, encode_key
 from .report import ProcessorTrial
 
 #: how many distinct failure reasons a preview lists (the rest are counted under "other")
@@ -28,10 +29,17 @@ def _short(text: str, limit: int = _REASON_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def try_processor(processor: Any, chunk: Chunk | None, target: sa.Engine | None) -> ProcessorTrial:
-    """Call ``processor`` on ``chunk`` with ``chunk.connection`` in a transaction on ``target``,
-    then roll the transaction back whatever happened; the keys' outcomes as the round would count
-    them (``ProcessorTrial``)."""
+def try_processor(processor: Any, chunks: list[Chunk], target: sa.Engine | None) -> ProcessorTrial:
+    """Call ``processor`` on each sample chunk with ``chunk.connection`` in a transaction on
+    ``target``, then roll the transaction back whatever happened; the keys' outcomes as the round
+    would count them, summed over the chunks (``ProcessorTrial``).
+
+    A first call on the sample's first row warms up what a running round has warm already (the
+    target's connection, a write-back helper's reflected table and compiled statement); then
+    one timed call per chunk, each in a transaction of its own (begin and rollback timed, as a
+    round's call times its begin and commit). Each call is rolled back. A call that raises ends
+    the trial. (Timing the same rows twice would time them behind the dead row versions the
+    first call left: each chunk is called once.)"""
     if processor is None:
         return ProcessorTrial(False, "no processor given")
     if target is None:
@@ -40,30 +48,26 @@ def try_processor(processor: Any, chunk: Chunk | None, target: sa.Engine | None)
             "no target database (target_url, the operator's target_conn_id): the processor's "
             "writes could not be rolled back, so it was not run",
         )
-    if chunk is None or not len(chunk):
+    chunks = [c for c in chunks if len(c)]
+    if not chunks:
         return ProcessorTrial(False, "the sample is empty: nothing to run the processor on")
-    keys = chunk.keys
-    result = None
-    raised: str | None = None
-    with target.connect() as conn:
-        trans = conn.begin()
-        started = time.monotonic()
-        try:
-            chunk.connection = conn
-            result = check_result(processor(chunk), "the preview's sample")
-        except Exception as exc:  # a dependency failure or a bug: the round retries the chunk
-            raised = _short(f"{type(exc).__name__}: {exc}", 500)
-        finally:
-            seconds = time.monotonic() - started
-            chunk.connection = None
-            trans.rollback()
+    _, _, raised = _call_rolled_back(processor, chunks[0].head(1), target)  # the warm-up
+    keys, seconds = 0, 0.0
+    failed: dict[Any, str] = {}
+    skipped: set[Any] = set()
+    for chunk in chunks if raised is None else []:
+        took, result, raised = _call_rolled_back(processor, chunk, target)
+        keys, seconds = keys + len(chunk), seconds + took
+        if raised is not None:
+            break
+        in_chunk = set(chunk.keys)
+        bad = {k: r for k, r in (result.failed.items() if result else ()) if k in in_chunk}
+        failed.update(bad)
+        skipped |= {k for k in (result.skipped if result else ()) if k in in_chunk} - set(bad)
     if raised is not None:
         return ProcessorTrial(
-            True, keys=len(keys), raised=raised, seconds=seconds, rolled_back=True
+            True, keys=keys or 1, raised=raised, seconds=seconds, rolled_back=True
         )
-    in_chunk = set(keys)
-    failed = {k: r for k, r in (result.failed.items() if result else ()) if k in in_chunk}
-    skipped = {k for k in (result.skipped if result else ()) if k in in_chunk} - set(failed)
     counted = Counter(_short(r) for r in failed.values())
     reasons = dict(counted.most_common(MAX_REASONS))
     other = sum(counted.values()) - sum(reasons.values())
@@ -71,11 +75,36 @@ def try_processor(processor: Any, chunk: Chunk | None, target: sa.Engine | None)
         reasons["(other reasons)"] = other
     return ProcessorTrial(
         True,
-        keys=len(keys),
-        applied=len(in_chunk) - len(failed) - len(skipped),
+        keys=keys,
+        applied=keys - len(failed) - len(skipped),
         not_applied=len(skipped),
         failed=len(failed),
         reasons=reasons,
         seconds=seconds,
         rolled_back=True,
     )
+
+
+def _call_rolled_back(
+    processor: Any, chunk: Chunk, target: sa.Engine
+) -> tuple[float, ChunkResult | None, str | None]:
+    """One call in a transaction that is rolled back: its seconds, its verdict or what it
+    raised."""
+    result = None
+    raised: str | None = None
+    started = time.monotonic()  # the transaction's begin and end count, as in a round's call
+    with target.connect() as conn:
+        trans = conn.begin()
+        try:
+            chunk.connection = conn
+            result = check_result(processor(chunk), "the preview's sample")
+        except Exception as exc:  # a dependency failure or a bug: the round retries the chunk
+            raised = _short(f"{type(exc).__name__}: {exc}", 500)
+        finally:
+            chunk.connection = None
+            trans.rollback()
+    if result is not None and (result.failed or result.skipped):
+        # the round's own work on such a verdict: every key of the chunk encoded once
+        arity = len(chunk.keys[0]) if isinstance(chunk.keys[0], tuple) else 1
+        {encode_key(as_tuple(k, arity)) for k in chunk.keys}
+    return time.monotonic() - started, result, raised

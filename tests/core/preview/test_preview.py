@@ -123,7 +123,9 @@ def test_a_preview_writes_nothing_and_says_what_the_round_would_do(
         t.throttle(1000.0)
 
         before = (_tables(engine), _source_rows(engine), _redis_dump(client, key_prefix))
-        preview = t.preview(4, processor=cancel_pending, chunk_size=CHUNK, workers=2)
+        preview = t.preview(
+            4, processor=cancel_pending, chunk_size=CHUNK, workers=2, sample_chunks=2
+        )
         after = (_tables(engine), _source_rows(engine), _redis_dump(client, key_prefix))
     finally:
         t.close()
@@ -140,14 +142,15 @@ def test_a_preview_writes_nothing_and_says_what_the_round_would_do(
     assert doc["chunk_plan"]["scan"] == "index range", doc["chunk_plan"]
     assert doc["chunk_plan"]["problem"] is None
     sample = doc["sample"]
-    assert (sample["rows"], sample["first_key"]) == (CHUNK, FIRST + 1)
-    keys = range(FIRST + 1, FIRST + 1 + CHUNK)
+    assert (sample["rows"], sample["chunks"], sample["first_key"]) == (2 * CHUNK, 2, FIRST + 1)
+    assert sample["last_key"] == FIRST + 2 * CHUNK
+    keys = range(FIRST + 1, FIRST + 1 + 2 * CHUNK)
     paid = [i for i in keys if _status(i) == "PAID"]
     big = [i for i in keys if _status(i) == "PENDING" and _amount(i) >= 1000]
     trial = doc["processor"]
     assert trial["ran"] and trial["rolled_back"] and trial["raised"] is None
     assert (trial["applied"], trial["not_applied"], trial["failed"]) == (
-        CHUNK - len(paid) - len(big),
+        2 * CHUNK - len(paid) - len(big),
         len(paid),
         len(big),
     )
@@ -241,7 +244,7 @@ def test_sqlite_chunk_plan_and_count(sqlite_url: str, redis_url: str, key_prefix
         t.close()
     assert preview.row_estimate == "count" and preview.estimated_rows == 500
     assert preview.chunk_plan is not None and preview.chunk_plan["scan"] == "index range"
-    assert preview.processor.applied == 100
+    assert preview.processor.applied == 250  # the first range (250 keys) in 3 chunks of 100
     engine = sa.create_engine(sqlite_url)
     with engine.connect() as c:
         assert (
