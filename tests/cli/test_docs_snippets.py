@@ -172,6 +172,7 @@ RUN_ELSEWHERE = {
     "dags/cancel_stale_orders.py": "tests/airflow/test_decorator.py and tests/scheduler/test_decorator_scheduler.py",
     "dags/downstream_on_round.py": "tests/airflow/test_downstream_example.py and "
     "tests/scheduler/test_downstream_assets.py",
+    "dags/approved_order_cancellation.py": "tests/scheduler/test_approval_scheduler.py",
 }
 
 
