@@ -14,6 +14,7 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator, Context
 
 from airflow_keyset_provider.common import (
+    PREVIEW_XCOM_KEY,
     airflow_errors,
     check_names,
     configured_key_prefix,
@@ -45,7 +46,8 @@ class PreviewRoundOperator(BaseOperator):
             body="{{ ti.xcom_pull(task_ids='preview', key='keyset_preview_markdown') }}",
         )
 
-    Writes nothing: not to the source, not to the target, not to Redis. The processor runs only
+    The same document goes under XCom key ``keyset_preview``: the UI page shows a stream's latest
+    preview from it. Writes nothing: not to the source, not to the target, not to Redis. The processor runs only
     with ``target_conn_id`` (its writes through ``chunk.connection`` are rolled back); a
     processor that writes anywhere else must not be previewed.
 
@@ -169,7 +171,8 @@ class PreviewRoundOperator(BaseOperator):
         for line in text_lines(doc):
             self.log.info("%s", line)
         ti.xcom_push(key=PREVIEW_MARKDOWN_XCOM_KEY, value=markdown(doc))
+        ti.xcom_push(key=PREVIEW_XCOM_KEY, value=doc)
         return doc
 
 
-__all__ = ["PREVIEW_MARKDOWN_XCOM_KEY", "PreviewRoundOperator"]
+__all__ = ["PREVIEW_MARKDOWN_XCOM_KEY", "PREVIEW_XCOM_KEY", "PreviewRoundOperator"]
