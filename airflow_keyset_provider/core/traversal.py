@@ -292,6 +292,8 @@ class KeysetTraversal:
         makes elsewhere (another connection, another system) is not, so preview a processor
         that writes only through ``chunk.connection``.
         """
+        if start_key is not None or end_key is not None:
+            self.source.ensure_validated()  # the key columns' types, to read the bounds
         start = None if start_key is None else self._encode_user_key("start_key", start_key)
         end = None if end_key is None else self._encode_user_key("end_key", end_key)
         request = PreviewRequest(

@@ -251,3 +251,38 @@ def test_sqlite_chunk_plan_and_count(sqlite_url: str, redis_url: str, key_prefix
             c.exec_driver_sql("SELECT count(*) FROM orders WHERE status='PENDING'").scalar() == 500
         )
     engine.dispose()
+
+
+def test_a_composite_keys_chunk_query_is_an_index_range_scan(
+    db_url: str, redis_url: str, key_prefix: str
+) -> None:
+    """The chunk query of a composite key, from a cursor inside the range (MariaDB's expanded
+    ``a > x OR (a = x AND b > y)``, PostgreSQL's row value): read as an index range."""
+    mariadb = db_url.startswith("mysql")
+    engine = sa.create_engine(db_url, poolclass=NullPool)
+    with engine.begin() as c:
+        c.exec_driver_sql(
+            "CREATE TABLE pairs (a bigint NOT NULL, b bigint NOT NULL, PRIMARY KEY (a, b))"
+        )
+        c.execute(
+            sa.text("INSERT INTO pairs VALUES (:a, :b)"),
+            [{"a": i // 10, "b": i % 10} for i in range(3000)],
+        )
+    _analyze_table(engine, mariadb, "pairs")
+    t = KeysetTraversal(
+        db_url, "pairs", ["a", "b"], redis_url=redis_url, stream="p", key_prefix=key_prefix
+    )
+    try:
+        preview = t.preview(1, start_key=(5, 5), end_key=(250, 3), chunk_size=50)
+    finally:
+        t.close()
+        engine.dispose()
+    plan = preview.chunk_plan or {}
+    assert plan["scan"] == "index range" and plan["problem"] is None, plan
+    assert preview.sample is not None and preview.sample.first_key == [5, 6]
+
+
+def _analyze_table(engine: sa.Engine, mariadb: bool, table: str) -> None:
+    with engine.connect() as c:
+        c.exec_driver_sql(f"ANALYZE TABLE {table}" if mariadb else f"ANALYZE {table}")
+        c.commit()
