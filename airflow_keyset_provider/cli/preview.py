@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--workers", type=int, default=1, help="traverse tasks running at once, for the ETA"
     )
     g.add_argument(
-        "--sample-chunks", type=int, default=4, help="chunks read (and processed) as the sample"
+        "--sample-chunks", type=int, default=8, help="chunks read (and processed) as the sample"
     )
 
 

@@ -271,7 +271,7 @@ class KeysetTraversal:
         processor: Processor | None = None,
         chunk_size: int = 1000,
         workers: int = 1,
-        sample_chunks: int = 4,
+        sample_chunks: int = 8,
         round_key: str | None = None,
         exact_limit: int = 500_000,
         sample_rows: int = 50_000,

@@ -58,7 +58,7 @@ class PreviewRoundOperator(BaseOperator):
     ``workers``: how many traverse tasks run at once (the ETA's parallelism; default: the plan's
     ``max_tasks``, else ``max_ranges``, which Airflow's parallelism and pools may lower).
     ``sample_chunks``: how many chunks of ``chunk_size`` the sample reads and the processor
-    tries (default 4; the ETA is the rate over all of them).
+    tries (default 8; the ETA is the rate over them).
     """
 
     template_fields: Sequence[str] = (
@@ -91,7 +91,7 @@ class PreviewRoundOperator(BaseOperator):
         max_tasks: int | None = None,
         chunk_size: int = 1000,
         workers: int | None = None,
-        sample_chunks: int = 4,
+        sample_chunks: int = 8,
         key_prefix: str | None = None,
         plan_task_id: str | None = "plan",
         commit_wait_timeout: float = 60.0,

@@ -1,8 +1,8 @@
 """Issue 31: the preview's ETA against the round it previewed.
 
 ``preview_eta``: a table of ``min(rows, 10^6)`` orders (one in five PAID, the rest PENDING) is
-previewed (``KeysetTraversal.preview``: bounds, estimates, the chunk query's plan, one sample
-chunk of 1,000 rows read and the processor run on it in a rolled-back transaction) and then
+previewed (``KeysetTraversal.preview``: bounds, estimates, the chunk query's plan, eight sample
+chunks of 1,000 rows read and the processor run on each in a rolled-back transaction) and then
 planned into 4 ranges and traversed by one task, range after range (``workers=1`` in the
 preview), with the processor the preview tried: a guarded bulk update ``PENDING -> CANCELLED``
 through ``chunk.connection`` (``guarded_update``), committed per chunk. Ratio = preview ETA /

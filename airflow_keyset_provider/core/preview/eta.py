@@ -1,8 +1,9 @@
 """The round's ETA from the preview's sample and the stream's governor budget (``estimate``).
 
 One chunk of a round costs its read, its processor call in its transaction and one Redis round
-trip (the fenced advance); the sample measured the first two on each of its chunks and the
-preview timed a Redis ``PING`` for the third. A task's rate is the sample's rows over that cost
+trip (the fenced advance); the sample measured the first two on its chunks (the processor on
+the chunks after the first, ``ProcessorTrial.timed_keys``) and the preview timed a Redis ``PING``
+for the third. A task's rate is one row over that cost per row
 (what the target's commit adds over the rollback the preview does is not in it: on a disk that
 flushes slowly and with small chunks the ETA is optimistic); ``workers`` tasks run at once (at most one per
 range); the stream's ``max_rows_per_second`` (``core/pace/governor.py``) caps the sum. The ETA
@@ -30,10 +31,10 @@ def estimate(
         return Eta(0.0, 0, None, None, tasks, budget, "empty round")
     if sample is None or sample.rows <= 0:
         return Eta(None, rows, None, None, tasks, budget, "no sample")
-    spent = sample.seconds + redis_seconds * sample.chunks
-    if trial.ran and trial.raised is None:
-        spent += trial.seconds
-    task_rate = sample.rows / max(spent, 1e-9)
+    per_row = (sample.seconds + redis_seconds * sample.chunks) / sample.rows
+    if trial.ran and trial.raised is None and trial.timed_keys:
+        per_row += trial.seconds / trial.timed_keys
+    task_rate = 1.0 / max(per_row, 1e-12)
     rate = task_rate * tasks
     limited_by = "sample rate"
     if budget is not None and budget > 0 and budget < rate:

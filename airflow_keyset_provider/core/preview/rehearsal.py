@@ -58,7 +58,7 @@ class PreviewRequest:
     processor: Any = None
     chunk_size: int = 1000
     workers: int = 1
-    sample_chunks: int = 4
+    sample_chunks: int = 8
 
 
 def rehearse(

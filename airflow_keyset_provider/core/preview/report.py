@@ -70,6 +70,7 @@ class ProcessorTrial:
     raised: str | None = None
     seconds: float = 0.0
     rolled_back: bool = False
+    timed_keys: int = 0  # the keys ``seconds`` covers (the first chunk's call is a warm-up)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +83,7 @@ class ProcessorTrial:
             "reasons": dict(self.reasons),
             "raised": self.raised,
             "seconds": round(self.seconds, 6),
+            "timed_keys": self.timed_keys,
             "rolled_back": self.rolled_back,
         }
 

@@ -35,11 +35,13 @@ def try_processor(processor: Any, chunks: list[Chunk], target: sa.Engine | None)
     would count them, summed over the chunks (``ProcessorTrial``).
 
     A first call on the sample's first row warms up what a running round has warm already (the
-    target's connection, a write-back helper's reflected table and compiled statement); then
-    one timed call per chunk, each in a transaction of its own (begin and rollback timed, as a
-    round's call times its begin and commit). Each call is rolled back. A call that raises ends
-    the trial. (Timing the same rows twice would time them behind the dead row versions the
-    first call left: each chunk is called once.)"""
+    target's connection, a write-back helper's reflected table); then one call per chunk, each
+    in a transaction of its own (begin and rollback timed, as a round's call times its begin and
+    commit). The first chunk's call is not timed when there are more (it prepares the full-size
+    statement a running round has prepared); ``timed_keys`` says how many keys the time covers.
+    Each call is rolled back. A call that raises ends the trial. (Timing the same rows twice
+    would time them behind the dead row versions the first call left: each chunk is called
+    once.)"""
     if processor is None:
         return ProcessorTrial(False, "no processor given")
     if target is None:
@@ -52,12 +54,14 @@ def try_processor(processor: Any, chunks: list[Chunk], target: sa.Engine | None)
     if not chunks:
         return ProcessorTrial(False, "the sample is empty: nothing to run the processor on")
     _, _, raised = _call_rolled_back(processor, chunks[0].head(1), target)  # the warm-up
-    keys, seconds = 0, 0.0
+    keys, seconds, timed = 0, 0.0, 0
     failed: dict[Any, str] = {}
     skipped: set[Any] = set()
-    for chunk in chunks if raised is None else []:
+    for i, chunk in enumerate(chunks if raised is None else []):
         took, result, raised = _call_rolled_back(processor, chunk, target)
-        keys, seconds = keys + len(chunk), seconds + took
+        keys += len(chunk)
+        if i or len(chunks) == 1:  # the first full call prepares what the round has prepared
+            seconds, timed = seconds + took, timed + len(chunk)
         if raised is not None:
             break
         in_chunk = set(chunk.keys)
@@ -82,6 +86,7 @@ def try_processor(processor: Any, chunks: list[Chunk], target: sa.Engine | None)
         reasons=reasons,
         seconds=seconds,
         rolled_back=True,
+        timed_keys=timed,
     )
 
 
