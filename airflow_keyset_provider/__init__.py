@@ -20,6 +20,7 @@ _EXPORTS = {
     "KeysetTraversal": "airflow_keyset_provider.core.traversal",
     "TraverseOptions": "airflow_keyset_provider.core.options",
     "PlanRangesOperator": "airflow_keyset_provider.operators.plan",
+    "PreviewRoundOperator": "airflow_keyset_provider.operators.preview",
     "TraverseRangeOperator": "airflow_keyset_provider.operators.traverse",
     "BarrierSensor": "airflow_keyset_provider.sensors.keyset",
     "stream_asset": "airflow_keyset_provider.sensors.keyset",

@@ -32,6 +32,8 @@ DEFAULT_MAP_INDEX_TEMPLATE = "{{ " + RANGE_LABEL_CONTEXT_KEY + " }}"
 #: ranges) and, under ``ROUND_XCOM_KEY``, where to find the round (stream, key prefix, bounds).
 ROUND_ID_XCOM_KEY = "round_id"
 ROUND_XCOM_KEY = "keyset_round"
+#: ``PreviewRoundOperator`` pushes its preview under this key too (the UI page reads it by stream)
+PREVIEW_XCOM_KEY = "keyset_preview"
 #: Key prefix of the engine's Redis keys when neither a task nor ``[keyset] key_prefix`` names one.
 DEFAULT_KEY_PREFIX = "ks"
 #: The provider's configuration section (``[keyset]``; environment ``AIRFLOW__KEYSET__*``).
@@ -130,6 +132,7 @@ __all__ = [
     "DEFAULT_KEY_PREFIX",
     "DEFAULT_MAP_INDEX_TEMPLATE",
     "FATAL_ERRORS",
+    "PREVIEW_XCOM_KEY",
     "RANGE_LABEL_CONTEXT_KEY",
     "ROUND_ID_XCOM_KEY",
     "ROUND_XCOM_KEY",

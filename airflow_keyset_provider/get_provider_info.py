@@ -39,6 +39,7 @@ _PROVIDER_INFO: dict[str, Any] = {
             "integration-name": "Keyset traversal",
             "python-modules": [
                 "airflow_keyset_provider.operators.plan",
+                "airflow_keyset_provider.operators.preview",
                 "airflow_keyset_provider.operators.traverse",
             ],
         }

@@ -207,6 +207,26 @@ def cancel_expired(chunk: Chunk) -> ChunkResult:
     )
 
 
+def cancel_pending(chunk: Chunk) -> ChunkResult:
+    """DAG 6: ``PENDING -> CANCELLED`` through ``chunk.connection`` (the transaction the engine
+    opens for the call on ``target_conn_id``), guarded by the status: an order paid meanwhile is
+    *skipped*. Writing only through ``chunk.connection`` is what lets a preview run it on a
+    sample and roll it back."""
+    by_id = {key[1]: key for key in chunk.keys}  # key = (created_at, id)
+    outcome = guarded_update(
+        chunk.connection,
+        ORDERS_TABLE,
+        "id",
+        list(by_id),
+        values={"status": "CANCELLED"},
+        expected={"status": "PENDING"},
+    )
+    return ChunkResult(
+        failed={by_id[i]: reason for i, reason in outcome.failed.items()},
+        skipped=[by_id[i] for i in outcome.not_applied],
+    )
+
+
 def collect_shard(chunk: Chunk) -> ChunkResult:
     """DAG 3: record each sale of the chunk for this round (keyed by round and sale, so a chunk
     delivered again is *skipped*, never counted twice)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "airflow_keyset_provider"
 NAME = PACKAGE.name
-ROOMS = ("pace", "rounds", "run", "sql", "store", "writeback")
+ROOMS = ("pace", "preview", "rounds", "run", "sql", "store", "writeback")
 
 
 def _module_name(path: Path) -> str:

@@ -82,6 +82,8 @@ from .exits import (
     EXIT_USAGE,
     CliError,
 )
+from .preview import add_arguments as _preview_arguments
+from .preview import cmd_preview
 from .replay import cmd_replay
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -181,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     _status_command(add)
     _round_commands(add)
     _replay_command(add)
+    _preview_command(add)
     _control_commands(add)
     return parser
 
@@ -351,6 +354,17 @@ def _replay_command(add: Adder) -> None:
         help="how long a range's failures in a row may last before the replay fails and puts "
         "its letters back (default: the DAG's, else 90)",
     )
+
+
+def _preview_command(add: Adder) -> None:
+    p = add(
+        "preview",
+        "what the stream's next round would be and do: bounds, ranges with row estimates, the "
+        "chunk query's plan, a timed sample, the processor on it (rolled back), the ETA; "
+        "writes nothing (exit 3 when it lists a problem)",
+        cmd_preview,
+    )
+    _preview_arguments(p)
 
 
 def _control_commands(add: Adder) -> None:

@@ -14,7 +14,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success",
     EXIT_ERROR: "error: Redis unreachable, bad source or processor, unexpected failure",
     EXIT_USAGE: "usage: bad or missing arguments (including reset-round without --yes)",
-    EXIT_INCOMPLETE: "round incomplete: --check found unfinished ranges, or a replay left dead letters",
+    EXIT_INCOMPLETE: "round incomplete: --check found unfinished ranges, or a replay left dead "
+    "letters; preview: it lists a problem",
     EXIT_LOST: "round state lost: the stream is in Redis but one of its rounds is not (evicted, "
     "deleted)",
     EXIT_NOT_FOUND: "not found: no such stream or round under this key prefix; also a Redis that "

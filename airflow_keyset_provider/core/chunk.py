@@ -102,6 +102,12 @@ class Chunk:
             self._keys = [key_of(v) for v in self.values]
         return self._keys
 
+    def head(self, n: int) -> Chunk:
+        """The first ``n`` rows as a chunk of the same range (a preview's warm-up call)."""
+        return Chunk(
+            self.round_id, self.range_id, self.columns, self.values[:n], self.key_of, self.attempt
+        )
+
     def __repr__(self) -> str:
         return f"Chunk(round={self.round_id!r}, range={self.range_id}, rows={len(self)})"
 

@@ -34,6 +34,8 @@ from .keys import MIN_KEY, KeyEncodingError, coerce_bound, decode_user_key, disp
 from .metrics import Metrics, NullMetrics
 from .options import DEFAULT_CHUNK_BYTES, TraverseOptions, call_options
 from .pace.stream_control import ControlState, probe_timeout
+from .preview.rehearsal import PreviewRequest, rehearse
+from .preview.report import RoundPreview
 from .rounds import stream_key
 from .rounds.control import RangeSpec, Round, RoundTotals, StreamControl
 from .rounds.durability import StreamRecord, rebases, settle_stream
@@ -275,6 +277,58 @@ class KeysetTraversal:
             else []
         )
         return split(start, end, cuts, max_ranges)
+
+    # ---- preview -----------------------------------------------------------------------------
+    def preview(
+        self,
+        max_ranges: int = 8,
+        start_key: Any = None,
+        end_key: Any = None,
+        *,
+        processor: Processor | None = None,
+        chunk_size: int = 1000,
+        workers: int = 1,
+        sample_chunks: int = 8,
+        round_key: str | None = None,
+        exact_limit: int = 500_000,
+        sample_rows: int = 50_000,
+        new_stream: bool = False,
+        record: StreamRecord | None = None,
+    ) -> RoundPreview:
+        """What ``plan`` (same arguments) and a traversal with ``processor`` and ``chunk_size``
+        would do, without writing anything (``core/preview/``).
+
+        Returns the bounds the plan would fix (or the round it would return unchanged), its
+        ranges with the database's row estimates, the chunk query's plan (an index range scan
+        confirmed; a full scan is listed in ``problems``), the first ``sample_chunks`` chunks read
+        and timed, the processor's verdict on them (applied / not applied / failed with reasons) in a target
+        transaction that is rolled back (the processor runs only with ``target_url``), and the
+        round's ETA with ``workers`` tasks under the stream's governor budget. Refuses what the
+        plan would refuse (the key, the bounds). Nothing is written to the source, the target or
+        Redis: what the processor writes through ``chunk.connection`` is rolled back; a write it
+        makes elsewhere (another connection, another system) is not, so preview a processor
+        that writes only through ``chunk.connection``.
+        """
+        if start_key is not None or end_key is not None:
+            self.source.ensure_validated()  # the key columns' types, to read the bounds
+        start = None if start_key is None else self._encode_user_key("start_key", start_key)
+        end = None if end_key is None else self._encode_user_key("end_key", end_key)
+        request = PreviewRequest(
+            max_ranges=max_ranges,
+            start=start,
+            end=end,
+            round_key=round_key,
+            exact_limit=exact_limit,
+            sample_rows=sample_rows,
+            record=record,
+            new_stream=new_stream,
+            processor=None if processor is None else as_processor(processor),
+            chunk_size=chunk_size,
+            workers=workers,
+            sample_chunks=sample_chunks,
+        )
+        budget = self.control.control_state().max_rows_per_second
+        return rehearse(self.source, self.store, self.target, request, budget)
 
     def round(self, round_id: str) -> Round:
         return self.control.round(round_id)
@@ -573,6 +627,7 @@ __all__ = [
     "RangeResult",
     "RangeSpec",
     "Round",
+    "RoundPreview",
     "RoundPullResult",
     "RoundTotals",
     "StreamRecord",

@@ -100,7 +100,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..common import ROUND_XCOM_KEY
+from ..common import PREVIEW_XCOM_KEY, ROUND_XCOM_KEY
 from ..core import names
 from ..core.errors import ConfigurationError, InvalidNameError, StoreUnavailableError
 from ..core.redaction import scrub
@@ -480,6 +480,13 @@ def _add_api_routes(app: FastAPI) -> None:
         out: dict[str, Any] = _read(view.round_view, stream, round_id, dead, conn=conn)
         return out
 
+    @app.get("/api/streams/{stream}/preview")
+    def preview(stream: str, user: AuthorizedUser) -> dict[str, Any]:
+        """The stream's latest preview (``PreviewRoundOperator``'s XCom ``keyset_preview``) among
+        the DAGs whose XComs the user may read; ``{"preview": null}`` when there is none."""
+        _checked(stream=stream)
+        return {"stream": stream, "preview": latest_preview(user, stream)}
+
     @app.get("/api/runs/{dag_id}/{run_id}")
     def run_rounds(
         dag_id: str, run_id: str, user: AuthorizedUser, conn: ConnParam = None
@@ -564,6 +571,46 @@ def planned_by_airflow(user: BaseUser, dag_id: str, run_id: str) -> list[dict[st
                     }
                 )
     return sorted(out, key=lambda p: (p["task_id"], p["map_index"] or -1))
+
+
+#: previews looked at (newest first) to find a stream's latest one
+_PREVIEWS_SCANNED = 200
+
+
+def latest_preview(user: BaseUser, stream: str) -> dict[str, Any] | None:
+    """The newest ``keyset_preview`` XCom of ``stream`` in Airflow's metadata database that the
+    user may read (XCom access to its DAG), with the DAG, run and task it came from; None when
+    there is none. Reads the metadata database only (no Redis, no source)."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        DagAccessEntity,
+        DagDetails,
+    )
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    query = (
+        select(XComModel)
+        .where(XComModel.key == PREVIEW_XCOM_KEY)
+        .order_by(XComModel.timestamp.desc())
+        .limit(_PREVIEWS_SCANNED)
+    )
+    allowed: dict[str, bool] = {}
+    with create_session() as session:
+        for row in session.scalars(query):
+            if row.dag_id not in allowed:
+                allowed[row.dag_id] = get_auth_manager().is_authorized_dag(
+                    method="GET",
+                    access_entity=DagAccessEntity.XCOM,
+                    details=DagDetails(id=row.dag_id),
+                    user=user,
+                )
+            if not allowed[row.dag_id]:
+                continue
+            value = XComModel.deserialize_value(row)
+            if isinstance(value, dict) and value.get("stream") == stream:
+                return {**value, "dag_id": row.dag_id, "run_id": row.run_id, "task_id": row.task_id}
+    return None
 
 
 def _page_url(request: Request, stream: str, round_id: str) -> str:

@@ -44,6 +44,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "reads": ("read_designs", ("read_pg_vs_copy", "read_mariadb_vs_loop")),
     "airflow_bare": ("airflow_bare", ("airflow_vs_bare",)),
     "verify": ("verify", ("verify_vs_traverse",)),
+    "preview": ("preview", ("preview_eta",)),
 }
 
 

@@ -12,6 +12,7 @@ from airflow.sdk import DAG
 from keyset_examples_common import EVENTS_TABLE, KEY_PREFIX, REDIS_CONN_ID, SOURCE_CONN_ID
 
 from airflow_keyset_provider import BarrierSensor, Chunk, PlanRangesOperator, TraverseRangeOperator
+from airflow_keyset_provider.operators.preview import PreviewRoundOperator
 
 START = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
@@ -57,3 +58,26 @@ with DAG("kt_native", schedule=None, start_date=START, catchup=False) as kt_nati
         timeout=60,
     )
     plan >> traverse >> barrier
+
+
+# The UI page's preview panel (tests/ui/test_ui_preview.py): a preview, then the plan it previewed.
+with DAG("kt_preview", schedule=None, start_date=START, catchup=False) as kt_preview:
+    _round = {
+        "source_conn_id": SOURCE_CONN_ID,
+        "table": EVENTS_TABLE,
+        "key": "seq",
+        "stream": "kt_preview",
+        "redis_conn_id": REDIS_CONN_ID,
+        "key_prefix": KEY_PREFIX,
+        "max_ranges": 2,
+    }
+    (
+        PreviewRoundOperator(
+            task_id="preview",
+            processor=count_only,
+            target_conn_id=SOURCE_CONN_ID,
+            chunk_size=20,
+            **_round,
+        )
+        >> PlanRangesOperator(task_id="plan", **_round)
+    )

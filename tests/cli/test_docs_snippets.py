@@ -172,6 +172,7 @@ RUN_ELSEWHERE = {
     "dags/cancel_stale_orders.py": "tests/airflow/test_decorator.py and tests/scheduler/test_decorator_scheduler.py",
     "dags/downstream_on_round.py": "tests/airflow/test_downstream_example.py and "
     "tests/scheduler/test_downstream_assets.py",
+    "dags/approved_order_cancellation.py": "tests/scheduler/test_approval_scheduler.py",
 }
 
 
@@ -734,9 +735,9 @@ def test_redis_cluster_snippet(redis_cluster: str, sqlite_url: str, key_prefix: 
 
 _SIGNATURES = """
 import inspect, json
-from airflow_keyset_provider import BarrierSensor, PlanRangesOperator, TraverseRangeOperator
+from airflow_keyset_provider import BarrierSensor, PlanRangesOperator, PreviewRoundOperator, TraverseRangeOperator
 out = {}
-for cls in (PlanRangesOperator, TraverseRangeOperator, BarrierSensor):
+for cls in (PlanRangesOperator, PreviewRoundOperator, TraverseRangeOperator, BarrierSensor):
     params = {}
     for name, p in inspect.signature(cls.__init__).parameters.items():
         if name == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):

@@ -149,6 +149,13 @@ class WorldModel(RuleBasedStateMachine):
 
     @rule()
     @judged
+    def preview(self) -> None:
+        """Issue 31: a preview at any step writes nothing and names the plan's round."""
+        self._tick()
+        self.w.preview()
+
+    @rule()
+    @judged
     def declare_new_stream(self) -> None:
         """A person's choice after a refusal: the stream starts again below every key."""
         self._tick()

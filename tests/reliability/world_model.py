@@ -266,6 +266,14 @@ class Faults:
 # --------------------------------------------------------------------------- the world
 
 
+@dataclass
+class _PreviewWorker:
+    """What ``write_effects`` reads of a worker, for the preview's processor."""
+
+    round_key: str = "preview"
+    name: str = "preview"
+
+
 class World:
     """One stream over one table, its workers and the model's record of both."""
 
@@ -536,6 +544,65 @@ class World:
         self.rounds.append(
             ModelRound(rnd.round_id, lo - 1, hi, False, self.step, self.gen, rebase=rebase)
         )
+
+    def preview(self) -> None:
+        """A preview of the next chained round (issue 31), its processor writing the world's
+        effects through ``chunk.connection``: it writes nothing. The stream's own Redis keys
+        (watermark, key, counter, open and chained rounds, run keys, control) keep their values
+        and no key appears or disappears (a round's hashes may move under a worker's heartbeat:
+        only their names are compared); the source rows and the world's effects are unchanged.
+        What it names: an open chained round is the round the preview returns; else a new round
+        starting at the model's watermark."""
+        stream_keys = [
+            getattr(self.admin.store, k)
+            for k in (
+                "watermark_key", "key_fingerprint_key", "seq_key", "open_key", "chained_key",
+                "by_key_key", "ahead_key", "control_key",
+            )
+        ]  # fmt: skip
+
+        def state() -> tuple[Any, ...]:
+            names = set(self.redis.scan_iter(match=f"{self.prefix}:*", count=1000))
+            values = {k: self.redis.dump(k) for k in stream_keys}
+            with self.servers.source.connect() as conn:
+                rows = conn.exec_driver_sql(f'SELECT count(*), sum(id * grp) FROM "{self.table}"')
+                source = tuple(rows.one())
+            with self.effects_db.connect() as conn:
+                effects = conn.execute(
+                    sa.text("SELECT count(*) FROM model_effects WHERE w = :w"), {"w": self.name}
+                ).scalar()
+            return names, values, source, effects
+
+        probe = _PreviewWorker()
+
+        def processor(chunk: Chunk) -> ChunkResult:
+            write_effects(chunk, self.name, probe, [int(k) for k in chunk.keys])  # type: ignore[arg-type]
+            return ChunkResult()
+
+        before = state()
+        try:
+            pv = self.admin.preview(
+                self.cfg.max_ranges, processor=processor, chunk_size=5, record=self.record()
+            )
+        except Exception as exc:  # what a plan would refuse now, or a server the world cut
+            self.faults.counts[f"preview refused: {type(exc).__name__}"] += 1
+            pv = None
+        after = state()
+        if after != before:
+            self.fail(f"a preview wrote: before {before[1:]}, after {after[1:]}")
+        if pv is None:
+            return
+        self.faults.counts["preview"] += 1
+        open_chained = [r for r in self.rounds if r.chained and r.closed is None and not r.lost]
+        if open_chained and not self.lost_unmirrored and not self.refused:
+            if pv.existing_round != open_chained[-1].round_id:
+                self.fail(f"a preview while {open_chained[-1]} is open named {pv.existing_round}")
+        elif pv.existing_round is None and not (
+            self.lost_unmirrored or self.refused or self.plan_pending or self.no_watermark
+        ):
+            start = 0 if pv.start_key is None else int(pv.start_key)
+            if start != self.watermark:
+                self.fail(f"a preview starts at {start}, the watermark is {self.watermark}")
 
     def open_rounds(self) -> list[ModelRound]:
         return [r for r in self.rounds if r.closed is None and not r.lost]

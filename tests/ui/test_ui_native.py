@@ -49,8 +49,11 @@ def get_no_redirect(srv: Any, path: str, token: str) -> tuple[int, dict[str, str
         return exc.code, dict(exc.headers), exc.read()
 
 
-def run_native_dag(srv: Any, pg_url: str, pg_schema: str, redis_url: str) -> str:
-    """``kt_native`` run by ``dag.test()`` in the API server's AIRFLOW_HOME; returns the run id."""
+def run_native_dag(
+    srv: Any, pg_url: str, pg_schema: str, redis_url: str, dag: str = "kt_native"
+) -> str:
+    """``dag`` of ``keyset_native_dags`` (``kt_native`` by default) run by ``dag.test()`` in the
+    API server's AIRFLOW_HOME; returns the run id."""
     dags = srv.home / "dags"
     for src in (
         REPO / "tests/airflow/keyset_native_dags.py",
@@ -103,7 +106,7 @@ def run_native_dag(srv: Any, pg_url: str, pg_schema: str, redis_url: str) -> str
         "    rows = [{'user_id': i % 5, 'kind': 'msg', 'payload': f'p{i}'} for i in range(100)]\n"
         "    c.execute(example_metadata().tables['im_events'].insert(), rows)\n"
         "import keyset_native_dags as kn\n"
-        "dr = kn.kt_native.test()\n"
+        f"dr = kn.{dag}.test()\n"
         "print('RESULT ' + json.dumps({'run_id': dr.run_id, 'state': str(dr.state)}))\n"
     )
     proc = subprocess.run(

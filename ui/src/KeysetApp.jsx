@@ -9,7 +9,7 @@
 // there is one vertical scrollbar; tables too wide for their panel scroll inside it.
 import { Box, Flex, Heading, Spinner, Text } from "@chakra-ui/react";
 import { useCallback, useEffect, useState } from "react";
-import { getConnections, getRound, getRunRounds, getStream, getStreams, setConnection } from "./api.js";
+import { getConnections, getPreview, getRound, getRunRounds, getStream, getStreams, setConnection } from "./api.js";
 import { RoundDetail } from "./Round.jsx";
 import { StreamPanel } from "./Stream.jsx";
 
@@ -24,7 +24,9 @@ async function loadStreams(only, expanded) {
         .map((r) => r.round_id);
       if (only.round && !wanted.length) wanted.push(only.round);
       const details = await Promise.all(wanted.map((id) => getRound(name, id)));
-      return { name, snap, details };
+      // the stream's latest preview (an XCom of PreviewRoundOperator); none, or not readable: null
+      const preview = await getPreview(name).then((p) => p.preview, () => null);
+      return { name, snap, details, preview };
     }),
   );
   return { kind: "streams", list, streams };

@@ -2,7 +2,7 @@
 // editors), its rounds table, and the rounds shown in detail.
 import { Box, Button, Flex, Heading, Table, Text } from "@chakra-ui/react";
 import { pauseStream, resumeStream } from "./api.js";
-import { compactInterval, compactKey, fmtInt, fmtPct, fmtWhen } from "./format.js";
+import { compactInterval, compactKey, fmtDur, fmtInt, fmtPct, fmtRate, fmtWhen } from "./format.js";
 import { Clip, ProgressBar, ScrollX, StateBadge } from "./parts.jsx";
 import { RoundDetail } from "./Round.jsx";
 
@@ -112,8 +112,40 @@ function Fact({ label, children }) {
   );
 }
 
+// The stream's latest preview (PreviewRoundOperator's XCom): what the next round would be and do,
+// measured before anything was written. Problems first, in red.
+function PreviewPanel({ p }) {
+  const proc = p.processor || {};
+  const plan = p.chunk_plan || {};
+  const eta = p.eta || {};
+  return (
+    <Box className="preview" data-dag={p.dag_id} data-run={p.run_id} borderWidth="1px" borderRadius="md" p="3" my="2">
+      <Flex gap="4" align="baseline" wrap="wrap">
+        <Heading as="h3" size="sm">preview</Heading>
+        <Fact label="round">
+          <Clip text={compactInterval(p.start_key, p.end_key) + (p.existing_round ? ` (${p.existing_round})` : "")} maxW="26em" />
+        </Fact>
+        <Fact label="rows"><span className="preview-rows">~{fmtInt(p.estimated_rows)} in {fmtInt((p.ranges || []).length)} ranges ({p.row_estimate})</span></Fact>
+        <Fact label="chunk query"><span className="preview-scan">{plan.scan || "-"}{plan.index ? ` on ${plan.index}` : ""}</span></Fact>
+        <Fact label="ETA"><span className="preview-eta">{fmtDur(eta.seconds)} at {fmtRate(eta.rows_per_second)} ({eta.limited_by})</span></Fact>
+        <Fact label="previewed"><span>{fmtWhen(p.previewed_at)} by {p.dag_id} / {p.task_id}</span></Fact>
+      </Flex>
+      <Text className="preview-processor" fontSize="sm">
+        {proc.ran
+          ? proc.raised
+            ? `processor raised on the sample (rolled back): ${proc.raised}`
+            : `processor on ${fmtInt(proc.keys)} sample keys (rolled back): ${fmtInt(proc.applied)} applied, ${fmtInt(proc.not_applied)} not applied, ${fmtInt(proc.failed)} failed`
+          : `processor not run: ${proc.why_not}`}
+      </Text>
+      {(p.problems || []).map((x, i) => (
+        <Text key={i} className="preview-problem" fontSize="sm" color="fg.error">problem: {x}</Text>
+      ))}
+    </Box>
+  );
+}
+
 export function StreamPanel({ entry, onExpand, onChanged, onError }) {
-  const { name, snap, details } = entry;
+  const { name, snap, details, preview } = entry;
   const shown = new Set(details.map((d) => d.round_id));
   return (
     <Box as="section" className="stream" data-stream={name} borderWidth="1px" borderRadius="md" p="4" my="3" bg="bg.subtle">
@@ -129,6 +161,7 @@ export function StreamPanel({ entry, onExpand, onChanged, onError }) {
         <Fact label="open"><span>{snap.open_rounds.join(", ") || "none"}</span></Fact>
       </Flex>
       <ControlBar name={name} snap={snap} onChanged={onChanged} onError={onError} />
+      {preview ? <PreviewPanel p={preview} /> : null}
       {snap.rounds.length ? (
         <RoundsTable snap={snap} shown={shown} onExpand={onExpand} />
       ) : (

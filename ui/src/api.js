@@ -45,6 +45,7 @@ export const getConnections = () => call("api/connections");
 export const getStreams = () => call(q("api/streams"));
 export const getStream = (name) => call(q(`api/streams/${e(name)}?closed=3`));
 export const getRound = (name, roundId) => call(q(`api/streams/${e(name)}/rounds/${e(roundId)}?dead=3`));
+export const getPreview = (name) => call(`api/streams/${e(name)}/preview`);
 export const getRunRounds = (dagId, runId) => call(q(`api/runs/${e(dagId)}/${e(runId)}`));
 const post = (path, body) =>
   call(q(path), { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });

@@ -18,7 +18,8 @@ Guarantees (what differs per database is the source's ``Dialect``, ``dialects/``
   SQLite serialises writers, so it needs no wait; ``settle_seconds`` there is a plain delay.
 - ``fetch`` returns the rows with ``lo < key <= hi`` in key order, at most ``n`` of them, with one
   round trip, in the form the database turns into an index range scan (``Dialect.key_after``).
-- ``estimate_rows`` and ``quantile_keys`` serve the planner (``sampling``).
+- ``estimate_rows`` and ``quantile_keys`` serve the planner (``sampling``); ``chunk_plan`` says
+  how the database will run the chunk query (``Dialect.explain_chunk``: ``EXPLAIN``, no row read).
 - every connection of an engine the source created itself gets a statement timeout
   (``STATEMENT_TIMEOUT_S``) and a lock wait timeout (``LOCK_TIMEOUT_S``) where the database has
   them (``Dialect.session_statements``); a caller's Engine keeps its own settings.
@@ -40,6 +41,7 @@ from ..keys import MIN_KEY, decode_key, encode_key
 from ..redaction import url_error
 from ..row_data import hide_parameters
 from . import dialects, key_checks, naming, sampling
+from .dialects.base import ScanPlan
 from .fetch import FetchedRows as FetchedRows  # re-exported: the fetcher moved to .fetch
 from .fetch import compile_fetcher
 from .fetch import driver_call as _driver_call_for
@@ -447,6 +449,23 @@ class SqlSource:
         (``sampling.estimate_rows``)."""
         assert self.db is not None  # validated
         return sampling.estimate_rows(self, self.db, lo, hi)
+
+    @property
+    def row_estimate(self) -> str:
+        """How ``estimate_rows`` knows (``Dialect.row_estimate``: ``"explain"`` or ``"count"``)."""
+        return self.db.row_estimate if self.db is not None else "count"
+
+    def chunk_plan(self, lo: str, hi: str, n: int) -> ScanPlan:
+        """How the database will run the chunk query for ``lo < key <= hi`` with at most ``n``
+        rows: the statement ``fetch`` runs, explained (``Dialect.explain_chunk``), never run."""
+        assert self.db is not None  # validated
+        has_lo = lo != MIN_KEY
+        stmt = self._chunk_statement(has_lo)
+        params = {**self.key_params(hi, "h"), "n": n}
+        if has_lo:
+            params.update(self.key_params(lo, "c"))
+        with self.engine.connect() as conn:
+            return self.db.explain_chunk(self, conn, stmt, params)
 
     def quantile_keys(
         self, lo: str, hi: str, parts: int, exact_limit: int, sample_rows: int

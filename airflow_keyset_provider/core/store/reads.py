@@ -234,6 +234,19 @@ class StoreReads:
         v = self.client.get(self.watermark_key)
         return None if v is None else _s(v)
 
+    def peek(self, idempotency_key: str | None, chained: bool) -> str | None:
+        """``lookup`` without its write: the round a plan request with this key (or for the
+        chained stream) would get now, reading only (a preview writes nothing)."""
+        if idempotency_key:
+            known = self.client.hget(self.by_key_key, idempotency_key)
+            if known is not None:
+                return _s(known)
+        if chained:
+            open_id = self.client.get(self.chained_key)
+            if open_id is not None:
+                return _s(open_id)
+        return None
+
     def key_fingerprint(self) -> str | None:
         """The stream's recorded key fingerprint (None: never recorded)."""
         v = self.client.get(self.key_fingerprint_key)

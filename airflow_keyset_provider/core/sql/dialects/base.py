@@ -16,6 +16,8 @@ it with an error naming the object and the fix, never silently skips the check.
 - commit order: ``check_commit_order`` (refuse what no wait can prove) and ``settle`` (wait until
   every key at or below the bound that will ever commit has committed);
 - the planner: ``estimate_rows`` and ``sampled_cuts`` (``None``: cut exactly);
+- the preview: ``explain_chunk`` (how the database will run the chunk query: ``ScanPlan``) and
+  ``row_estimate`` (how ``estimate_rows`` knows: the optimizer's estimate, or an exact count);
 - timeouts: ``session_statements`` (statement and lock timeouts for every connection of an engine
   the source created itself);
 - write-back: ``classify_row_error`` (is a failed statement the row's fault, or transient?).
@@ -49,10 +51,49 @@ class KeyTypeFound:
     fix_values: tuple[tuple[str, str], ...] = ()
 
 
+@dataclass(frozen=True)
+class ScanPlan:
+    """How the database says it will run the chunk query (``EXPLAIN``, no row read).
+
+    ``scan``: ``"index range"`` (the chunk is read from an ordered index, from the cursor on,
+    and the read stops after ``n`` rows), ``"full scan"`` (the table, or the whole range, is
+    read and sorted: a chunk costs the table, not ``n`` rows), ``"unknown"`` (the plan was not
+    recognised). ``index``: the index it reads; ``plan``: the plan as the database words it, one
+    line a step; ``problem``: why the plan is not an index range scan, and the fix (None: none).
+    """
+
+    scan: str
+    index: str | None = None
+    plan: tuple[str, ...] = ()
+    problem: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "scan": self.scan,
+            "index": self.index,
+            "plan": list(self.plan),
+            "problem": self.problem,
+        }
+
+
+def full_scan_problem(src: Relation, how: str) -> str:
+    """The words of a chunk query that is not an index range scan (``how``: what it does)."""
+    return (
+        f"the chunk query on {src.qualified_name} {how}: each chunk would cost a scan of the "
+        f"table (or of the whole range), not of the chunk's rows. Check that an ordered index "
+        f"starts with the key columns {list(src.key_names)}, that the table has statistics "
+        "(ANALYZE), and that the where filter does not defeat the index; a small table may be "
+        "planned this way legitimately"
+    )
+
+
 class Dialect:
     """The interface; the defaults are the behaviour a database without the feature gets."""
 
     name = ""
+    #: how ``estimate_rows`` knows: ``"explain"`` (the optimizer's estimate, no row read) or
+    #: ``"count"`` (an exact count of the range: a database without range estimates)
+    row_estimate = "count"
     #: the reflected primary key is an ordered index (False: the catalog's index list decides)
     primary_key_is_ordered = True
     #: a chunk may stay in the driver's cursor until read (``fetch.FetchedRows``): the cursor is
@@ -142,6 +183,13 @@ class Dialect:
     ) -> list[str] | None:
         """Cut keys from a sample without a full scan; None: cut by one exact ordered pass."""
         return None
+
+    # ---- the preview ------------------------------------------------------------------------
+    def explain_chunk(
+        self, src: Relation, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
+    ) -> ScanPlan:
+        """How the database will run ``stmt`` (the chunk query with its bound ``params``)."""
+        return ScanPlan("unknown", problem="this database's plans are not read")
 
     # ---- timeouts ---------------------------------------------------------------------------
     def session_statements(self, statement_s: float, lock_s: float) -> list[str]:

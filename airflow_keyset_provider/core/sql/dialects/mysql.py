@@ -22,6 +22,8 @@
 - planner: ``EXPLAIN`` estimates (InnoDB index dives, no row read); quantiles of a key whose first
   column is an integer, date or datetime by bisecting that column's values on those estimates,
   with one index lookup per cut (``mysql_quantiles``); others by one exact ordered pass;
+- preview: the chunk query's ``EXPLAIN`` rows (``explain_chunk``: access type ``range`` on an
+  index without ``Using filesort`` is an index range scan, ``ALL`` a full scan);
 - timeouts: ``max_statement_time`` (MariaDB) / ``max_execution_time`` (MySQL, SELECT only),
   ``innodb_lock_wait_timeout`` (row locks), ``lock_wait_timeout`` (metadata locks: a plan never
   waits a day behind an ``ALTER TABLE``), and READ COMMITTED (reads run in autocommit: no long snapshot,
@@ -43,7 +45,7 @@ from sqlalchemy.dialects import mysql as sa_mysql
 from ...errors import ConfigurationError, KeyValidationError, UnsupportedKeyTypeError
 from .. import commit_order, key_types
 from . import mysql_catalog, mysql_quantiles
-from .base import Dialect, KeyTypeFound, RowErrorKind
+from .base import Dialect, KeyTypeFound, RowErrorKind, ScanPlan, full_scan_problem
 
 if TYPE_CHECKING:
     from ..catalog import IndexInfo
@@ -137,6 +139,7 @@ def open_transactions(
 
 class MysqlDialect(Dialect):
     name = "mysql"
+    row_estimate = "explain"
     primary_key_is_ordered = False  # a MEMORY table's primary key is a HASH index
     # Both drivers build a chunk's rows when the query runs (nothing left to defer), and
     # mysqlclient's cursor.close() reads the connection (next_result): closing a held chunk while
@@ -380,6 +383,42 @@ class MysqlDialect(Dialect):
         sample_rows: int,
     ) -> list[str] | None:
         return mysql_quantiles.bisected_cuts(src, conn, lo, params, est, parts)
+
+    def explain_chunk(
+        self, src: Relation, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
+    ) -> ScanPlan:
+        """The chunk query's ``EXPLAIN``: access type ``range`` (or ``ref``/``eq_ref``/``const``)
+        on an index without ``Using filesort`` is an index range scan; ``index`` reads the index
+        in key order and stops after ``n`` rows (accepted); ``ALL`` or a filesort read the table
+        or the whole range first."""
+        sql, params_for = src.driver_call(stmt)
+        args = params_for(params)
+        args = tuple(args) if isinstance(args, list) else args
+        rows = [dict(r) for r in conn.exec_driver_sql("EXPLAIN " + sql, args).mappings()]
+        lines = tuple(
+            f"{r.get('table')}: type={r.get('type')} key={r.get('key')} rows={r.get('rows')}"
+            + (f" ({r.get('Extra')})" if r.get("Extra") else "")
+            for r in rows
+        )
+        if not rows:
+            return ScanPlan("unknown", None, lines, "EXPLAIN returned no row")
+        first = rows[0]
+        access, index = str(first.get("type") or ""), first.get("key")
+        extra = str(first.get("Extra") or "")
+        if access == "ALL":
+            return ScanPlan(
+                "full scan", None, lines, full_scan_problem(src, "is a full table scan (type ALL)")
+            )
+        if "filesort" in extra.lower():
+            return ScanPlan(
+                "full scan",
+                index,
+                lines,
+                full_scan_problem(src, "sorts the rows it reads (Using filesort)"),
+            )
+        if index and access in ("range", "ref", "eq_ref", "const", "index"):
+            return ScanPlan("index range", str(index), lines)
+        return ScanPlan("unknown", index, lines, "the plan reads no index range (see the plan)")
 
     # ---- timeouts ---------------------------------------------------------------------------
     def session_statements(self, statement_s: float, lock_s: float) -> list[str]:

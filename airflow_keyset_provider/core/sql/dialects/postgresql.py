@@ -11,6 +11,7 @@
   ``settle_seconds`` opts in; then waits, bounded, for every transaction of the database that was
   open when the bound was read, prepared ones included (``commit_order.settle``);
 - planner: ``EXPLAIN`` estimates, ``TABLESAMPLE SYSTEM`` quantiles;
+- preview: the chunk query's ``EXPLAIN (FORMAT JSON)`` read node by node (``explain_chunk``);
 - timeouts: ``statement_timeout`` and ``lock_timeout``;
 - row errors: by SQLSTATE class (22 data exception, 23 integrity constraint violation: the row;
   40001/40P01 serialization failure and deadlock, 55P03 lock not available, 57014 query canceled:
@@ -29,7 +30,7 @@ import sqlalchemy as sa
 from ...errors import ConfigurationError, KeyValidationError, UnsupportedKeyTypeError
 from ...keys import MIN_KEY, encode_key
 from .. import catalog, commit_order, key_types
-from .base import Dialect, KeyTypeFound, RowErrorKind
+from .base import Dialect, KeyTypeFound, RowErrorKind, ScanPlan, full_scan_problem
 
 if TYPE_CHECKING:
     from ..catalog import IndexInfo
@@ -69,8 +70,32 @@ _PG_TIME_RANGE = {
 }
 
 
+def _plan_nodes(node: dict[str, Any], depth: int = 0) -> list[tuple[int, dict[str, Any]]]:
+    """The nodes of one ``EXPLAIN (FORMAT JSON)`` plan, depth first, with their depth."""
+    out = [(depth, node)]
+    for child in node.get("Plans", ()):
+        out += _plan_nodes(child, depth + 1)
+    return out
+
+
+def _plan_line(depth: int, node: dict[str, Any]) -> str:
+    what = node.get("Node Type", "?")
+    on = node.get("Relation Name")
+    index = node.get("Index Name")
+    cond = node.get("Index Cond")
+    return (
+        "  " * depth
+        + what
+        + (f" using {index}" if index else "")
+        + (f" on {on}" if on else "")
+        + (f" ({cond})" if cond else "")
+        + f"  rows={node.get('Plan Rows', '?')}"
+    )
+
+
 class PostgresqlDialect(Dialect):
     name = "postgresql"
+    row_estimate = "explain"
 
     def unique_indexes(self, conn: sa.Connection, src: Relation) -> list[IndexInfo]:
         return catalog.unique_indexes(conn, src.rel)
@@ -250,6 +275,33 @@ class PostgresqlDialect(Dialect):
         ).scalar()
         doc = plan if isinstance(plan, list) else json.loads(plan)
         return int(doc[0]["Plan"]["Plan Rows"])
+
+    def explain_chunk(
+        self, src: Relation, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
+    ) -> ScanPlan:
+        """The planner's plan of the chunk query: an ``Index Scan`` / ``Index Only Scan`` with an
+        index condition and no ``Sort`` above it is an index range scan; a ``Seq Scan``, a
+        ``Bitmap Heap Scan`` or a ``Sort`` read the table or the whole range first."""
+        sql, params_for = src.driver_call(stmt)
+        raw: Any = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + sql, params_for(params)).scalar()
+        doc = raw if isinstance(raw, list) else json.loads(raw)
+        nodes = _plan_nodes(doc[0]["Plan"])
+        lines = tuple(_plan_line(d, n) for d, n in nodes)
+        kinds = {n.get("Node Type") for _, n in nodes}
+        ranged = [
+            n
+            for _, n in nodes
+            if n.get("Node Type") in ("Index Scan", "Index Only Scan") and n.get("Index Cond")
+        ]
+        if "Seq Scan" in kinds:
+            return ScanPlan("full scan", None, lines, full_scan_problem(src, "is a Seq Scan"))
+        if "Sort" in kinds or "Bitmap Heap Scan" in kinds:
+            how = "sorts the rows it reads" if "Sort" in kinds else "is a Bitmap Heap Scan"
+            index = ranged[0].get("Index Name") if ranged else None
+            return ScanPlan("full scan", index, lines, full_scan_problem(src, how))
+        if ranged:
+            return ScanPlan("index range", ranged[0].get("Index Name"), lines)
+        return ScanPlan("unknown", None, lines, "the plan reads no index range (see the plan)")
 
     def sampled_cuts(
         self,

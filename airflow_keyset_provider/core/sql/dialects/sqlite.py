@@ -13,6 +13,8 @@
 - commit order: SQLite serialises writers, so a key committed is committed in order; the
   ``settle_seconds`` window is a plain delay (the base class);
 - planner: exact counts and one ordered pass (the base class);
+- preview: the chunk query's ``EXPLAIN QUERY PLAN`` (``explain_chunk``: ``SEARCH ... USING`` an
+  index or the rowid without a temporary B-tree for the ORDER BY is an index range scan);
 - timeouts: none beyond the driver's busy timeout (SQLite has no statement timeout); a wait for
   another connection's lock that outlasted it (``SQLITE_BUSY``, ``SQLITE_LOCKED``: "database is
   locked") is transient (``classify_row_error``: ``"retry"``).
@@ -24,7 +26,7 @@ import re
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.sqlite import base as sqlite_base
@@ -32,7 +34,7 @@ from sqlalchemy.dialects.sqlite import base as sqlite_base
 from ...errors import KeyValidationError, UnsupportedKeyTypeError
 from .. import key_types
 from ..catalog import IndexInfo
-from .base import Dialect, KeyTypeFound, RowErrorKind
+from .base import Dialect, KeyTypeFound, RowErrorKind, ScanPlan, full_scan_problem
 
 if TYPE_CHECKING:
     from ..relation import Relation
@@ -223,6 +225,25 @@ class SqliteDialect(Dialect):
     def implicit_unique(self, table: sa.Table) -> list[set[str]]:
         rowid = self._table.rowid if self._table is not None else None
         return [{rowid}] if rowid else []
+
+    def explain_chunk(
+        self, src: Relation, conn: sa.Connection, stmt: sa.Select, params: dict[str, Any]
+    ) -> ScanPlan:
+        """The chunk query's ``EXPLAIN QUERY PLAN``: ``SEARCH <table> USING ... INDEX`` (or
+        ``INTEGER PRIMARY KEY``) with no ``USE TEMP B-TREE FOR ORDER BY`` is an index range scan;
+        ``SCAN <table>`` without an index, or a temporary B-tree, reads the table first."""
+        sql, params_for = src.driver_call(stmt)
+        args = params_for(params)
+        args = tuple(args) if isinstance(args, list) else args
+        details = tuple(str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, args))
+        sorts = any("TEMP B-TREE" in d.upper() for d in details)
+        search = next((d for d in details if d.upper().startswith("SEARCH")), None)
+        if search is not None and not sorts:
+            match = re.search(r"USING (?:COVERING )?INDEX (\S+)", search)
+            index = match.group(1) if match else "rowid"
+            return ScanPlan("index range", index, details)
+        how = "sorts the rows it reads (temporary B-tree)" if sorts else "scans the table"
+        return ScanPlan("full scan", None, details, full_scan_problem(src, how))
 
     def classify_row_error(self, exc: BaseException) -> RowErrorKind | None:
         orig = getattr(exc, "orig", exc)
