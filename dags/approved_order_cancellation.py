@@ -5,7 +5,8 @@ the database's row estimates, the chunk query's plan, a sample chunk and the pro
 on it (applied / not applied / failed, in a target transaction that is rolled back) and the ETA.
 ``approve`` is Airflow's own ``ApprovalOperator``: it shows the preview (its Markdown rendering)
 and waits for Approve or Reject, from the UI or the REST API. Approve: ``plan`` fixes the round,
-``traverse`` cancels every stale PENDING order, ``barrier`` closes the round. Reject: everything
+``traverse`` cancels every stale PENDING order, ``barrier`` verifies that no order of the round
+is still PENDING (else it fails naming the keys) and closes the round. Reject: everything
 after ``approve`` is skipped; nothing was written anywhere, the stream is as it was.
 """
 
@@ -61,7 +62,11 @@ with DAG(
         ignore_downstream_trigger_rules=True,  # Reject skips the plan, the round and its barrier
         response_timeout=dt.timedelta(days=1),
     )
-    plan = PlanRangesOperator(task_id="plan", **ROUND)
+    plan = PlanRangesOperator(
+        task_id="plan",
+        verify="status = 'PENDING'",  # before it closes: no order of the round still pending
+        **ROUND,
+    )
     traverse = TraverseRangeOperator.partial(
         task_id="traverse",
         processor=cancel_pending,

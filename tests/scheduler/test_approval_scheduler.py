@@ -194,6 +194,7 @@ def test_approved_the_round_runs(
     totals = ds.xcom(dep, DAG_ID, run_id, "barrier", "return_value")
     pending = ROWS - ROWS // 5
     assert (totals["done"], totals["skipped"], totals["dead"]) == (pending, 0, 0)
+    assert totals["verification"]["state"] == "verified", totals  # no order still PENDING
     with pg_engine.connect() as c:
         counts = dict(c.exec_driver_sql("SELECT status, count(*) FROM orders GROUP BY 1").all())
     assert counts == {"CANCELLED": pending, "PAID": ROWS // 5}
