@@ -48,11 +48,14 @@ def from_keys(target: Target, keys: Iterable[Key]) -> Columns:
         unique = list(dict.fromkeys(given)) if len(set(given)) != len(given) else given
         return Columns(unique, {names[0]: unique})
     width = len(names)
-    bad = next(
-        (k for k in given if isinstance(k, str | bytes) or not isinstance(k, Sequence)), None
-    )
-    if bad is None:
-        bad = next((k for k in given if len(k) != width), None)
+    if set(map(type, given)) <= {tuple} and set(map(len, given)) <= {width}:
+        bad = None  # the usual case, checked by C-level loops (this runs once per chunk)
+    else:
+        bad = next(
+            (k for k in given if isinstance(k, str | bytes) or not isinstance(k, Sequence)), None
+        )
+        if bad is None:
+            bad = next((k for k in given if len(k) != width), None)
     if bad is not None:
         raise ConfigurationError(
             f"key {list(names)} has {width} columns, so each key must be a tuple of {width} "
@@ -116,17 +119,19 @@ def positions(target: Target, data: Mapping[str, list], found: Iterable[Key]) ->
     """The positions in ``data`` of the keys ``found`` (as the database returned them); a key
     the driver returns in another form (a UUID for a str) is matched by its text."""
     names = target.key_names
-    keys: Iterable[Key] = (
-        zip(*(data[n] for n in names), strict=True) if target.composite else data[names[0]]
-    )
-    index = {k: i for i, k in enumerate(keys)}
+    first = data[names[0]]
+    keys: Iterable[Key] = zip(*(data[n] for n in names), strict=True) if target.composite else first
+    index = dict(
+        zip(keys, range(len(first)), strict=True)
+    )  # C-level loops: this runs once per batch
+    found = found if isinstance(found, list | tuple) else list(found)
+    got = list(map(index.get, found))
+    if None not in got:
+        return got
+    loose = {loose_key(k): i for k, i in index.items()}
     out = []
-    loose: dict | None = None
-    for k in found:
-        i = index.get(k)
+    for k, i in zip(found, got, strict=True):
         if i is None:
-            if loose is None:
-                loose = {loose_key(k2): i2 for k2, i2 in index.items()}
             i = loose.get(loose_key(k))
         if i is not None:
             out.append(i)
