@@ -125,9 +125,9 @@ def positions(target: Target, data: Mapping[str, list], found: Iterable[Key]) ->
         zip(keys, range(len(first)), strict=True)
     )  # C-level loops: this runs once per batch
     found = found if isinstance(found, list | tuple) else list(found)
-    got = list(map(index.get, found))
+    got: list[int | None] = list(map(index.get, found))
     if None not in got:
-        return got
+        return got  # type: ignore[return-value]  # no None in it
     loose = {loose_key(k): i for k, i in index.items()}
     out = []
     for k, i in zip(found, got, strict=True):
