@@ -165,8 +165,8 @@ def _wait_for_this_database_only(ctx: BenchContext) -> Iterator[None]:
     listed = mysql_dialect.open_transactions
     mark = f" database {sa.engine.make_url(ctx.mariadb_url).database} transaction "
 
-    def ours(conn: sa.Connection, *watch: Any) -> dict[str, Any]:
-        return {k: b for k, b in listed(conn, *watch).items() if mark in b.describe}
+    def ours(conn: sa.Connection, *watch: Any, **kw: Any) -> dict[str, Any]:
+        return {k: b for k, b in listed(conn, *watch, **kw).items() if mark in b.describe}
 
     mysql_dialect.open_transactions = ours  # type: ignore[assignment]
     try:

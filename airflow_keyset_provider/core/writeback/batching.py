@@ -27,7 +27,7 @@ def as_mapping(row: Any) -> Mapping[str, Any]:
 def as_mappings(rows: Any) -> list[Mapping[str, Any]]:
     """``rows`` as a list of mappings (:func:`as_mapping` each, unless all are dicts already)."""
     items = rows if isinstance(rows, list) else list(rows)
-    if all(type(r) is dict for r in items):
+    if set(map(type, items)) <= {dict}:
         return items
     return [as_mapping(r) for r in items]
 

@@ -12,6 +12,7 @@ The conversions are whole-column list comprehensions (tens of ns per value), not
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from airflow_keyset_provider.core.errors import ConfigurationError
@@ -47,11 +48,14 @@ def from_keys(target: Target, keys: Iterable[Key]) -> Columns:
         unique = list(dict.fromkeys(given)) if len(set(given)) != len(given) else given
         return Columns(unique, {names[0]: unique})
     width = len(names)
-    bad = next(
-        (k for k in given if isinstance(k, str | bytes) or not isinstance(k, Sequence)), None
-    )
-    if bad is None:
-        bad = next((k for k in given if len(k) != width), None)
+    if set(map(type, given)) <= {tuple} and set(map(len, given)) <= {width}:
+        bad = None  # the usual case, checked by C-level loops (this runs once per chunk)
+    else:
+        bad = next(
+            (k for k in given if isinstance(k, str | bytes) or not isinstance(k, Sequence)), None
+        )
+        if bad is None:
+            bad = next((k for k in given if len(k) != width), None)
     if bad is not None:
         raise ConfigurationError(
             f"key {list(names)} has {width} columns, so each key must be a tuple of {width} "
@@ -69,11 +73,10 @@ def from_rows(target: Target, rows: Sequence[Mapping[str, Any]], what: str) -> C
     if not rows:
         return None
     names = tuple(rows[0])
-    width = len(names)
-    if any(len(r) != width for r in rows):
+    if len(set(map(len, rows))) != 1:  # C-level loops: this runs once per chunk on every row
         return None
     try:
-        data = {name: [r[name] for r in rows] for name in names}
+        data = {name: list(map(itemgetter(name), rows)) for name in names}
     except KeyError:
         return None
     missing = [n for n in target.key_names if n not in data]
@@ -116,17 +119,19 @@ def positions(target: Target, data: Mapping[str, list], found: Iterable[Key]) ->
     """The positions in ``data`` of the keys ``found`` (as the database returned them); a key
     the driver returns in another form (a UUID for a str) is matched by its text."""
     names = target.key_names
-    keys: Iterable[Key] = (
-        zip(*(data[n] for n in names), strict=True) if target.composite else data[names[0]]
-    )
-    index = {k: i for i, k in enumerate(keys)}
+    first = data[names[0]]
+    keys: Iterable[Key] = zip(*(data[n] for n in names), strict=True) if target.composite else first
+    index = dict(
+        zip(keys, range(len(first)), strict=True)
+    )  # C-level loops: this runs once per batch
+    found = found if isinstance(found, list | tuple) else list(found)
+    got: list[int | None] = list(map(index.get, found))
+    if None not in got:
+        return got  # type: ignore[return-value]  # no None in it
+    loose = {loose_key(k): i for k, i in index.items()}
     out = []
-    loose: dict | None = None
-    for k in found:
-        i = index.get(k)
+    for k, i in zip(found, got, strict=True):
         if i is None:
-            if loose is None:
-                loose = {loose_key(k2): i2 for k2, i2 in index.items()}
             i = loose.get(loose_key(k))
         if i is not None:
             out.append(i)

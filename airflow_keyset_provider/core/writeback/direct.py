@@ -34,23 +34,34 @@ def cursor_of(conn: Connection) -> Any:
 
 
 def execute(
-    conn: Connection, cursor: Any, sql: str, params: Params, fetch: bool, prefix: str = ""
+    conn: Connection,
+    cursor: Any,
+    sql: str,
+    params: Params,
+    fetch: bool,
+    prefix: str = "",
+    suffix: str = "",
+    sent: str | None = None,
 ) -> list:
     """Run ``sql`` with ``params`` on ``cursor``; its rows if ``fetch`` (else ``[]``).
 
     Listeners of ``before_cursor_execute`` / ``after_cursor_execute`` are called as SQLAlchemy
-    calls them (``context`` is None) with ``sql``; ``prefix`` (``SAVEPOINT x; ``) is sent
-    before it in the same text without being reported. A driver error is raised as
+    calls them (``context`` is None) with ``sql``; ``prefix`` (``SAVEPOINT x; ``) and
+    ``suffix`` (``; RELEASE SAVEPOINT x; ...``) are sent around it in the same text without
+    being reported (the rows are the last statement's); ``sent``, if given, is sent in place
+    of ``sql`` (a frame around it, e.g. the CTE that carries its positions), still reported
+    as ``sql``. A driver error is raised as
     ``sa.exc.DBAPIError``."""
     dispatch = conn.dispatch
     if dispatch.before_cursor_execute:
         for fn in dispatch.before_cursor_execute:
             fn(conn, cursor, sql, params, None, False)
     try:
+        text = prefix + (sql if sent is None else sent) + suffix
         if params is None:
-            cursor.execute(prefix + sql)
+            cursor.execute(text)
         else:
-            cursor.execute(prefix + sql, params)
+            cursor.execute(text, params)
         rows = cursor.fetchall() if fetch else []
     except Exception as exc:
         raise wrap(conn, cursor, sql, params, exc) from exc

@@ -13,6 +13,7 @@ row's fault is decided by ``failures.py``; any other error is raised (and leaves
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import compress
 from typing import Any
 
 import sqlalchemy as sa
@@ -77,6 +78,10 @@ class BatchWriter:
         applied.extend(k for k in written if k not in known)  # not matched back (defensive)
         failed = {k: self.failed[k] for k in keys if k in self.failed}
         return WriteOutcome(applied=applied, not_applied=not_applied, failed=failed)
+
+
+#: ``bytearray.translate`` table: 1 (written) -> 0, 0 (not written) -> 1
+_MISSED = bytes([1, 0]) + bytes(254)
 
 
 class ColumnarWriter:
@@ -145,6 +150,6 @@ class ColumnarWriter:
                 failed={keys[p]: self.failed[p] for p in sorted(self.failed)},
             )
         return WriteOutcome(
-            applied=[k for k, h in zip(keys, hit, strict=True) if h],
-            not_applied=[k for k, h in zip(keys, hit, strict=True) if not h],
+            applied=list(compress(keys, hit)),
+            not_applied=list(compress(keys, hit.translate(_MISSED))),
         )

@@ -337,18 +337,14 @@ def test_mariadb_connections_carry_program_name(mariadb_ps_url, redis_url, key_p
     assert [v for v, own in found if not own] and all(v == want for v, _ in found), found
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: on this machine since 12:40 UTC (2026-12-02), even on the branch that added it, "
-    "b's plan no longer waits for the worker that writes b (DID NOT RAISE "
-    "CommitOrderTimeoutError); it passed in earlier full runs; cause not found yet",
-)
 def test_mariadb_plan_skips_other_streams_worker_unless_it_writes_the_source(
     mariadb_ps_url, redis_url, key_prefix
 ):
     """Stream a's worker holds a write on its target ``a_out``: b's plan (AUTO_INCREMENT key)
     returns at once (before: CommitOrderTimeoutError). When a's worker has inserted into b, the
-    plan waits, and the timeout names its thread, program_name and age, not the row."""
+    plan waits, and the timeout names its thread, program_name and age, not the row. (It failed
+    when a's plan had read INNODB_TRX less than 0.1 s before b's: InnoDB served b the copy from
+    before a's insert; ``test_mysql_commit_order`` has the direct test.)"""
     eng = _my_tables(mariadb_ps_url)
     _plan_b_beside_a_worker(mariadb_ps_url, redis_url, key_prefix)
     write = f"INSERT INTO b (p) VALUES ('{SECRET}')"

@@ -111,6 +111,64 @@ def test_the_wait_is_bounded_and_names_the_blocker(mariadb_db_url, redis_url, ke
         eng.dispose()
 
 
+@pytest.mark.parametrize("driver", ["pymysql", "mysqldb"])
+def test_a_stale_copy_of_innodb_trx_does_not_hide_the_holder(
+    driver, mariadb_db_url, redis_url, key_prefix
+):
+    """InnoDB answers INNODB_TRX from a copy it refreshes only after 0.1 s in which no session
+    read it: a monitor polling it every 20 ms keeps serving the copy taken before key 1 was
+    taken. Before: the plan read that copy, saw no holder and returned end=2 while key 1 was
+    uncommitted. Now it reads again until the copy is as of its read (once the monitor stops)
+    and waits for the holder."""
+    url = sa.engine.make_url(mariadb_db_url).set(drivername=f"mysql+{driver}")
+    url_text = url.render_as_string(hide_password=False)
+    eng = _table(url_text)
+    stop, polled = threading.Event(), threading.Event()
+    monitor = eng.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+    def poll() -> None:
+        while not stop.is_set():
+            monitor.exec_driver_sql("SELECT COUNT(*) FROM information_schema.INNODB_TRX").all()
+            polled.set()
+            stop.wait(0.02)
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    out: dict[str, Any] = {}
+    state = {"open": True}
+    t = _traversal(url_text, redis_url, key_prefix, commit_wait_timeout=120)
+    try:
+        assert polled.wait(60)
+        held, tx, low = _hold_lower_key(eng)
+
+        def plan() -> None:
+            try:
+                out["round"] = t.plan(max_ranges=1, new_stream=True)
+                out["returned_while_open"] = state["open"]
+            except BaseException as exc:  # surfaced by the assertion below
+                out["error"] = exc
+
+        th = threading.Thread(target=plan)
+        th.start()
+        th.join(1.5)  # the plan reads while the monitor pins the old copy; decides nothing
+        stop.set()
+        watcher.join(30)
+        th.join(1.0)  # gives a plan that does not wait time to return early; decides nothing
+        state["open"] = False  # cleared *before* the commit is sent
+        tx.commit()
+        held.close()
+        th.join(120)
+        assert "error" not in out, out.get("error")
+        assert out["returned_while_open"] is False
+        assert out["round"].end_key == low + 1
+    finally:
+        stop.set()
+        watcher.join(30)
+        monitor.close()
+        t.close()
+        eng.dispose()
+
+
 @pytest.fixture
 def user_without_process(mariadb_url: str, mariadb_db_url: str):
     """A user with every privilege on the test's database but not PROCESS; dropped afterwards."""

@@ -290,3 +290,56 @@ def test_the_callers_savepoint_decides_as_the_exactly_once_ledger_needs(engine, 
     after = _state(db)
     assert after.pop(1) == (before.pop(1)[0], 0)
     assert after == before
+
+
+@pytest.mark.parametrize("shape_name", ["single", "composite"])
+@pytest.mark.parametrize("op", OPS)
+def test_psycopg2_writes_a_batch_in_one_round_trip(pg_engine, op, shape_name):
+    """psycopg2 returns only the last statement's rows of a text, so the savepoint's release
+    was a second round trip per batch (the old path: 2 executes). The positions now travel in
+    a transaction-local setting read after the release: one execute, the same outcome."""
+    import logging
+
+    from psycopg2.extras import LoggingConnection
+
+    texts: list[str] = []
+
+    class Count(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            texts.append(str(record.msg))
+
+    log = logging.getLogger(f"keyset.test.roundtrips.{op}.{shape_name}")
+    log.addHandler(Count())
+    log.propagate = False
+    log.setLevel(logging.DEBUG)
+    url = pg_engine.url.set(drivername="postgresql+psycopg2")
+    engine = sa.create_engine(url)
+
+    @sa.event.listens_for(engine, "do_connect")
+    def _logged(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        dbapi_conn = dialect.loaded_dbapi.connect(
+            *cargs, connection_factory=LoggingConnection, **cparams
+        )
+        dbapi_conn.initialize(log)
+        return dbapi_conn
+
+    try:
+        db = _db(engine, shape_name, op)
+        keys, cols, rows = _input(db, op)
+        found, by_hand = _by_hand(db, op, keys, cols)
+        _fill(db)
+        with engine.connect() as conn:  # the table reflected, once per engine: not counted
+            helper(db, op, conn, keys, cols, rows)
+            conn.rollback()
+        with engine.begin() as conn:
+            conn.exec_driver_sql("SELECT 1")
+            texts.clear()
+            out = helper(db, op, conn, keys, cols, rows)
+            sent = list(texts)
+        assert len(sent) == 1, sent
+        assert "RELEASE SAVEPOINT" in sent[0]
+        assert out.applied == [k for k in keys if k in found]
+        assert out.not_applied == [k for k in keys if k not in found]
+        assert _state(db) == by_hand
+    finally:
+        engine.dispose()

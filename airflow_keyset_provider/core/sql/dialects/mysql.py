@@ -17,8 +17,11 @@
   ``(a, b) > (x, y)``); MySQL 8 ranges on the row-value form;
 - commit order: ``AUTO_INCREMENT`` values are taken at insert and committed later, so after the
   bound is read the plan waits, bounded, for every InnoDB transaction of the server that was open
-  then (``information_schema.INNODB_TRX``, which needs the PROCESS privilege). Without it, or for a
-  table not stored in InnoDB, the plan is refused unless ``settle_seconds`` opts in;
+  then (``information_schema.INNODB_TRX``, which needs the PROCESS privilege). InnoDB serves that
+  table from a copy it refreshes only after 0.1 s without any session reading it: each read
+  checks, by a marker transaction of its own, that the copy is as of the read, and reads again
+  (bounded by ``commit_wait_timeout``) until it is. Without the privilege, or for a table not
+  stored in InnoDB, the plan is refused unless ``settle_seconds`` opts in;
 - planner: ``EXPLAIN`` estimates (InnoDB index dives, no row read); quantiles of a key whose first
   column is an integer, date or datetime by bisecting that column's values on those estimates,
   with one index lookup per cut (``mysql_quantiles``); others by one exact ordered pass;
@@ -36,13 +39,21 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import random
+import time
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql as sa_mysql
 
-from ...errors import ConfigurationError, KeyValidationError, UnsupportedKeyTypeError
+from ...errors import (
+    CommitOrderTimeoutError,
+    ConfigurationError,
+    KeyValidationError,
+    UnsupportedKeyTypeError,
+)
 from .. import commit_order, key_types
 from . import mysql_catalog, mysql_quantiles
 from .base import Dialect, KeyTypeFound, RowErrorKind, ScanPlan, full_scan_problem
@@ -71,35 +82,41 @@ def _errno(exc: BaseException) -> int | None:
 
 _OPEN_TRX = (
     # Every InnoDB transaction of the server that may write (a session may write to any
-    # database), not ours.
+    # database), and our own marker (``_fresh_rows``: ``mine``, ``fresh``).
     # Identity: thread and start time (a read-only transaction's trx_id changes when it writes).
-    # trx_query is not selected: it may hold a row's data.
+    # trx_query is read only for our own thread (it is this statement); another's may hold a
+    # row's data. INNODB_TRX is named once: one statement, one version of InnoDB's cache.
+    "/* keyset-fresh {nonce} */ "
     "SELECT t.trx_id, t.trx_mysql_thread_id, t.trx_started, t.trx_state, "
-    "       TIMESTAMPDIFF(SECOND, t.trx_started, NOW()), p.USER, p.HOST, p.DB{extra} "
+    "       TIMESTAMPDIFF(SECOND, t.trx_started, NOW()), p.USER, p.HOST, p.DB, "
+    "       t.trx_mysql_thread_id = CONNECTION_ID(), "
+    "       t.trx_mysql_thread_id = CONNECTION_ID() AND LOCATE(:nonce, t.trx_query) > 0{extra} "
     "FROM information_schema.INNODB_TRX t "
     "LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
-    "WHERE t.trx_mysql_thread_id <> CONNECTION_ID() "
     # a lone autocommit SELECT (no FOR UPDATE) or a READ ONLY transaction writes no key
-    "AND t.trx_autocommit_non_locking = 0 AND t.trx_is_read_only = 0"
+    "WHERE t.trx_mysql_thread_id = CONNECTION_ID() "
+    "OR (t.trx_autocommit_non_locking = 0 AND t.trx_is_read_only = 0)"
 )
-_PLAIN = sa.text(_OPEN_TRX.format(extra=""))
-_NAMED = sa.text(
-    _OPEN_TRX.format(
-        extra=(
-            # the connection's name (PyMySQL's program_name, ``naming``) and whether it holds a
-            # metadata lock stronger than a read's on the source (a write, or a locking read:
-            # both last until the transaction ends)
-            ", (SELECT a.ATTR_VALUE FROM performance_schema.session_connect_attrs a "
-            "   WHERE a.PROCESSLIST_ID = t.trx_mysql_thread_id AND a.ATTR_NAME = 'program_name' "
-            "   LIMIT 1), "
-            "EXISTS (SELECT 1 FROM performance_schema.metadata_locks m "
-            "   JOIN performance_schema.threads th ON th.THREAD_ID = m.OWNER_THREAD_ID "
-            "   WHERE th.PROCESSLIST_ID = t.trx_mysql_thread_id AND m.OBJECT_TYPE = 'TABLE' "
-            "   AND m.OBJECT_SCHEMA = COALESCE(:schema, DATABASE()) AND m.OBJECT_NAME = :tbl "
-            "   AND m.LOCK_TYPE NOT IN ('SHARED', 'SHARED_HIGH_PRIO', 'SHARED_READ'))"
-        )
-    )
+_NAMED_EXTRA = (
+    # the connection's name (PyMySQL's program_name, ``naming``) and whether it holds a
+    # metadata lock stronger than a read's on the source (a write, or a locking read:
+    # both last until the transaction ends)
+    ", (SELECT a.ATTR_VALUE FROM performance_schema.session_connect_attrs a "
+    "   WHERE a.PROCESSLIST_ID = t.trx_mysql_thread_id AND a.ATTR_NAME = 'program_name' "
+    "   LIMIT 1), "
+    "EXISTS (SELECT 1 FROM performance_schema.metadata_locks m "
+    "   JOIN performance_schema.threads th ON th.THREAD_ID = m.OWNER_THREAD_ID "
+    "   WHERE th.PROCESSLIST_ID = t.trx_mysql_thread_id AND m.OBJECT_TYPE = 'TABLE' "
+    "   AND m.OBJECT_SCHEMA = COALESCE(:schema, DATABASE()) AND m.OBJECT_NAME = :tbl "
+    "   AND m.LOCK_TYPE NOT IN ('SHARED', 'SHARED_HIGH_PRIO', 'SHARED_READ'))"
 )
+#: InnoDB refreshes the rows of INNODB_TRX only when nobody read them for 0.1 s
+#: (``CACHE_MIN_IDLE_TIME`` in trx0i_s.cc; every read restarts that clock, any session's): a
+#: retry of a stale read waits longer than that, with jitter so two pollers fall out of step
+FRESH_RETRY = (0.11, 0.2)
+#: how long ``open_transactions`` tries for a fresh read by default (``settle`` passes its own)
+FRESH_TIMEOUT = 60.0
+
 #: the performance schema records metadata locks (off by default on MariaDB: then a worker's
 #: writes cannot be told, and every transaction is waited for)
 _MDL_RECORDED = sa.text(
@@ -112,18 +129,57 @@ _AUTO_INCREMENT = sa.text(
 )
 
 
+def _fresh_rows(conn: sa.Connection, watch: tuple[str | None, str] | None) -> list[Any] | None:
+    """One read of ``_OPEN_TRX`` as of now, or None if InnoDB served an older copy.
+
+    InnoDB answers INNODB_TRX from a cache it refills only after 0.1 s without a read, so a
+    read can show the transactions of some time ago and miss one that took a key since (a plan
+    would then not wait for it). Our connection (``conn``, autocommit) opens a marker
+    transaction, then reads with a fresh nonce in the statement: the copy is as of this
+    statement iff our marker's row shows this statement's text (``trx_query``)."""
+    nonce = uuid.uuid4().hex
+    extra = "" if watch is None else _NAMED_EXTRA
+    stmt = sa.text(_OPEN_TRX.format(nonce=nonce, extra=extra))
+    params: dict[str, Any] = {"nonce": nonce}
+    if watch is not None:
+        params.update(schema=watch[0], tbl=watch[1])
+    conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+    try:
+        rows = list(conn.execute(stmt, params))
+    finally:
+        conn.exec_driver_sql("ROLLBACK")
+    fresh = any(r[8] and r[9] for r in rows)
+    return [r for r in rows if not r[8]] if fresh else None
+
+
 def open_transactions(
-    conn: sa.Connection, watch: tuple[str | None, str] | None = None
+    conn: sa.Connection,
+    watch: tuple[str | None, str] | None = None,
+    *,
+    timeout: float = FRESH_TIMEOUT,
 ) -> dict[str, commit_order.Blocker]:
-    """InnoDB transactions open now, by identity (see ``_OPEN_TRX``). ``watch`` (schema or None
-    for the connection's database, table): also read each one's ``program_name`` and whether it
+    """InnoDB transactions open now, by identity (see ``_OPEN_TRX``), as of this call: a copy
+    InnoDB served from before it is read again (``_fresh_rows``), for up to ``timeout`` s, then
+    ``CommitOrderTimeoutError``. ``conn`` must be in autocommit. ``watch`` (schema or None for
+    the connection's database, table): also read each one's ``program_name`` and whether it
     holds a write lock on that table (``performance_schema``; check ``_MDL_RECORDED`` first)."""
+    deadline = time.monotonic() + timeout
+    tries = 0
+    while (rows := _fresh_rows(conn, watch)) is None:
+        tries += 1
+        if time.monotonic() >= deadline:
+            raise CommitOrderTimeoutError(
+                f"information_schema.INNODB_TRX could not be read as of now in {timeout:.0f} s "
+                f"({tries} tries): InnoDB refreshes it only after 0.1 s in which no session read "
+                "it, and other sessions read it more often than that. No round was saved (an "
+                "old copy could miss a transaction holding a key). Poll INNODB_TRX less often "
+                "elsewhere, or raise commit_wait_timeout."
+            )
+        time.sleep(random.uniform(*FRESH_RETRY))
     out = {}
-    if watch is None:
-        rows = [(*r, "", True) for r in conn.execute(_PLAIN)]
-    else:
-        rows = list(conn.execute(_NAMED, {"schema": watch[0], "tbl": watch[1]}))
-    for trx_id, thread, started, state, age, user, host, db, app, writes in rows:
+    for row in rows:
+        trx_id, thread, started, state, age, user, host, db = row[:8]
+        app, writes = (row[10], row[11]) if watch is not None else ("", True)
         ident = f"{thread}@{started}" if thread else f"trx:{trx_id}"
         named = f" program_name {app!r}" if watch is not None else ""
         out[ident] = commit_order.Blocker(
@@ -292,7 +348,11 @@ class MysqlDialect(Dialect):
             )
         else:
             try:
-                conn.execute(sa.text("SELECT COUNT(*) FROM information_schema.INNODB_TRX")).scalar()
+                # the privilege probe reads INNODB_METRICS (PROCESS, like INNODB_TRX): a read of
+                # INNODB_TRX here would keep its cache stale for the wait right after
+                conn.execute(
+                    sa.text("SELECT COUNT(*) FROM information_schema.INNODB_METRICS")
+                ).scalar()
             except sa.exc.DBAPIError as exc:
                 if _errno(exc) not in _NO_PRIVILEGE:
                     raise
@@ -324,7 +384,12 @@ class MysqlDialect(Dialect):
 
         def list_open(c: sa.Connection) -> dict[str, commit_order.Blocker]:
             # the module's function looked up at each call (a benchmark narrows it)
-            return open_transactions(c, watch) if watch else open_transactions(c)
+            wait = src.commit_wait_timeout
+            return (
+                open_transactions(c, watch, timeout=wait)
+                if watch
+                else open_transactions(c, timeout=wait)
+            )
 
         commit_order.settle(
             conn,

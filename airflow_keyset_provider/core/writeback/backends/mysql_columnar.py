@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -154,7 +155,6 @@ def update_plan(
     guard_shape = tuple((n, v is None) for n, v in guard.items())
     shape = (target.table, target.key_names, tuple(value_cols), tuple(constants), guard_shape)
     names = [*target.key_names, *value_cols]
-    nkey = len(target.key_names)
 
     def texts(n: int) -> tuple[str, str]:
         lock = f"SELECT {', '.join(sql.keys)} FROM {sql.table} WHERE {sql.key_in(n)}"
@@ -186,7 +186,8 @@ def update_plan(
             execute(conn, cursor, write_sql, params, fetch=False)
         finally:
             cursor.close()
-        found = (tuple(r[:nkey]) for r in locked) if target.composite else (r[0] for r in locked)
+        # the locking read selects the key columns only: a row is the key (a tuple, composite)
+        found = list(map(tuple if target.composite else itemgetter(0), locked))
         return positions(target, data, found)
 
     return ColumnarPlan(write, batch_bytes=batch_bytes(target.table, names), budget=budget)

@@ -9,6 +9,7 @@ an error aborts the whole transaction on PostgreSQL.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -102,10 +103,15 @@ class PostgresBackend(Backend):
         fixed = {f"keyset_set_{i}": v for i, v in enumerate(constants.values())}
         fixed.update(_guard_params(guard))
         names = [(f"keyset_col_{i}", n) for i, n in enumerate(arrays)]
+        one_trip = _one_round_trip(dialect, isolate)
+        with_w = f"WITH keyset_w AS ({sql}) "
+        agg = _aggregated(with_w, "keyset_w", "keyset_w.keyset_n") if one_trip else ""
 
         def write(conn: Connection, data: dict[str, list], n: int) -> list[int]:
             params = {param: data[name] for param, name in names}
             params.update(fixed)
+            if one_trip:
+                return run_positions(conn, sql, agg, params)
             return [r[0] - 1 for r in run(conn, sql, params, isolate)]
 
         return ColumnarPlan(write)
@@ -138,6 +144,17 @@ class PostgresBackend(Backend):
         )
         names = [(f"keyset_col_{i}", n) for i, n in enumerate(columns)]
         nkey = len(target.key_names)
+        if _one_round_trip(dialect, isolate) and set(target.key_names) <= set(columns):
+            agg = _STATEMENTS.get(
+                ("positions", *key, tuple(update_cols)),
+                lambda: _upsert_positions_sql(dialect, target, list(columns), sql),
+            )
+
+            def write_one_trip(conn: Connection, data: dict[str, list], n: int) -> list[int]:
+                params = {param: data[name] for param, name in names}
+                return run_positions(conn, sql, agg, params)
+
+            return ColumnarPlan(write_one_trip)
 
         def write(conn: Connection, data: dict[str, list], n: int) -> list[int]:
             rows = run(conn, sql, {param: data[name] for param, name in names}, isolate)
@@ -172,6 +189,81 @@ def run(conn: Connection, sql: str, params: dict[str, Any], isolate: bool) -> li
             raise
     finally:
         cursor.close()
+
+
+#: the transaction-local setting that carries a batch's positions past ``RELEASE SAVEPOINT``
+_OUT = "keyset.wb_positions"
+
+
+def _one_round_trip(dialect: sa.Dialect, isolate: bool) -> bool:
+    """psycopg2 sends several statements in one text but returns only the last one's rows:
+    with a savepoint, the positions travel in a setting (``run_positions``)."""
+    return isolate and dialect.driver == "psycopg2"
+
+
+def _aggregated(with_clause: str, from_: str, position: str) -> str:
+    """``<with_clause> SELECT set_config(_OUT, '<positions, 0-based, comma-separated>', true)
+    FROM <from_>``: a data-modifying CTE stays at the top level, as PostgreSQL requires."""
+    return (
+        f"{with_clause}SELECT set_config('{_OUT}', "
+        f"coalesce(string_agg(CAST({position} - 1 AS text), ','), ''), true) FROM {from_}"
+    )
+
+
+def run_positions(conn: Connection, sql: str, agg: str, params: dict[str, Any]) -> list[int]:
+    """psycopg2, in a savepoint, in one round trip: ``SAVEPOINT; <agg>; RELEASE SAVEPOINT;
+    SELECT current_setting(_OUT)`` (``agg``, the write ``sql`` framed as a CTE, stores the
+    written rows' positions in ``_OUT``, local to the transaction, which the release keeps;
+    listeners see ``sql``). The 0-based positions; on an error the savepoint is rolled back
+    and released (the caller's transaction stays usable) and the error raised, as ``run``
+    does."""
+    cursor = cursor_of(conn)
+    try:
+        try:
+            rows = execute(
+                conn,
+                cursor,
+                sql,
+                params,
+                fetch=True,
+                sent=agg,
+                prefix=f"SAVEPOINT {_SAVEPOINT}; ",
+                suffix=f"; RELEASE SAVEPOINT {_SAVEPOINT}; SELECT current_setting('{_OUT}')",
+            )
+        except BaseException:
+            _rollback_to_savepoint(conn)
+            raise
+    finally:
+        cursor.close()
+    text = rows[0][0]
+    return list(map(int, text.split(","))) if text else []
+
+
+def _upsert_positions_sql(
+    dialect: sa.Dialect, target: Target, columns: list[str], insert_sql: str
+) -> str:
+    """The upsert's ``INSERT ... RETURNING key`` as a CTE, its returned keys joined to the
+    batch's key arrays ``WITH ORDINALITY`` (the same bound parameters) for their positions:
+    the input's keys are unique, and so is each returned row's match."""
+    table = target.table
+    element = {n: _unbounded(table.c[n].type) for n in target.key_names}
+    args = []
+    for n in target.key_names:
+        array = postgresql.ARRAY(element[n])
+        param = f"keyset_col_{columns.index(n)}"
+        args.append(sa.cast(sa.bindparam(param, type_=array), array))
+    k = (
+        sa.func.unnest(*args)
+        .table_valued(
+            *(sa.column(n, element[n]) for n in target.key_names), with_ordinality="keyset_n"
+        )
+        .render_derived(name="keyset_k")
+    )
+    w = sa.table("keyset_w", *(sa.column(n) for n in target.key_names))
+    on = sa.and_(*(w.c[n] == k.c[n] for n in target.key_names))
+    joined = _compile(dialect, sa.select(k.c.keyset_n).select_from(w.join(k, on)))
+    source = joined.split("FROM ", 1)[1]  # "SELECT keyset_k.keyset_n \nFROM <the join>"
+    return _aggregated(f"WITH keyset_w AS ({insert_sql}) ", source, "keyset_k.keyset_n")
 
 
 def _pipelined(conn: Connection, cursor: Any, sql: str, params: dict[str, Any]) -> list:
@@ -242,7 +334,13 @@ def _guard_params(guard: Mapping[str, Any]) -> dict[str, Any]:
 
 def _plain(dialect: sa.Dialect, table: sa.Table, names: Iterable[str]) -> bool:
     """Do values of these columns go to the driver as they are (no SQLAlchemy bind processor:
-    JSON, enums of Python classes, type decorators take the row path)?"""
+    JSON, enums of Python classes, type decorators take the row path)? Asked once per table
+    object, dialect and columns (the answer depends on nothing else)."""
+    return _plain_cached(dialect, table, tuple(names))
+
+
+@functools.lru_cache(maxsize=256)
+def _plain_cached(dialect: sa.Dialect, table: sa.Table, names: tuple[str, ...]) -> bool:
     for name in names:
         type_ = _unbounded(table.c[name].type)
         if type_.dialect_impl(dialect).bind_processor(dialect) is not None:
