@@ -280,6 +280,7 @@ class ModelRound:
     lost: bool = False  # Redis lost it without a mirror: it can only be refused from now on
     rebase: bool = False  # the explicit re-plan after a loss: its close sets a missing watermark
     reopened: bool = False  # closed, then open again (a failover without a mirror went back)
+    close_raised: bool = False  # a close raised on a mirror outage: Redis may have closed it
 
     @property
     def key(self) -> str:
@@ -544,7 +545,15 @@ class World:
             self.faults.counts["stream restored from the durable record"] += 1
             self.refused = self.lost_unmirrored = False
         open_chained = [r for r in self.rounds if r.chained and r.closed is None and not r.lost]
-        if open_chained:
+        if open_chained and rnd.created and open_chained[-1].close_raised:
+            # its close raised on a mirror outage after Redis closed it: the plan went on from
+            # its end; the close's retry (the barrier's) returns its totals
+            old = open_chained[-1]
+            self.close_round(old)
+            if old.closed is None:  # the retry raised on the mirror again: closed in Redis
+                old.closed, self.watermark, self.no_watermark = self.step, old.end, False
+            self.faults.counts["chained plan after a close that raised"] += 1
+            open_chained = [r for r in open_chained if r.closed is None]
             if rnd.round_id != open_chained[-1].round_id or rnd.created:
                 self.fail(f"a chained plan while {open_chained[-1]} is open returned {rnd}")
             return
@@ -916,7 +925,10 @@ class World:
             totals = self.admin.close_round(r.round_id)
         except Exception as exc:
             if self.mirror_faults.failed > failed_before and not must:
+                # Redis may have closed it (the mirror write after the close failed): a chained
+                # plan before the close's retry may then find no open chained round
                 self.faults.counts["close failed: mirror outage"] += 1
+                r.close_raised = True
                 return
             if must:
                 ends = [
