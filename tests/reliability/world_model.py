@@ -554,12 +554,16 @@ class World:
                 old.closed, self.watermark, self.no_watermark = self.step, old.end, False
             self.faults.counts["chained plan after a close that raised"] += 1
             open_chained = [r for r in open_chained if r.closed is None]
+        if open_chained:
             if rnd.round_id != open_chained[-1].round_id or rnd.created:
                 self.fail(f"a chained plan while {open_chained[-1]} is open returned {rnd}")
             return
         pending, self.plan_pending = self.plan_pending, False
         if not rnd.created and not pending:
-            self.fail(f"a chained plan with no open chained round returned an old one: {rnd}")
+            self.fail(
+                f"a chained plan with no open chained round returned an old one: {rnd} (the "
+                f"model's rounds: {self.rounds})"
+            )
         if start != self.watermark:
             self.fail(
                 f"silent restart: a chained plan started at {start}, the watermark is "
