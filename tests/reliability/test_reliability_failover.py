@@ -238,7 +238,8 @@ def test_a_round_the_promoted_replica_never_saw_is_traversed_and_closed_without_
 def test_a_round_restored_alone_does_not_hide_the_open_chained_round_from_the_next_plan(
     how: str, events_table, pg_schema_url, redis_url, key_prefix, redis_client
 ):
-    """Found by the one-world model (long mode, seed 5): the open chained round r1 and an
+    """The one-world model's long-mode seed 5 symptom (a chained plan while r1 was open returned
+    a new round, with a mirror), found by reading the restore paths: the open chained round r1 and an
     explicit round r2 are mirrored; Redis loses the stream (or goes back to before both were
     planned). A task of r2 runs first and restores r2 alone from the mirror, which moves Redis's
     round counter to 2. The next chained plan then took r1 (below that counter) for a round

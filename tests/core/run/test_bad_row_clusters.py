@@ -245,9 +245,10 @@ class NamesBadPayloads:
 def test_a_canary_whose_row_went_bad_since_is_not_taken_for_an_outage(
     resumed: bool, pg_engine, pg_schema_url, redis_url, key_prefix
 ):
-    """Found by the one-world model (long mode, seed 12: a round never closed once the faults
-    stopped, every try ended in DependencyFailedError): key 20 succeeds, then its row is updated
-    to a payload that fails validation (rows are mutable; only keys are not). Chunk (20, 40] is
+    """A way to the one-world model's long-mode seed 12 (a round never closed once the faults
+    stopped, every try ended in DependencyFailedError naming a poisoned item; the model poisons
+    keys that already succeeded, as a row updated since does): key 20 succeeds, then its row is
+    updated to a payload that fails validation (rows are mutable; only keys are not). Chunk (20, 40] is
     all bad, so it is isolated, and its canary is key 20, read again as it is now: it fails. The
     old code took that for an outage on every try (the canary of a resumed try is key 20 again),
     so the bad keys were never dead-lettered and the range never completed. A canary that fails
