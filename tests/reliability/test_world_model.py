@@ -49,6 +49,7 @@ from hypothesis.stateful import (
 from world_model import (
     FAULT_KINDS,
     TARGETS,
+    WORK_KINDS,
     ModelViolation,
     Servers,
     Tainted,
@@ -164,7 +165,8 @@ class WorldModel(RuleBasedStateMachine):
             if not self.w.fire(kind, self.fault_rng):
                 waiting.append(kind)
             else:
-                self.w.faults.counts[f"scheduled: {kind}"] += 1
+                what = "scheduled work" if kind in WORK_KINDS else "scheduled"
+                self.w.faults.counts[f"{what}: {kind}"] += 1
         self.due = waiting
 
     # -- plans and closes ---------------------------------------------------------------------

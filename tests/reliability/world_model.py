@@ -86,13 +86,20 @@ FAULT_KINDS = (
 )
 
 
+#: Work the schedule also does (twice as often as each fault), so the faults that act on workers
+#: find some: in a world whose drawn rules start no worker (a long run had one that drew only
+#: ``declare_new_stream``), a crash, stall or lost reply would wait for ever.
+WORK_KINDS = ("plan", "start worker", "step workers")
+
+
 def fault_schedule(rng: random.Random, steps: int, per_kind: int) -> dict[int, list[str]]:
-    """Step -> the fault kinds due then: every kind ``per_kind`` times at uniformly drawn steps
-    (a toggle's 'off' after its 'on'; a failover after a cut)."""
+    """Step -> the fault (and work) kinds due then: every fault kind ``per_kind`` times, every
+    work kind twice that, at uniformly drawn steps (a toggle's 'off' after its 'on'; a failover
+    after a cut)."""
     out: dict[int, list[str]] = {}
     last = max(steps - 1, 2)
-    for kind in FAULT_KINDS:
-        for _ in range(per_kind):
+    for kind in FAULT_KINDS + WORK_KINDS:
+        for _ in range(per_kind * (2 if kind in WORK_KINDS else 1)):
             at = rng.randint(1, last)
             out.setdefault(at, []).append(kind)
             if kind in ("dependency outage", "pause", "replica cut"):
@@ -754,6 +761,16 @@ class World:
             self.poison_key(pick)
         elif kind == "pause":
             self.pause(not self.paused)
+        elif kind == "plan":
+            self.plan_chained()
+        elif kind == "start worker":
+            rounds = self.open_rounds()
+            if not rounds:
+                return False
+            self.start_worker(rounds[pick % len(rounds)], rng.random() < 0.5, pick)
+        elif kind == "step workers":
+            for w in live:
+                self.step_worker(w)
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
         return True
