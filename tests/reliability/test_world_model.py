@@ -8,10 +8,14 @@ server) and, in most worlds, the checkpoint mirror. Rules: plan (chained from th
 with explicit bounds; with a ``where`` in some worlds), start a worker (one range, or pull mode
 with coalescing and splits), step a worker one chunk, crash one at any point, stall one past its
 lease, run out a dead owner's lease, retry a crashed task's lineage (takeover), lose a Redis reply,
-lose Redis, cut a replica and fail over to it, a mirror outage, poison an item, a dependency
-outage, pause and resume, rows inserted, deleted or moved out of ``where``, close a round. Worlds
+lose Redis, cut a replica and fail over to it (with the mirror or without one), a mirror outage,
+poison an item, a dependency outage, pause and resume, rows inserted, deleted or moved out of ``where``, close a round. Worlds
 differ in target, ``exactly_once``, mirror, chunk size, adaptive chunk size, group commit,
 prefetch, ranges and tasks.
+
+Besides the rules Hypothesis draws (a few per world), each world's fault schedule fires every
+kind of ``world_model.FAULT_KINDS`` ``KEYSET_MODEL_FAULTS_PER_KIND`` times (one per 40 steps by
+default) and plans, starts and steps workers; each world prints the rules and faults it fired.
 
 Seeds: ``KEYSET_MODEL_SEED=<n>`` replays a run (printed at the start and on failure); Hypothesis
 then prints the failing world's steps, shrunk. Short mode (default) is part of ``make test``;
