@@ -232,3 +232,73 @@ def test_a_round_the_promoted_replica_never_saw_is_traversed_and_closed_without_
     )
     t.close()
     t.mirror.engine.dispose()
+
+
+@pytest.mark.parametrize("how", ["redis loss", "failover"])
+def test_a_round_restored_alone_does_not_hide_the_open_chained_round_from_the_next_plan(
+    how: str, events_table, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    """The one-world model's long-mode seed 5 symptom (a chained plan while r1 was open returned
+    a new round, with a mirror), found by reading the restore paths: the open chained round r1 and an
+    explicit round r2 are mirrored; Redis loses the stream (or goes back to before both were
+    planned). A task of r2 runs first and restores r2 alone from the mirror, which moves Redis's
+    round counter to 2. The next chained plan then took r1 (below that counter) for a round
+    removed on purpose, left it unrestored and planned r3 from the watermark while r1 was open
+    (contract 2: a chained plan while a round is open returns that round). A restore of a round
+    above the counter now restores every round above it first (``StreamControl.restore``)."""
+    t = _traversal(pg_schema_url, redis_url, key_prefix)
+    before = Snapshot(redis_client, key_prefix)
+    r1 = t.plan(max_ranges=2, new_stream=True)
+    r2 = t.plan(max_ranges=1, start_key=100, end_key=200)
+    if how == "redis loss":
+        t.store.delete_stream()
+    else:
+        before.rewind()
+    res = t.traverse(r2.round_id, 0, lambda ch: None, chunk_size=50)
+    assert res.complete
+    again = t.plan(max_ranges=2)
+    assert (again.round_id, again.created) == (r1.round_id, False)
+    seen: Counter[int] = Counter()
+    for spec in again.ranges:
+        t.traverse(again.round_id, spec.range_id, lambda ch: seen.update(ch.keys), chunk_size=50)
+    assert t.close_round(r1.round_id).done == N_KEYS
+    assert sorted(seen) == list(range(1, N_KEYS + 1))
+    t.close()
+    t.mirror.engine.dispose()
+
+
+def test_a_range_whose_split_the_promoted_replica_lost_is_a_lost_lease_not_a_usage_error(
+    events_table, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    """Found by the one-world model (long mode, seed 7, world 91): range 1 was split off range 0
+    and recorded in the mirror; while a task processes it, Redis fails over to a replica that
+    never saw the split (one range). The task's commit finds its range gone; the restore from
+    the mirror puts the range's hash back but not the split (Redis's ranges are the partition),
+    so the round still has one range. The old code then ended the task with
+    ``ConfigurationError: round r1 has ranges 0..0; got range_id 1``, a usage error (and in pull
+    mode the whole call). It is a lease lost: the keys are range 0's again."""
+    from airflow_keyset_provider.core import LeaseLostError
+    from airflow_keyset_provider.core.keys import encode_key
+
+    t = _traversal(pg_schema_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=200, new_stream=True)
+    before = Snapshot(redis_client, key_prefix)
+    claim = t.store.claim(rnd.round_id, 0, "a#1", "a", 60_000)
+    assert t.store.request_split(rnd.round_id, 0, "idle-task") == "asked"
+    assert t.store.split(rnd.round_id, 0, claim.token, encode_key((100,))) == 1
+    t.store.release(rnd.round_id, 0, claim.token)
+    t.control._mirror_round(rnd.round_id)  # the mirror recorded the split
+    rewound: list[int] = []
+
+    def proc(ch: Any) -> None:
+        if not rewound:
+            rewound.append(1)
+            before.rewind()  # the failover, while this chunk is in hand
+
+    with pytest.raises(LeaseLostError, match="range 1"):
+        t.traverse(rnd.round_id, 1, proc, chunk_size=20)
+    res = t.traverse(rnd.round_id, 0, lambda ch: None, chunk_size=50)
+    assert res.complete
+    assert t.close_round(rnd.round_id).done == 200
+    t.close()
+    t.mirror.engine.dispose()

@@ -8,10 +8,14 @@ server) and, in most worlds, the checkpoint mirror. Rules: plan (chained from th
 with explicit bounds; with a ``where`` in some worlds), start a worker (one range, or pull mode
 with coalescing and splits), step a worker one chunk, crash one at any point, stall one past its
 lease, run out a dead owner's lease, retry a crashed task's lineage (takeover), lose a Redis reply,
-lose Redis, cut a replica and fail over to it, a mirror outage, poison an item, a dependency
-outage, pause and resume, rows inserted, deleted or moved out of ``where``, close a round. Worlds
+lose Redis, cut a replica and fail over to it (with the mirror or without one), a mirror outage,
+poison an item, a dependency outage, pause and resume, rows inserted, deleted or moved out of ``where``, close a round. Worlds
 differ in target, ``exactly_once``, mirror, chunk size, adaptive chunk size, group commit,
 prefetch, ranges and tasks.
+
+Besides the rules Hypothesis draws (a few per world), each world's fault schedule fires every
+kind of ``world_model.FAULT_KINDS`` ``KEYSET_MODEL_FAULTS_PER_KIND`` times (one per 40 steps by
+default) and plans, starts and steps workers; each world prints the rules and faults it fired.
 
 Seeds: ``KEYSET_MODEL_SEED=<n>`` replays a run (printed at the start and on failure); Hypothesis
 then prints the failing world's steps, shrunk. Short mode (default) is part of ``make test``;
@@ -46,7 +50,17 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from world_model import TARGETS, ModelViolation, Servers, Tainted, World, WorldConfig
+from world_model import (
+    FAULT_KINDS,
+    TARGETS,
+    WORK_KINDS,
+    ModelViolation,
+    Servers,
+    Tainted,
+    World,
+    WorldConfig,
+    fault_schedule,
+)
 from world_support import CRASH_POINTS
 
 WORLDS = rs.trials(6, 200)
@@ -56,8 +70,13 @@ WORLDS = rs.trials(6, 200)
 SHORT_SEED = 3
 STEPS = int(os.environ.get("KEYSET_MODEL_STEPS") or (120 if rs.LONG else 40))  # per world
 
+#: ``KEYSET_MODEL_FAULTS_PER_KIND``: how many times the world's schedule fires each fault kind
+#: (``world_model.FAULT_KINDS``) besides the fault rules Hypothesis draws; 1 per 40 steps.
+PER_KIND = int(os.environ.get("KEYSET_MODEL_FAULTS_PER_KIND") or max(1, STEPS // 40))
+
 _SERVERS: Servers | None = None
 TOTALS: Counter[str] = Counter()
+RULES: Counter[str] = Counter()  # rule steps drawn per rule, over the run
 TIMES: Counter[str] = Counter()  # seconds per rule (reported in verbose mode)
 #: ``KEYSET_MODEL_BUDGET_S``: a long run stops building worlds after this many seconds
 BUDGET_S = float(os.environ.get("KEYSET_MODEL_BUDGET_S") or 0)
@@ -130,6 +149,10 @@ class WorldModel(RuleBasedStateMachine):
         if BUDGET_S and time.monotonic() - STARTED > BUDGET_S:
             return  # the run's time budget is spent: the remaining examples build no world
         self.world = World(_SERVERS, cfg, random.Random(seed))
+        self.fault_rng = random.Random(seed ^ 0x5EED)
+        self.schedule = fault_schedule(self.fault_rng, STEPS, PER_KIND)
+        self.due: list[str] = []
+        self.rules: Counter[str] = Counter()
         with contextlib.suppress(ModelViolation):  # recorded; teardown raises it
             self.w.plan_chained(new_stream=True)
 
@@ -138,7 +161,17 @@ class WorldModel(RuleBasedStateMachine):
         if self._last:
             TIMES[self._last[0]] += now - self._last[1]
         self._last = (sys._getframe(1).f_code.co_name, now)
+        self.rules[self._last[0]] += 1
         self.w.step += 1
+        self.due += self.schedule.pop(self.w.step, [])
+        waiting = []
+        for kind in self.due:  # the world's fault schedule (a kind with nothing to act on waits)
+            if not self.w.fire(kind, self.fault_rng):
+                waiting.append(kind)
+            else:
+                what = "scheduled work" if kind in WORK_KINDS else "scheduled"
+                self.w.faults.counts[f"{what}: {kind}"] += 1
+        self.due = waiting
 
     # -- plans and closes ---------------------------------------------------------------------
     @rule()
@@ -312,6 +345,22 @@ class WorldModel(RuleBasedStateMachine):
     def exactly_once_holds(self) -> None:
         self.w.check_exactly_once()
 
+    def _summary(self) -> None:
+        """One line per world: its configuration, the rules drawn and the faults fired, per kind
+        (a run then shows each one fired)."""
+        w = self.w
+        c = w.cfg
+        verdict = "VIOLATION" if w.violations else "tainted" if w.tainted else "ok"
+        faults = ", ".join(f"{k} {v}" for k, v in sorted(w.faults.counts.items()))
+        rules = ", ".join(f"{k} {v}" for k, v in sorted(self.rules.items()))
+        print(
+            f"world {TOTALS['worlds']} {w.name} [{verdict}] {c.target} keys={c.keys} "
+            f"eo={int(c.exactly_once)} mirror={int(c.mirror)} record={int(c.record)} "
+            f"where={int(c.where)} chunk={c.chunk}x{c.group} ranges={c.max_ranges} "
+            f"tasks={c.tasks}: {w.step} steps\n  rules: {rules}\n  faults: {faults}",
+            flush=True,
+        )
+
     def teardown(self) -> None:
         if self.world is None:
             return
@@ -325,6 +374,8 @@ class WorldModel(RuleBasedStateMachine):
             TOTALS["worlds"] += 1
             TOTALS["steps"] += self.w.step
             TOTALS.update(self.w.faults.counts)
+            RULES.update(self.rules)
+            self._summary()
             self.w.close()
             if REPORT:
                 Path(REPORT).write_text(json.dumps(dict(TOTALS), indent=1, sort_keys=True))
@@ -381,5 +432,9 @@ def test_one_world(servers: Servers, caplog: pytest.LogCaptureFixture) -> None:
             note=f"seed {seed}; {TOTALS['steps']} steps; faults: {faults}",
         )
         print(f"one-world model: {dict(TOTALS)}")
+        print(f"one-world model, rule steps per rule: {dict(RULES.most_common())}")
+        never = [k for k in FAULT_KINDS if not TOTALS[f"scheduled: {k}"]]
+        if never:
+            print(f"one-world model: fault kinds the schedule never fired: {never}")
         if os.environ.get("KEYSET_MODEL_VERBOSE"):
             print("seconds per rule:", {k: round(v, 1) for k, v in TIMES.most_common()})

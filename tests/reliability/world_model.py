@@ -43,6 +43,7 @@ import redis_servers
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 from world_support import (
+    CRASH_POINTS,
     LEASE_S,
     LOST_REPLY,
     Ended,
@@ -67,6 +68,46 @@ from airflow_keyset_provider.core.rounds.durability import PlannedRound, StreamR
 
 TARGETS = ("postgresql", "sqlite", "mariadb")
 MAX_LIVE = 6  # live (parked) workers per world
+#: What a world's fault schedule fires (``World.fire``): each kind a fixed number of times per
+#: world at steps drawn from the world's seed, whatever rules Hypothesis draws (its rule choice is
+#: far from uniform: a long run once drew no crash, failover or lost reply at all). A dependency
+#: outage and a pause toggle (on, then off at a later firing); a failover needs a cut before it.
+FAULT_KINDS = (
+    "crash",
+    "stall",
+    "retry lineage",
+    "lost reply",
+    "lost reply (surfaced)",
+    "redis loss",
+    "replica cut",
+    "failover",
+    "mirror outage",
+    "dependency outage",
+    "poison",
+    "pause",
+)
+
+
+#: Work the schedule also does (twice as often as each fault), so the faults that act on workers
+#: find some: in a world whose drawn rules start no worker (a long run had one that drew only
+#: ``declare_new_stream``), a crash, stall or lost reply would wait for ever.
+WORK_KINDS = ("plan", "start worker", "step workers")
+
+
+def fault_schedule(rng: random.Random, steps: int, per_kind: int) -> dict[int, list[str]]:
+    """Step -> the fault (and work) kinds due then: every fault kind ``per_kind`` times, every
+    work kind twice that, at uniformly drawn steps (a toggle's 'off' after its 'on'; a failover
+    after a cut)."""
+    out: dict[int, list[str]] = {}
+    last = max(steps - 1, 2)
+    for kind in FAULT_KINDS + WORK_KINDS:
+        for _ in range(per_kind * (2 if kind in WORK_KINDS else 1)):
+            at = rng.randint(1, last)
+            out.setdefault(at, []).append(kind)
+            if kind in ("dependency outage", "pause", "replica cut"):
+                then = "failover" if kind == "replica cut" else kind
+                out.setdefault(min(at + rng.randint(1, 12), last), []).append(then)
+    return out
 
 
 class ModelViolation(AssertionError):
@@ -247,11 +288,23 @@ class ModelRound:
     closed: int | None = None
     lost: bool = False  # Redis lost it without a mirror: it can only be refused from now on
     rebase: bool = False  # the explicit re-plan after a loss: its close sets a missing watermark
+    reopened: bool = False  # closed, then open again (a failover without a mirror went back)
+    close_raised: bool = False  # a close raised on a mirror outage: Redis may have closed it
 
     @property
     def key(self) -> str:
         """The round as the effects table names it."""
         return f"g{self.gen}:{self.round_id}"
+
+
+@dataclass
+class CutState:
+    """The model's record at a replica cut (a failover without a mirror goes back to it)."""
+
+    n_rounds: int
+    states: list[tuple[int | None, bool]]  # (closed, lost) per round then
+    watermark: int
+    flags: tuple[bool, bool, bool, bool]  # no_watermark, refused, lost_unmirrored, plan_pending
 
 
 @dataclass
@@ -295,6 +348,7 @@ class World:
         self.flaky: set[int] = set()  # fails its first attempt in each round only
         self.flaky_seen: set[tuple[str, int]] = set()
         self.outage = False
+        self.paused = False
         self.rounds: list[ModelRound] = []
         self.watermark = 0
         self.plan_pending = False  # a chained plan raised on a mirror outage: its retry returns it
@@ -302,6 +356,9 @@ class World:
         self.workers: list[Worker] = []
         self.faults = Faults()
         self.snapshot: dict[bytes, tuple[bytes, int]] | None = None
+        self.at_cut: CutState | None = None
+        self.regressions = 0  # failovers without a mirror
+        self.regressed_starts: set[int] = set()  # where a chained plan may start after one
         self.lost_unmirrored = False
         self.gen = 0
         self.attempted: dict[str, set[int]] = {}  # keys handed to the processor, per round
@@ -464,6 +521,9 @@ class World:
     def plan_chained(self, new_stream: bool = False) -> None:
         """A chained plan (``new_stream``: the caller declares the stream new, as the first plan
         of every world does and as a person may after a refusal: it starts below every key)."""
+        if self.regressed_starts and not new_stream:
+            self._plan_after_regression()
+            return
         expect_refusal = self.expect_refusal() and not new_stream
         failed_before = self.mirror_faults.failed
         try:
@@ -502,13 +562,25 @@ class World:
             self.faults.counts["stream restored from the durable record"] += 1
             self.refused = self.lost_unmirrored = False
         open_chained = [r for r in self.rounds if r.chained and r.closed is None and not r.lost]
+        if open_chained and rnd.created and open_chained[-1].close_raised:
+            # its close raised on a mirror outage after Redis closed it: the plan went on from
+            # its end; the close's retry (the barrier's) returns its totals
+            old = open_chained[-1]
+            self.close_round(old)
+            if old.closed is None:  # the retry raised on the mirror again: closed in Redis
+                old.closed, self.watermark, self.no_watermark = self.step, old.end, False
+            self.faults.counts["chained plan after a close that raised"] += 1
+            open_chained = [r for r in open_chained if r.closed is None]
         if open_chained:
             if rnd.round_id != open_chained[-1].round_id or rnd.created:
                 self.fail(f"a chained plan while {open_chained[-1]} is open returned {rnd}")
             return
         pending, self.plan_pending = self.plan_pending, False
         if not rnd.created and not pending:
-            self.fail(f"a chained plan with no open chained round returned an old one: {rnd}")
+            self.fail(
+                f"a chained plan with no open chained round returned an old one: {rnd} (the "
+                f"model's rounds: {self.rounds})"
+            )
         if start != self.watermark:
             self.fail(
                 f"silent restart: a chained plan started at {start}, the watermark is "
@@ -519,6 +591,40 @@ class World:
                 f"the chained plan ends at {end}, the largest key present is "
                 f"{self.expected_end(start)} (a silent empty or short round)"
             )
+        self.rounds.append(ModelRound(rnd.round_id, start, end, True, self.step, self.gen))
+
+    def _plan_after_regression(self) -> None:
+        """The first chained plan after a failover without a mirror (``_regress``)."""
+        try:
+            rnd = self.admin.plan(max_ranges=self.cfg.max_ranges, record=self.record())
+        except StreamStateLostError:
+            self.refused = True
+            self.faults.counts["plan refused after a failover (no mirror)"] += 1
+            return
+        except Exception as exc:
+            self.fail(f"a chained plan after a failover failed: {type(exc).__name__}: {exc}")
+            return
+        start, end = _dec(rnd.start_encoded), _dec(rnd.end_encoded)
+        open_chained = [r for r in self.open_rounds() if r.chained]
+        if not rnd.created:
+            if rnd.round_id not in {r.round_id for r in open_chained}:
+                self.fail(
+                    f"a chained plan after a failover returned {rnd}, not a chained round the "
+                    f"replica has open ({open_chained})"
+                )
+            return
+        if start not in self.regressed_starts:
+            self.fail(
+                f"a chained plan after a failover started at {start}: neither the replica's "
+                f"watermark nor the record's ({sorted(self.regressed_starts)})"
+            )
+        if end != self.expected_end(start):
+            self.fail(f"the chained plan after a failover ends at {end}, not at the largest key")
+        for r in open_chained:
+            r.chained = False  # the replica has no open chained round: they close as explicit
+        self.regressed_starts.add(start)
+        self.watermark = start
+        self.no_watermark = self.refused = self.lost_unmirrored = False
         self.rounds.append(ModelRound(rnd.round_id, start, end, True, self.step, self.gen))
 
     def plan_explicit(self, a: int, b: int) -> None:
@@ -674,6 +780,8 @@ class World:
             explained |= {"ConnectionError", "StoreUnavailableError"}
         if self.faults.counts["failover"] or self.faults.counts["redis loss"]:
             explained |= {"CursorConflictError"}
+        if self.regressions:
+            explained |= {"CursorConflictError", "RoundStateLostError", "RoundNotFoundError"}
         if self.mirror_faults.failed:
             explained |= {"RoundStateLostError"}
         if name not in explained:
@@ -682,6 +790,60 @@ class World:
             )
 
     # -- faults ---------------------------------------------------------------------------------
+    def fire(self, kind: str, rng: random.Random) -> bool:
+        """Fire one fault of ``kind`` (``FAULT_KINDS``) with arguments drawn from ``rng`` (the
+        world's fault schedule). False when it had nothing to act on (no live worker, no crashed
+        lineage, no replica cut): the schedule tries it again at the next step."""
+        live = self.live_workers()
+        pick = rng.randrange(1 << 16)
+        if kind in ("crash", "stall", "lost reply", "lost reply (surfaced)") and not live:
+            return False
+        if kind == "crash":
+            self.crash(live[pick % len(live)], rng.choice(CRASH_POINTS), rng.randint(1, 8))
+        elif kind == "stall":
+            self.stall(live[pick % len(live)])
+        elif kind in ("lost reply", "lost reply (surfaced)"):
+            self.lose_reply(live[pick % len(live)], kind.endswith("(surfaced)"))
+        elif kind == "retry lineage":
+            dead = [x for x in self.workers if x.ended is not None and x.ended.status == "crashed"]
+            rounds = {r.round_id: r for r in self.open_rounds()}
+            dead = [x for x in dead if x.round_id in rounds]
+            if not dead:
+                return False
+            x = dead[pick % len(dead)]
+            self.start_worker(rounds[x.round_id], x.mode == "pull", x.range_id, x.lineage)
+        elif kind == "redis loss":
+            self.redis_loss()
+        elif kind == "replica cut":
+            self.cut()
+        elif kind == "failover":
+            if self.snapshot is None:
+                return False
+            self.failover()
+        elif kind == "mirror outage":
+            if not self.cfg.mirror:
+                return False
+            self.mirror_outage(rng.randint(1, 4))
+        elif kind == "dependency outage":
+            self.set_outage(not self.outage)
+        elif kind == "poison":
+            self.poison_key(pick)
+        elif kind == "pause":
+            self.pause(not self.paused)
+        elif kind == "plan":
+            self.plan_chained()
+        elif kind == "start worker":
+            rounds = self.open_rounds()
+            if not rounds:
+                return False
+            self.start_worker(rounds[pick % len(rounds)], rng.random() < 0.5, pick)
+        elif kind == "step workers":
+            for w in live:
+                self.step_worker(w)
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        return True
+
     def crash(self, w: Worker, point: str, n: int) -> None:
         """Arm a crash: the worker dies when it next passes the point (the n-th time), in this
         step or a later one."""
@@ -765,17 +927,58 @@ class World:
     def cut(self) -> None:
         """The replica stops replicating here (it has everything acknowledged so far)."""
         self.snapshot = dump_prefix(self.redis, self.prefix)
+        self.at_cut = CutState(
+            len(self.rounds),
+            [(r.closed, r.lost) for r in self.rounds],
+            self.watermark,
+            (self.no_watermark, self.refused, self.lost_unmirrored, self.plan_pending),
+        )
         self.faults.counts["replica cut"] += 1
 
     def failover(self) -> None:
         """The lagging replica is promoted: Redis goes back to the cut."""
-        if self.snapshot is None or not self.cfg.mirror:
+        if self.snapshot is None or self.at_cut is None:
             return
         open_ranges = self._open_ranges()
         restore_prefix(self.redis, self.prefix, self.snapshot)
         self.snapshot = None
-        self.faults.counts["failover"] += 1
-        self._replay_allowance(open_ranges, "failover")
+        if self.cfg.mirror:
+            self.faults.counts["failover"] += 1
+            self._replay_allowance(open_ranges, "failover")
+            return
+        self._regress(self.at_cut)
+
+    def _regress(self, cut: CutState) -> None:
+        """A failover with no mirror: nothing outside Redis can tell the promoted replica is
+        older than what was committed (docs/howto-redis.md, "Failover with a lagging replica";
+        ``core/rounds/durability.py``: a record's watermark and round counter still move Redis's
+        forward). What the engine promises then, and the model judges:
+
+        - the stream goes back to the cut as a whole: rounds planned since are unknown to Redis
+          (their workers fail with an error naming the loss; their ids are handed out again, so
+          the model's effects of a new round are told apart by generation), rounds closed since
+          are open again and close again, covered;
+        - the next chained plan starts at the replica's watermark or (a record) at the record's,
+          returns the round the replica has open, or is refused (``StreamStateLostError``),
+          never below the replica's watermark;
+        - keys committed after the cut are delivered again: no replay bound without a mirror
+          (reported as unbounded), but with ``exactly_once`` none twice (the target's ledger);
+        - every round still in Redis closes once the faults stop."""
+        self.faults.counts["failover (no mirror)"] += 1
+        self.faults.unbounded.append("failover without a mirror")
+        self.regressed_starts |= {cut.watermark, self.watermark}
+        for i, r in enumerate(self.rounds):
+            if i < cut.n_rounds:
+                was_closed = r.closed
+                r.closed, r.lost = cut.states[i]
+                if was_closed is not None and r.closed is None:
+                    r.reopened = True
+            elif r.closed is None:
+                r.lost = True
+        self.watermark = cut.watermark
+        self.no_watermark, self.refused, self.lost_unmirrored, self.plan_pending = cut.flags
+        self.regressions += 1
+        self.gen += 1
 
     def mirror_outage(self, n: int) -> None:
         if self.cfg.mirror:
@@ -788,6 +991,7 @@ class World:
         self.outage = on
 
     def pause(self, on: bool) -> None:
+        self.paused = on
         try:
             if on:
                 self.admin.pause("model", "model")
@@ -828,7 +1032,10 @@ class World:
             totals = self.admin.close_round(r.round_id)
         except Exception as exc:
             if self.mirror_faults.failed > failed_before and not must:
+                # Redis may have closed it (the mirror write after the close failed): a chained
+                # plan before the close's retry may then find no open chained round
                 self.faults.counts["close failed: mirror outage"] += 1
+                r.close_raised = True
                 return
             if must:
                 ends = [
@@ -850,6 +1057,8 @@ class World:
             self.check_closed(r, totals)
             if r.chained:
                 self.watermark, self.no_watermark = r.end, False
+                if self.regressions:
+                    self.regressed_starts.add(r.end)
             elif r.rebase and self.no_watermark:
                 # the stream's new base (a record's watermark still moves Redis's forward)
                 self.watermark = max(self.watermark, r.end) if self.cfg.record else r.end
@@ -886,12 +1095,16 @@ class World:
             self.fail(f"round {r.round_id}: a poisoned row had an effect: {delivered_bad[:10]}")
         if totals.dead != len(dead):
             self.fail(f"round {r.round_id}: dead {totals.dead}, {len(dead)} dead letters")
-        stable_delivered = sum(1 for k in stable if effects[k] > 0)
+        # a key delivered, then (its commit lost with Redis, or its cursor gone back) delivered
+        # again after it was poisoned, is dead-lettered: counted dead, not done
+        stable_delivered = sum(1 for k in stable if effects[k] > 0 and k not in dead)
         if not stable_delivered <= totals.done <= len(effects):
             self.fail(
                 f"round {r.round_id}: done {totals.done}, delivered {len(effects)} distinct keys "
                 f"of which {stable_delivered} were present throughout"
             )
+        if r.reopened or self.regressions:
+            return  # a failover without a mirror: the record may have moved the watermark past
         if r.chained and totals.watermark is not None and int(totals.watermark) != r.end:
             self.fail(f"round {r.round_id} closed with watermark {totals.watermark}, end {r.end}")
 

@@ -38,6 +38,7 @@ from ..keys import MIN_KEY, decode_key, decode_user_key, display_key, from_tuple
 from ..pace.stream_control import ControlState, StreamSwitch
 from ..store.cursor_store import Closed, CursorStore, Gap, Unrecoverable
 from ..store.reads import stream_names
+from .durability import round_number
 from .mirror import CheckpointMirror
 from .regressions import closed_by_mirror, end_split_parents, reconcile
 from .status import RangeState, RangeStatus, RoundState, RoundStatus, StreamStatus
@@ -118,6 +119,15 @@ class StreamControl:
         doc = self.mirror.load_round(self.stream, round_id) if self.mirror else None
         if doc is None:
             return False
+        if round_number(round_id) > (self.store.round_counter() or 0):
+            # Redis never heard of it (it lost the stream, or went back to a lagging replica):
+            # restoring it alone would move the round counter past the other rounds it lost,
+            # and the next plan would take those for rounds removed on purpose (an open chained
+            # round left unrestored, its chained plan a new round). Every round above the
+            # counter is restored first (``reconcile``: the counter moves once, past all).
+            self.recover_stream()
+            if self.store.round_state(round_id) is not None:
+                return True
         info, ranges = doc
         # splits append ranges: never restore fewer than the mirror holds (two owners' split
         # records may land in either order)

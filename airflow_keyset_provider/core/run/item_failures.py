@@ -12,8 +12,9 @@ The rule (docs/contract.md, "Item failures and dependency failures"):
   1. Canary: one key this range already processed successfully (the last one this try saw
      succeed, with its row as delivered then if it no longer matches ``where``; else the highest
      of the range's first ``chunk_size`` committed keys that neither waits for retry nor is dead)
-     is processed alone again (at-least-once allows it). If it fails, the dependency is down: an
-     outage.
+     is processed alone again (at-least-once allows it). If it fails, the next such key is (its
+     row may have gone bad since it succeeded), up to ``CANARIES`` keys; if every one fails, the
+     dependency is down: an outage.
   2. If the canary succeeded and the processor named the failed items, they are item failures as
      named. If it raised, or there was no canary, the chunk is bisected: each half is processed
      on its own, a half that fails as a whole is halved again, down to single items. A part that
@@ -23,7 +24,8 @@ The rule (docs/contract.md, "Item failures and dependency failures"):
      alone are item failures (retried, then dead-lettered) and the cursor moves on. If none did,
      it is an outage.
 
-Bounds, per attempt of an ``n``-item chunk: the canary is one call; bisection makes at most
+Bounds, per attempt of an ``n``-item chunk: the canaries are at most ``CANARIES`` calls (one
+when the first succeeds); bisection makes at most
 ``2n - 2`` calls over ``ceil(log2 n)`` levels, each item delivered at most once per level. Until
 a probe has succeeded, bisection gives up (outage) after ``2 ceil(log2 n) + 1`` parts that failed
 as a whole, so a real outage without a canary costs that many calls at most.
@@ -34,7 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +51,10 @@ if TYPE_CHECKING:
     from .commits import RangeCommits
 
 log = logging.getLogger("airflow_keyset_provider")
+
+#: At most this many canaries per isolation: a canary that fails may be a row that went bad since
+#: it succeeded, so another key that succeeded before is probed before blaming the dependency.
+CANARIES = 3
 
 
 class IsolationStopped(Exception):
@@ -212,15 +218,34 @@ class ItemFailures:
         processor that moves each row out of the filter: ``UPDATE ... SET status = 'DONE'``)
         the last key this try saw succeed is probed with its row as it was delivered then. The
         probe re-processes a row the processor accepted before, which at-least-once allows (the
-        processor is idempotent anyway); the row is never re-read without ``where``."""
-        key = self._canary_key()
-        if key is None:
-            return None
+        processor is idempotent anyway); the row is never re-read without ``where``.
+
+        A canary that fails may be a row that changed since it succeeded (rows are mutable, only
+        keys are not): its failure is its own, not the dependency's. So up to ``CANARIES`` keys
+        are probed, each another key that succeeded before; the dependency is down only when
+        every one fails (an outage costs ``CANARIES`` canary calls per attempt, not one)."""
+        tried: set[str] = set()
+        failed = False
+        for key in self._canary_keys():
+            if key in tried:
+                continue
+            tried.add(key)
+            ok = self._probe_canary(key, attempt)
+            if ok:
+                return True
+            if ok is False:
+                failed = True
+                if len(tried) >= CANARIES:
+                    break
+        return False if failed else None
+
+    def _probe_canary(self, key: str, attempt: int) -> bool | None:
         rows: Sequence[tuple] = self.run.source.fetch_keys([key])
         if not rows and key == self.last_good and self.last_good_row is not None:
             rows = [self.last_good_row]
         if not rows:
-            self.last_good = self.last_good_row = None
+            if key == self.last_good:
+                self.last_good = self.last_good_row = None
             return None
         self.run.probing = True  # exactly_once rolls a canary's writes back (run/ledger.py)
         try:
@@ -233,32 +258,38 @@ class ItemFailures:
             self.run.round_id,
             self.run.range_id,
             display_key(key, self.run.arity),
-            "succeeded: the dependency is up" if ok else "failed: the dependency is down",
+            "succeeded: the dependency is up" if ok else "failed",
         )
+        if not ok and key == self.last_good:
+            self.last_good = self.last_good_row = None  # the next isolation starts elsewhere
         return ok
 
-    def _canary_key(self) -> str | None:
-        """The last key this try saw succeed; else (a resumed try) the highest key this range
-        committed among its first ``chunk_size`` that neither waits for retry nor is dead."""
+    def _canary_keys(self) -> Iterator[str]:
+        """Canary candidates, best first: the last key this try saw succeed, then (a resumed
+        try, or that one failed) the range's committed keys among its first ``chunk_size`` that
+        neither wait for retry nor are dead, highest first."""
         if self.last_good is not None:
-            return self.last_good
+            yield self.last_good
+        yield from self._committed_good_keys()
+
+    def _committed_good_keys(self) -> list[str]:
         run = self.run
         if self._lo is None:
             self._lo = run.store.range(run.round_id, run.range_id)["lo"]
         cursor = run.state.cursor
         if cursor == self._lo:
-            return None  # nothing committed yet: every key below is another range's
+            return []  # nothing committed yet: every key below is another range's
         rows = run.source.fetch(self._lo, cursor, run.o.chunk_size)
         keys = [encode_key(tuple(r[: run.arity])) for r in materialize(rows)]
         release(rows)
         if not keys:
-            return None
+            return []
         waiting = run.store.retry_states(run.round_id, run.range_id, keys)
         dead = {
             d["key"] for d in run.store.dead_letters(run.round_id, run.range_id, run.o.dead_cap)
         }
         good = [k for k, w in zip(keys, waiting, strict=True) if w is None and k not in dead]
-        return good[-1] if good else None
+        return good[::-1]
 
     def _log_isolated(self, rows: Sequence[tuple], failed: dict[str, str], how: str) -> None:
         log.warning(

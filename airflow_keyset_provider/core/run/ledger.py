@@ -67,6 +67,7 @@ from ..sql.ledger import (
     Interval,
     LedgerTables,
     add_failed,
+    adopt_round,
     create_ledger,
     extend_interval,
     ledger_table,
@@ -183,9 +184,26 @@ def _claim_ledger(
         known.add(tables.intervals.name)
     t, key = tables.intervals, (ctx.stream, round_id)
     counters = (claim.done, claim.skipped)
+    planned = ctx.store.round_info(round_id).get("created_ms", "")
     with ctx.target.begin() as conn:
         limit_statement_time(conn, o.lease_ms)
         epoch = lock_round(conn, t, *key, bump=True)
+        adopted = adopt_round(conn, tables, key, planned)
+        if adopted == "older":
+            raise LeaseLostError(
+                f"round {round_id} range {range_id}: the target's ledger belongs to a round "
+                f"{round_id} planned later than the one this Redis holds (planned at "
+                f"{planned} ms): this Redis is stale (a replica that lost the newer plan); "
+                "nothing was claimed on the target"
+            )
+        if adopted == "dropped":
+            log.warning(
+                "round %s of stream %s: the target's ledger held an earlier round of the same id "
+                "(Redis lost the stream and handed the id out again); its intervals are not this "
+                "round's and were dropped",
+                round_id,
+                ctx.stream,
+            )
         rows = read_intervals(conn, t, *key)
         taken = [r for r in rows if r.lo < claim.hi and r.hi >= claim.cursor]
         take_intervals(conn, t, [r.seg for r in taken], key, epoch)

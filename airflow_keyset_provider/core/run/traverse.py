@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..chunk import Processor
-from ..errors import ConfigurationError, KeysetError, RoundStateLostError
+from ..errors import ConfigurationError, KeysetError, LeaseLostError, RoundStateLostError
 from ..options import TraverseOptions
 from ..pace.stream_control import Pace, Pacer, make_pacer
 from ..store.cursor_store import Claim
@@ -188,6 +188,21 @@ def check_range(ctx: RunContext, round_id: str, range_id: int) -> int:
     return n_ranges
 
 
+def _gone_with_a_split(ctx: RunContext, round_id: str, range_id: int) -> None:
+    """After a restore: a range id beyond the round's ranges was made by a split Redis lost (a
+    failover to a replica that never saw it; the restore keeps Redis's partition, so its keys
+    are the range it was split from again). The range is gone, not a usage error: its lease is
+    lost (``LeaseLostError``), and the keys are traversed with the range that holds them."""
+    n_ranges = int(ctx.store.round_info(round_id)["n_ranges"])
+    if 0 <= range_id < n_ranges:
+        return
+    raise LeaseLostError(
+        f"round {round_id} range {range_id}: Redis lost the split that made this range (a "
+        f"failover to a replica that never saw it; the round has ranges 0..{n_ranges - 1} "
+        "again); its keys belong to the range it was split from, which traverses them"
+    )
+
+
 def run_restoring(
     ctx: RunContext,
     round_id: str,
@@ -213,6 +228,7 @@ def run_restoring(
             if not ctx.control.restore(round_id):
                 raise
             ctx.metrics.incr("state.restored", tags=ctx.tags)
+            _gone_with_a_split(ctx, round_id, range_id)
             checked = False
             if on_restore is not None:
                 on_restore()

@@ -6,8 +6,10 @@ failover to a replica; a key interval does not).
 ``keyset_ledger`` holds, per ``(stream, round_id)``:
 
 - the round's head (``seg = 0``): ``epoch`` is the round's generation of claims (bumped by every
-  claim's ledger step, never going back), and its row is the lock that serializes the ledger
-  steps of the round (a claim, and the last statement of a commit);
+  claim's ledger step, never going back), ``hi`` the ``created_ms`` of the round it belongs to
+  (a round id handed out again after Redis lost the stream starts with an empty ledger:
+  ``adopt_round``), and its row is the lock that serializes the ledger steps of the round (a
+  claim, and the last statement of a commit);
 - its committed intervals (``seg >= 1``): ``(lo, hi]`` (encoded keys) whose writes committed,
   disjoint; ``epoch`` the generation of the claim that owns it (a claim takes every interval
   that overlaps its keys or ends at its cursor, so an older owner's step is fenced); ``done`` /
@@ -178,6 +180,36 @@ def lock_round(conn: sa.Connection, t: sa.Table, stream: str, round_id: str, bum
     if not bump:
         return 0
     return int(conn.execute(sa.select(t.c.epoch).where(where)).scalar_one())
+
+
+def adopt_round(
+    conn: sa.Connection, tables: LedgerTables, key: tuple[str, str], planned: str
+) -> str:
+    """Bind the round's ledger to the round planned at ``planned`` (its ``created_ms`` in Redis,
+    kept in the head row's ``hi``; call it with the head locked). A round id can be handed out
+    again (Redis lost the stream, or failed over to a lagging replica, without a mirror): the
+    ledger of the earlier round of that id is not this round's. Returns ``"same"`` (or no
+    ``planned`` to compare), ``"adopted"`` (a head with none yet: a new round, or one from
+    before this field), ``"dropped"`` (an earlier round's intervals and failed items were
+    removed: its stale owners' commits find no interval of theirs, fenced), or ``"older"``
+    (this claim's Redis holds an earlier round of the id than the one the ledger belongs to: a
+    stale Redis; nothing is changed and the claim must not go on)."""
+    t, failed = tables.intervals, tables.failed
+    head = sa.and_(_round(t, *key), t.c.seg == HEAD)
+    known = conn.execute(sa.select(t.c.hi).where(head)).scalar() or ""
+    if not planned or known == planned:
+        return "same"
+    if known and _ms(planned) < _ms(known):
+        return "older"
+    if known:
+        conn.execute(sa.delete(t).where(_round(t, *key), t.c.seg != HEAD))
+        conn.execute(sa.delete(failed).where(_round(failed, *key)))
+    conn.execute(sa.update(t).where(head).values(hi=planned))
+    return "dropped" if known else "adopted"
+
+
+def _ms(value: str) -> int:
+    return int(value) if value.isdigit() else 0
 
 
 def read_intervals(conn: sa.Connection, t: sa.Table, stream: str, round_id: str) -> list[Interval]:

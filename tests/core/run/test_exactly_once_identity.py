@@ -214,6 +214,9 @@ def test_two_live_identities_of_the_same_keys_never_both_commit_them(
     primary = traversal(pg_schema_url, redis_url, f"{key_prefix}:primary", target_url=url)
     rnd = replica.plan(max_ranges=1, start_key=0, end_key=400)
     assert primary.plan(max_ranges=1, start_key=0, end_key=400).round_id == rnd.round_id
+    # one round in two Redis states: the replica holds the primary's copy of it (its plan time)
+    planned = replica.store.round_info(rnd.round_id)["created_ms"]
+    primary.store.set_round_field(rnd.round_id, "created_ms", planned)
     claim = primary.store.claim(rnd.round_id, 0, "old#1", "old", 60_000)
     assert primary.store.request_split(rnd.round_id, 0, "idle-task") == "asked"
     assert primary.store.split(rnd.round_id, 0, claim.token, encode_key((200,))) == 1
@@ -288,6 +291,9 @@ def test_an_empty_interval_of_a_range_a_failover_lost_does_not_fence_its_keys(
     primary = traversal(pg_schema_url, redis_url, f"{key_prefix}:primary", target_url=url)
     rnd = replica.plan(max_ranges=1, start_key=0, end_key=400)
     assert primary.plan(max_ranges=1, start_key=0, end_key=400).round_id == rnd.round_id
+    # one round in two Redis states: the replica holds the primary's copy of it (its plan time)
+    planned = replica.store.round_info(rnd.round_id)["created_ms"]
+    primary.store.set_round_field(rnd.round_id, "created_ms", planned)
     claim = primary.store.claim(rnd.round_id, 0, "old#1", "old", 60_000)
     assert primary.store.request_split(rnd.round_id, 0, "idle-task") == "asked"
     assert primary.store.split(rnd.round_id, 0, claim.token, encode_key((210,))) == 1
