@@ -326,6 +326,7 @@ class KeysetTraversal:
             chunk_size=chunk_size,
             workers=workers,
             sample_chunks=sample_chunks,
+            mirror=self.mirror,
         )
         budget = self.control.control_state().max_rows_per_second
         return rehearse(self.source, self.store, self.target, request, budget)

@@ -13,7 +13,8 @@ count of the range on SQLite, which has no range estimate). Then the chunk query
 and timed, the processor runs on each in a rolled-back target transaction (``trial``), and the ETA follows
 (``eta``).
 
-Writes nothing: Redis is only read (``CursorStore.peek``, not ``lookup``; no mirror restore, no
+Writes nothing: Redis is only read (``CursorStore.peek``, not ``lookup``; the checkpoint mirror only
+read, what the plan would restore from it reported, never restored; no
 stream record), the source only read (``EXPLAIN`` without ``ANALYZE``), the target rolled back.
 """
 
@@ -28,8 +29,10 @@ from ..chunk import Chunk
 from ..errors import ConfigurationError
 from ..keys import MIN_KEY, decode_user_key, display_key, encode_key, to_json
 from ..rounds import stream_key
+from ..rounds.durability import round_number
 from ..rounds.planner import check_max_ranges, split
 from ..sql.source import materialize, release
+from ..states import RoundState
 from .eta import estimate
 from .report import RangeEstimate, RoundPreview, SampleRead
 from .trial import try_processor
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     import sqlalchemy as sa
 
     from ..rounds.durability import StreamRecord
+    from ..rounds.mirror import CheckpointMirror
     from ..sql.source import SqlSource
     from ..store.cursor_store import CursorStore
 
@@ -59,6 +63,9 @@ class PreviewRequest:
     chunk_size: int = 1000
     workers: int = 1
     sample_chunks: int = 8
+    #: the stream's checkpoint mirror: what the plan would restore from it when Redis lost the
+    #: stream (read only; never restored by a preview)
+    mirror: CheckpointMirror | None = None
 
 
 def rehearse(
@@ -86,7 +93,17 @@ def rehearse(
     problems: list[str] = []
     chained = req.start is None
     existing = store.peek(req.round_key, chained)
-    if existing is not None:
+    mirrored = None if existing is not None else _mirrored_round(store, req, chained)
+    if mirrored is not None:
+        info, docs = mirrored
+        existing = info["id"]
+        start, end = info["start"], info["end"]
+        bounds = [(r["lo"], r["hi"]) for r in docs if r["lo"] != r["hi"]]
+        notes.append(
+            f"Redis has no state of round {existing} (state {info.get('state')}); the plan "
+            "would restore it from the checkpoint mirror and return it unchanged"
+        )
+    elif existing is not None:
         info = store.round_info(existing)
         start, end = info["start"], info["end"]
         bounds = [(r["lo"], r["hi"]) for r in store.ranges(existing, int(info["n_ranges"]))]
@@ -167,6 +184,14 @@ def _start(store: CursorStore, req: PreviewRequest, notes: list[str], problems: 
     if req.start is not None:
         return req.start
     watermark = store.watermark()
+    mirrored = _mirrored_watermark(store, req)
+    if mirrored is not None and (watermark is None or mirrored > watermark):
+        notes.append(
+            f"Redis's watermark of stream {store.stream} is "
+            f"{'missing' if watermark is None else 'behind'}; the plan would move it to the "
+            "checkpoint mirror's"
+        )
+        return mirrored
     if watermark is not None:
         return watermark
     record = req.record
@@ -243,3 +268,34 @@ def _redis_round_trip(store: CursorStore) -> float:
         store.ping()
         times.append(time.monotonic() - started)
     return sorted(times)[2]
+
+
+def _mirrored_round(
+    store: CursorStore, req: PreviewRequest, chained: bool
+) -> tuple[dict[str, str], list[dict[str, Any]]] | None:
+    """The round the plan would restore from the checkpoint mirror and return (Redis lost it):
+    the round of this request's key, or the stream's open chained round; read only."""
+    mirror = req.mirror
+    if mirror is None or not mirror.exists():
+        return None
+    found: dict[str, str] | None = None
+    for info in sorted(mirror.rounds(store.stream), key=lambda i: -round_number(i["id"])):
+        if store.round_state(info["id"]) is not None:
+            continue  # Redis has it: the plan's lookup would have found it by its pointers
+        if req.round_key and info.get("round_key") == req.round_key:
+            found = info
+            break
+        if chained and info.get("chained") == "1" and info.get("state") != RoundState.CLOSED:
+            found = info
+            break
+    if found is None:
+        return None
+    return mirror.load_round(store.stream, found["id"])
+
+
+def _mirrored_watermark(store: CursorStore, req: PreviewRequest) -> str | None:
+    """The checkpoint mirror's watermark (the plan moves Redis's forward to it); read only."""
+    mirror = req.mirror
+    if mirror is None or not mirror.exists():
+        return None
+    return mirror.load_watermark(store.stream)

@@ -228,6 +228,13 @@ class CheckpointMirror:
         self._upsert([{"stream": stream, "round_id": "", "range_id": _KEY, "doc": doc}])
 
     # ---- reading -----------------------------------------------------------------------------
+    def exists(self) -> bool:
+        """Whether the mirror's table exists (read only: nothing is created)."""
+        if self._created:
+            return True
+        with self._connect() as conn:
+            return bool(sa.inspect(conn).has_table(self.table.name, schema=self.table.schema))
+
     def load_round(
         self, stream: str, round_id: str
     ) -> tuple[dict[str, str], list[dict[str, Any]]] | None:

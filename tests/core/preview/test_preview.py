@@ -188,6 +188,48 @@ def test_a_preview_of_the_open_round_is_that_round(
     assert not preview.processor.ran and "target" in (preview.processor.why_not or "")
 
 
+def test_a_preview_after_redis_lost_the_open_round_names_the_round_the_mirror_restores(
+    pg_schema_url: str, redis_url: str, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Redis lost the stream, its checkpoint mirror holds the open chained round: the plan would
+    restore and return that round, so the preview names it (not a new round from the
+    watermark), and restores nothing (Redis stays empty, the mirror unchanged). Found by the
+    one-world model (the preview rule, a mirror world after a Redis loss)."""
+    engine = sa.create_engine(pg_schema_url, poolclass=NullPool)
+    t = KeysetTraversal(
+        pg_schema_url,
+        "orders",
+        "id",
+        redis_url=redis_url,
+        stream="o",
+        key_prefix=key_prefix,
+        checkpoint_url=pg_schema_url,
+    )
+    try:
+        _create(engine, False)
+        _insert(engine, 1, 300)
+        rnd = t.plan(3, new_stream=True)
+        _insert(engine, 301, 400)
+        for key in redis_client.scan_iter(match=f"{key_prefix}:*", count=1000):
+            redis_client.delete(key)  # Redis lost the stream
+        with engine.connect() as c:
+            mirror_before = c.exec_driver_sql("SELECT * FROM keyset_checkpoints ORDER BY 1, 2, 3")
+            mirror_before = [tuple(r) for r in mirror_before]
+        preview = t.preview(3, chunk_size=50)
+        with engine.connect() as c:
+            mirror_after = c.exec_driver_sql("SELECT * FROM keyset_checkpoints ORDER BY 1, 2, 3")
+            mirror_after = [tuple(r) for r in mirror_after]
+    finally:
+        t.close()
+        engine.dispose()
+    assert preview.existing_round == rnd.round_id
+    assert (preview.start_key, preview.end_key) == (None, 300)
+    assert [(r.lo, r.hi) for r in preview.ranges] == [(s.lo, s.hi) for s in rnd.ranges]
+    assert any("checkpoint mirror" in n for n in preview.notes), preview.notes
+    assert _redis_dump(redis_client, key_prefix) == {}  # nothing restored
+    assert mirror_after == mirror_before
+
+
 def test_a_sequential_scan_is_reported_as_a_problem(
     pg_schema_url: str, redis_url: str, key_prefix: str
 ) -> None:
