@@ -250,7 +250,7 @@ def test_a_stale_owners_retry_pass_is_fenced_by_the_item_another_owner_delivered
 
 @pytest.mark.xfail(
     strict=True,
-    reason="open (found with mariadb-exactly-once-twice): a stream declared new after Redis lost "
+    reason="open (ledger-round-id-reuse, docs/reliability.md): a stream declared new after Redis lost "
     "it hands out round id r1 again, and the target's ledger is keyed by (stream, round id): the "
     "new r1 passes what the old r1 committed without delivering it",
 )
