@@ -25,6 +25,7 @@ then prints the failing world's steps, shrunk. Short mode (default) is part of `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -85,9 +86,16 @@ REPORT = os.environ.get("KEYSET_MODEL_REPORT", "")
 STARTED = time.monotonic()
 
 
+#: ``KEYSET_MODEL_TARGET`` / ``KEYSET_MODEL_EXACTLY_ONCE`` (``1``/``0``): every world gets that
+#: target / mode (drawn as usual, then overridden: the seeds' other draws stay the same), to
+#: hunt a defect of one kind of world over many seeds.
+FORCE_TARGET = os.environ.get("KEYSET_MODEL_TARGET", "")
+FORCE_EXACTLY_ONCE = os.environ.get("KEYSET_MODEL_EXACTLY_ONCE", "")
+
+
 @st.composite
 def configs(draw: st.DrawFn) -> WorldConfig:
-    return WorldConfig(
+    cfg = WorldConfig(
         keys=draw(st.integers(40, 300)),
         target=draw(st.sampled_from(TARGETS)),
         exactly_once=draw(st.booleans()),
@@ -102,6 +110,11 @@ def configs(draw: st.DrawFn) -> WorldConfig:
         poison=draw(st.sampled_from([0.0, 0.02, 0.05])),
         record=draw(st.booleans()),
     )
+    if FORCE_TARGET:
+        cfg = dataclasses.replace(cfg, target=FORCE_TARGET)
+    if FORCE_EXACTLY_ONCE:
+        cfg = dataclasses.replace(cfg, exactly_once=FORCE_EXACTLY_ONCE == "1")
+    return cfg
 
 
 def judged(rule_fn: Callable[..., None]) -> Callable[..., None]:

@@ -121,12 +121,6 @@ class Tainted(Exception):
 #: Defects the model finds on main that other branches fix (issue 27): id -> where it is fixed.
 KNOWN_DEFECTS = {
     "silent-restart": "issue 27 item 10, branch durable",
-    "mariadb-exactly-once-twice": (
-        "open (issue 27): a MariaDB target with exactly_once wrote one key twice in a round after "
-        "Redis losses with a mirror, run-out leases, pull coalescing and declared new streams "
-        "(one fresh-clone CI run, KEYSET_MODEL_SEED=3, world seed 31657; not reproduced on "
-        "PostgreSQL or SQLite targets)"
-    ),
 }
 TOLERATED = {d.strip() for d in os.environ.get("KEYSET_MODEL_TOLERATE", "").split(",") if d.strip()}
 
@@ -1127,8 +1121,6 @@ class World:
                     f"exactly_once: round {rnd}: {len(twice)} key(s) written more than once "
                     f"(e.g. {[(k, counts[k]) for k in twice[:8]]}; {self.duplicates()})"
                 )
-                if self.cfg.target == "mariadb":
-                    self.known("mariadb-exactly-once-twice", message)
                 self.fail(message)
 
     def replay(self) -> tuple[int, int]:

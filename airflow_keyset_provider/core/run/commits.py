@@ -217,7 +217,7 @@ class RangeCommits:
         started = time.perf_counter()
         try:
             if self.ledger is not None:  # exactly_once: the ledger row commits with the writes
-                self.ledger.commit(self, new, done, skipped, failed)
+                self.ledger.commit(self, new, done, skipped, failed, resolved)
             with self.heart.lock:  # no beat in flight while this step may release the range
                 a = self._advance(new, done, skipped, resolved, failed)
                 if a.released:

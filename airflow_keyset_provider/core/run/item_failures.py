@@ -326,7 +326,7 @@ class ItemFailures:
             if self._wait(delay) or not run._pace():
                 return True
             try:
-                rows, failed, skipped = self._retry_pass(entries, passes + 1)
+                rows, failed, skipped, elsewhere = self._retry_pass(entries, passes + 1)
             except IsolationStopped:
                 return True
             except RetryableError as exc:
@@ -340,7 +340,11 @@ class ItemFailures:
                 run._backoff(attempt, "an item retry pass", exc)
                 continue
             attempt = 0
-            self._commit_pass(passes, entries, rows, failed, skipped)
+            try:
+                self._commit_pass(passes, entries, rows, failed, skipped, elsewhere)
+            except RetryableError as exc:  # exactly_once: the ledger step lost its transaction
+                attempt += 1
+                run._backoff(attempt, "the target's ledger step (item retry pass)", exc)
         return False
 
     def _wait(self, seconds: float) -> bool:
@@ -364,9 +368,10 @@ class ItemFailures:
         rows: Sequence[tuple],
         failed: dict[str, str],
         skipped: list[str],
+        elsewhere: dict[str, str],
     ) -> None:
         run = self.run
-        resolved = _resolutions(entries, rows, failed, skipped, run.arity)
+        resolved = _resolutions(entries, rows, failed, skipped, run.arity, elsewhere)
         run._commit(run.state.cursor, 0, 0, resolved=resolved, failed=sorted(failed.items()))
         log.info(
             "round %s range %d: item retry pass %d: %d resolved, %d still failing, %d dead so far",
@@ -380,17 +385,23 @@ class ItemFailures:
 
     def _retry_pass(
         self, entries: Sequence[tuple[str, int, str]], attempt: int
-    ) -> tuple[Sequence[tuple], dict[str, str], list[str]]:
+    ) -> tuple[Sequence[tuple], dict[str, str], list[str], dict[str, str]]:
         """Read the failed items again and hand them to the processor as one chunk, isolated like
         any chunk when it fails as a whole. The verdict is the isolation's: items that fail alone
         while a probe succeeds (the canary, or a part) failed on their own and use up an attempt,
         whatever their error says (a text that changes at every attempt, a request id in it, is
-        still the item's failure); when no probe succeeds it is an outage and no attempt is used."""
-        rows = self.run.source.fetch_keys([e[0] for e in entries])
+        still the item's failure); when no probe succeeds it is an outage and no attempt is used.
+        With ``exactly_once``, the items the ledger says another transaction already delivered
+        (``elsewhere``: item -> ``'d'``/``'s'``) are resolved so, without a call."""
+        keys = [e[0] for e in entries]
+        ledger = self.run.ledger
+        elsewhere = ledger.resolved(keys) if ledger is not None else {}
+        keys = [k for k in keys if k not in elsewhere]
+        rows = self.run.source.fetch_keys(keys) if keys else []
         if not rows:
-            return rows, {}, []
+            return rows, {}, [], elsewhere
         failed, skipped = self.process(rows, attempt)
-        return rows, failed, skipped
+        return rows, failed, skipped, elsewhere
 
 
 def _resolutions(
@@ -399,13 +410,15 @@ def _resolutions(
     failed: dict[str, str],
     skipped: list[str],
     arity: int,
+    elsewhere: dict[str, str],
 ) -> list[tuple[str, str]]:
     """Retried items that reached a terminal state: ``"d"`` done, ``"s"`` skipped. A row that
-    is gone (deleted, no longer matches ``where``) reached a terminal state too: skipped."""
+    is gone (deleted, no longer matches ``where``) reached a terminal state too: skipped. An
+    item another transaction delivered (``elsewhere``) has the state the ledger recorded."""
     present = {encode_key(tuple(r[:arity])) for r in rows}
     skip = set(skipped)
     return [
-        (enc, "s" if enc in skip or enc not in present else "d")
+        (enc, elsewhere.get(enc) or ("s" if enc in skip or enc not in present else "d"))
         for enc, _, _ in entries
         if enc not in failed
     ]

@@ -44,8 +44,17 @@ is always rolled back; an attempt that ends without a verdict (a dependency fail
 back whole, so a smaller re-read of the same keys finds nothing of it. A deadlock, lock wait
 timeout, serialization failure or lost connection in a call rolls the whole transaction back
 (InnoDB already did) and is a dependency failure: the run rewinds to the committed cursor and
-reads again. Item retry passes (after the cursor reached ``hi``) stay at-least-once: each call
-commits on its own, as without the mode.
+reads again.
+
+**Item retry passes** (after the cursor reached ``hi``): a pass's calls run in one transaction,
+savepoints and isolation as for a chunk, and its commit resolves the rows of the items the pass
+resolved in the ledger's failed items (``'d'`` done, ``'s'`` skipped) in that transaction, so an
+item's delivery commits once: a claim passing the interval hands only unresolved items to
+Redis's retry set again (it counts the resolved ones), a pass first resolves from the ledger the
+items another transaction already delivered (``RunLedger.resolved``: a Redis that lost the
+pass's step, a lagging replica, a restore) without calling the processor, and a pass whose
+items another owner resolved meanwhile is fenced (``LeaseLostError``, everything rolled back).
+An item with no row (a round traversed before without the mode) stays at-least-once.
 """
 
 from __future__ import annotations
@@ -76,6 +85,8 @@ from ..sql.ledger import (
     open_interval,
     read_failed,
     read_intervals,
+    resolve_items,
+    resolved_items,
     take_intervals,
 )
 from ..store.cursor_store import Claim
@@ -102,13 +113,15 @@ class RangeCommits(Protocol):
 @dataclass(frozen=True)
 class Skip:
     """A committed interval the traversal passes without reading: Redis moves from ``start`` to
-    ``to`` adding ``done``/``skipped`` and the interval's ``failed`` items."""
+    ``to`` adding ``done``/``skipped`` and the interval's ``failed`` items (those still waiting
+    for retry). ``counted``: False when the range holding the interval's end counts it."""
 
     start: str
     to: str
     done: int
     skipped: int
     failed: tuple[tuple[str, str], ...] = ()
+    counted: bool = True
 
 
 #: The ledger tables known to exist, per target engine. Keyed by the engine itself (weakly), not by
@@ -137,15 +150,30 @@ def plan_skips(
         if r.empty or not (r.lo < hi and r.hi > cursor):
             continue
         start, to = max(r.lo, cursor), min(r.hi, hi)
-        if to < r.hi:  # straddles the range's end: the range holding r.hi counts it
+        counted = to == r.hi
+        if not counted:  # straddles the range's end: the range holding r.hi counts it
             done = skipped = 0
         elif r.lo < cursor:  # Redis lags behind the lineage that wrote r
             done = max(0, r.done - max(counters[0], r.base_done))
             skipped = max(0, r.skipped - max(counters[1], r.base_skipped))
         else:
             done, skipped = r.done - r.base_done, r.skipped - r.base_skipped
-        skips.append(Skip(start, to, done, skipped))
+        skips.append(Skip(start, to, done, skipped, counted=counted))
     return skips
+
+
+def _with_failed(s: Skip, failed: list[tuple[str, str, str | None]]) -> Skip:
+    """The skip with its interval's failed items: those still waiting for retry go to Redis's
+    retry set; those a retry call resolved (delivered, their writes committed) add to its
+    counters when it counts the interval (they were counted by a Redis this claim no longer
+    sees: a restore, a lagging replica)."""
+    inside = [f for f in failed if s.start < f[0] <= s.to]
+    waiting = tuple((k, r) for k, r, v in inside if v is None)
+    if not s.counted:
+        return replace(s, failed=waiting)
+    done = sum(1 for f in inside if f[2] == "d")
+    skipped = sum(1 for f in inside if f[2] == "s")
+    return replace(s, failed=waiting, done=s.done + done, skipped=s.skipped + skipped)
 
 
 def claim_ledger(
@@ -210,9 +238,7 @@ def _claim_ledger(
         skips = plan_skips(taken, claim.cursor, claim.hi, counters)
         if skips:
             failed = read_failed(conn, tables.failed, key, claim.cursor, claim.hi)
-            skips = [
-                replace(s, failed=tuple(f for f in failed if s.start < f[0] <= s.to)) for s in skips
-            ]
+            skips = [_with_failed(s, failed) for s in skips]
         lead = []
         pos = claim.cursor
         while skips and skips[0].start == pos:
@@ -299,6 +325,7 @@ class RunLedger:
         self.chunk: _Savepoint | None = None  # the savepoint of the chunk being processed
         self.pending: list[_Savepoint] = []  # returned calls isolation may deliver again
         self.lost = False  # the transaction was lost (deadlock...): the run must rewind
+        self.elsewhere: set[str] = set()  # retry items another transaction delivered
 
     # -- committed intervals the traversal passes -------------------------------------------------
     def bound(self, read: str, hi: str) -> str:
@@ -316,7 +343,7 @@ class RunLedger:
             return None
         s = self.skips.pop(0)
         if s.to > hi:  # the range holding the interval's end counts it
-            s = Skip(s.start, hi, 0, 0, tuple(f for f in s.failed if f[0] <= hi))
+            s = Skip(s.start, hi, 0, 0, tuple(f for f in s.failed if f[0] <= hi), counted=False)
         return s
 
     # -- processor calls --------------------------------------------------------------------------
@@ -324,9 +351,6 @@ class RunLedger:
         """One processor call in a SAVEPOINT of the range's transaction (see the module)."""
         if run.probing:  # a canary: delivered again to probe the dependency, never kept
             return self._probe(run, chunk)
-        if run.state.cursor == run.hi:  # item retry passes: at-least-once, a transaction each
-            with self.target.begin() as conn:
-                return self._guarded(run, chunk, conn, None)
         conn = self._open()
         first, last = (
             encode_key(tuple(v[: run.arity])) for v in (chunk.values[0], chunk.values[-1])
@@ -364,6 +388,24 @@ class RunLedger:
                 f"the target's transaction was lost ({type(exc).__name__}: {exc}); everything "
                 "this try had not committed was rolled back and is read again"
             ) from exc
+
+    def resolved(self, items: list[str]) -> dict[str, str]:
+        """Of a retry pass's ``items``, those the ledger says some transaction already delivered:
+        item -> ``'d'`` (done) or ``'s'`` (skipped). A retry pass resolves them without a call."""
+        failed = self.tables.failed
+        try:
+            with self.target.begin() as conn:
+                limit_statement_time(conn, self.timeout_ms)
+                rows = resolved_items(conn, failed, self.key, items, lock=False)
+        except Exception as exc:
+            if self.transient(exc):
+                raise RetryableError(
+                    f"the target's ledger could not be read ({type(exc).__name__}: {exc})"
+                ) from exc
+            raise
+        done = {k: v for k, v in rows.items() if v is not None}
+        self.elsewhere = set(done)
+        return done
 
     def transient(self, exc: BaseException) -> bool:
         """A deadlock, lock or statement timeout, serialization failure or lost connection."""
@@ -456,22 +498,34 @@ class RunLedger:
         return conn
 
     def commit(
-        self, run: RangeCommits, new: str, done: int, skipped: int, failed: Any = ()
+        self,
+        run: RangeCommits,
+        new: str,
+        done: int,
+        skipped: int,
+        failed: Any = (),
+        resolved: Any = (),
     ) -> None:
         """Before the Redis advance: record ``(committed cursor, new]`` with the counters, in
-        the transaction of the chunks' writes, and commit it. A chunk in hand whose verdict was
-        not recorded is rolled back first. Raises ``LeaseLostError`` (everything rolled back)
-        when a newer owner took the interval or another identity committed keys inside it."""
-        if self.conn is None and new == run.state.cursor:
-            return  # an item retry pass: nothing of the cursor to record
+        the transaction of the chunks' writes, and commit it; after an item retry pass (the
+        cursor at ``hi``), the pass's ``resolved`` items instead. A chunk in hand whose verdict
+        was not recorded is rolled back first. Raises ``LeaseLostError`` (everything rolled
+        back) when a newer owner took the interval or another identity committed keys inside
+        it, or another transaction resolved an item of the pass."""
+        retry_pass = run.state.cursor == run.hi
+        if self.conn is None and (retry_pass or new == run.state.cursor):
+            return  # nothing was called (every item resolved elsewhere, or gone)
         conn = self._open()
-        if self.chunk is not None and self.chunk.read == run.read:
+        if self.chunk is not None and self.chunk.read == run.read and not retry_pass:
             self._rollback_chunk()  # processed but not recorded (an outage): not committed
         else:
             self._keep_chunk()
         try:
             limit_statement_time(conn, self.timeout_ms)
-            self._record(conn, run.state, new, (done, skipped), failed)
+            if retry_pass:
+                self._resolve(conn, dict(resolved))
+            else:
+                self._record(conn, run.state, new, (done, skipped), failed)
         except BaseException as exc:
             self.close()
             if self.transient(exc):
@@ -530,6 +584,23 @@ class RunLedger:
                 counters,
             )
         add_failed(conn, self.tables.failed, self.key, [(k, str(why)[:500]) for k, why in failed])
+
+    def _resolve(self, conn: sa.Connection, resolved: dict[str, str]) -> None:
+        """The fenced ledger step of an item retry pass: its resolved items' rows (locking reads)
+        must still be unresolved, then they are resolved (items with no row stay unrecorded)."""
+        mine = {k: v for k, v in resolved.items() if k not in self.elsewhere}
+        failed = self.tables.failed
+        rows = resolved_items(conn, failed, self.key, sorted(mine), lock=True)
+        gone = sorted(k for k in mine if rows.get(k) is not None)
+        if gone:
+            _, round_id = self.key
+            raise LeaseLostError(
+                f"round {round_id} range {self.range_id}: the target's ledger moved on (item(s) "
+                f"{', '.join(display_key(k, self.arity) for k in gone[:5])} of this retry pass "
+                "were delivered by another owner meanwhile); this pass's transaction was rolled "
+                "back, nothing of it committed"
+            )
+        resolve_items(conn, failed, self.key, mine)
 
     def close(self) -> None:
         """Roll back what is open (the run ends: nothing uncommitted may stay)."""

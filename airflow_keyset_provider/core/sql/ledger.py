@@ -18,8 +18,11 @@ failover to a replica; a key interval does not).
   ``range_id`` says which range opened it (for a person; nothing keys on it).
 
 ``keyset_ledger_failed`` holds the items that failed in committed chunks, one row each, written
-once at the commit (never rewritten): a claim that skips an interval hands its failed items to
-Redis's retry set.
+at the commit; ``resolved`` is NULL while the item waits for its retry, and becomes ``'d'``
+(done) or ``'s'`` (skipped) in the transaction of the retry call that delivered it (its writes
+commit with it). A claim that skips an interval hands its unresolved items to Redis's retry set;
+a retry pass delivers an item only while its row is unresolved (``resolved_items``,
+``resolve_items``).
 
 Growth: one interval per claim that commits, plus one per committed interval a claim skips (a
 claim extends the interval it resumes instead of opening one), and one row per failed item:
@@ -111,6 +114,7 @@ def ledger_table(name: str = LEDGER_TABLE, schema: str | None = None) -> LedgerT
         sa.Column("round_id", _ident(200), nullable=False),
         sa.Column("item", _text(), nullable=False),
         sa.Column("reason", _text(), nullable=False),
+        sa.Column("resolved", sa.String(1), nullable=True),
         sa.Index(f"{name}_failed_round", "stream", "round_id"),
         schema=schema,
     )
@@ -119,7 +123,8 @@ def ledger_table(name: str = LEDGER_TABLE, schema: str | None = None) -> LedgerT
 
 def create_ledger(engine: sa.Engine, tables: LedgerTables) -> None:
     """``CREATE TABLE`` unless they exist (``checkfirst``); a concurrent creator winning the race
-    is fine. A table of the earlier layout (one row per range id) is refused, naming the fix."""
+    is fine. A table of the earlier layout (one row per range id) is refused, naming the fix; a
+    failed-items table without ``resolved`` (before retry passes were recorded) gains it."""
     try:
         with engine.begin() as conn:
             tables.intervals.metadata.create_all(conn, checkfirst=True)
@@ -142,6 +147,25 @@ def create_ledger(engine: sa.Engine, tables: LedgerTables) -> None:
             f"rounds that used it finish, then DROP TABLE {name} (it is created again in the "
             "interval layout), or pass ledger_table='<new name>' to KeysetTraversal"
         )
+    _add_resolved(engine, tables.failed)
+
+
+def _add_resolved(engine: sa.Engine, failed: sa.Table) -> None:
+    """``ALTER TABLE ... ADD COLUMN resolved`` on a failed-items table created before the column
+    existed (every row then unresolved: NULL); a concurrent creator winning the race is fine."""
+    columns = {c["name"] for c in sa.inspect(engine).get_columns(failed.name, schema=failed.schema)}
+    if "resolved" in columns:
+        return
+    try:
+        with engine.begin() as conn:
+            table = conn.dialect.identifier_preparer.format_table(failed)
+            column = sa.schema.CreateColumn(failed.c.resolved).compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column}")
+    except sa.exc.DBAPIError:
+        inspector = sa.inspect(engine)
+        columns = {c["name"] for c in inspector.get_columns(failed.name, schema=failed.schema)}
+        if "resolved" not in columns:
+            raise
 
 
 def limit_statement_time(conn: sa.Connection, ms: int) -> None:
@@ -287,10 +311,51 @@ def add_failed(
 
 def read_failed(
     conn: sa.Connection, t: sa.Table, key: tuple[str, str], lo: str, hi: str
-) -> list[tuple[str, str]]:
-    """The failed items of the round with keys in ``(lo, hi]`` (compared in Python)."""
-    query = sa.select(t.c.item, t.c.reason).where(_round(t, *key)).order_by(t.c.id)
-    return [(str(k), str(r)) for k, r in conn.execute(query) if lo < k <= hi]
+) -> list[tuple[str, str, str | None]]:
+    """The failed items of the round with keys in ``(lo, hi]`` (compared in Python): ``(item,
+    reason, resolved)``, ``resolved`` None while the item waits for retry (locking reads: the
+    latest committed versions, also under InnoDB's REPEATABLE READ)."""
+    query = (
+        sa.select(t.c.item, t.c.reason, t.c.resolved)
+        .where(_round(t, *key))
+        .order_by(t.c.id)
+        .with_for_update()
+    )
+    return [
+        (str(k), str(r), None if v is None else str(v))
+        for k, r, v in conn.execute(query)
+        if lo < k <= hi
+    ]
+
+
+def resolved_items(
+    conn: sa.Connection, t: sa.Table, key: tuple[str, str], items: list[str], lock: bool
+) -> dict[str, str | None]:
+    """The rows of ``items`` (encoded keys): item -> its resolution (``'d'``, ``'s'``; None while
+    it waits for retry). An item with no row is absent (it failed in no committed chunk of the
+    mode: a round traversed before without ``exactly_once``). ``lock``: a locking read, held
+    until the transaction ends (the latest committed versions, also under InnoDB's REPEATABLE
+    READ)."""
+    if not items:
+        return {}
+    query = sa.select(t.c.item, t.c.resolved).where(_round(t, *key), t.c.item.in_(items))
+    if lock:
+        query = query.with_for_update()
+    out: dict[str, str | None] = {}
+    for item, resolved in conn.execute(query):
+        if out.get(str(item)) is None:  # a row resolved wins over a duplicate that is not
+            out[str(item)] = None if resolved is None else str(resolved)
+    return out
+
+
+def resolve_items(
+    conn: sa.Connection, t: sa.Table, key: tuple[str, str], outcomes: dict[str, str]
+) -> None:
+    """A retry call's items reached their terminal state (``'d'``, ``'s'``) in this transaction."""
+    for state in sorted(set(outcomes.values())):
+        items = [k for k, v in outcomes.items() if v == state]
+        where = sa.and_(_round(t, *key), t.c.item.in_(items), t.c.resolved.is_(None))
+        conn.execute(sa.update(t).where(where).values(resolved=state))
 
 
 __all__ = [
@@ -307,5 +372,7 @@ __all__ = [
     "open_interval",
     "read_failed",
     "read_intervals",
+    "resolve_items",
+    "resolved_items",
     "take_intervals",
 ]
