@@ -302,3 +302,49 @@ def test_a_range_whose_split_the_promoted_replica_lost_is_a_lost_lease_not_a_usa
     assert t.close_round(rnd.round_id).done == 200
     t.close()
     t.mirror.engine.dispose()
+
+
+def test_a_split_range_the_mirror_lost_is_covered_again_and_the_round_closes(
+    events_table, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    """Found by the one-world model (long mode, seed 7, world seed 61): range 1 was split off
+    range 0 at 150 and mirrored; Redis fails over to a replica that never saw the split. A plan
+    makes the mirror follow Redis (``_drop_lost_splits``: it records the round as Redis has it,
+    one range, then drops the mirror's ranges from 1 up); between its record and its drop, the
+    range's owner splits again at 100 and mirrors that split (range 1 anew, n_ranges 2), so the
+    drop removes the new range's record while the round's record counts it. Redis then loses
+    everything: the old code restored n_ranges 2 with range 1 nowhere, and the round never
+    closed (``RoundStateLostError: range 1 of round r1 has no state in Redis`` on every task
+    and close). The restore now rebuilds the range over the keys no record covers, pending at
+    its lo: every key is delivered (at-least-once) and the round closes."""
+    from airflow_keyset_provider.core.keys import encode_key
+
+    t = _traversal(pg_schema_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=1, start_key=0, end_key=300, round_key="run0", new_stream=True)
+    rid = rnd.round_id
+    before = Snapshot(redis_client, key_prefix)
+    claim = t.store.claim(rid, 0, "a#1", "a", 60_000)
+    assert t.store.split(rid, 0, claim.token, encode_key((150,)), mirror=True) == 1
+    t.control._mirror_round(rid)  # the first split, recorded
+    t.store.mirrored_split(rid, 0, [1])
+    before.rewind()  # the failover: one range (0, 300] again
+    n = int(t.store.round_info(rid)["n_ranges"])
+    t.control._mirror_round(rid)  # a plan's reconcile records Redis's one range, then
+    claim = t.store.claim(rid, 0, "b#1", "b", 60_000)
+    assert t.store.split(rid, 0, claim.token, encode_key((100,)), mirror=True) == 1
+    t.control._mirror_round(rid)  # the second split, recorded by its owner (n_ranges 2)
+    t.store.mirrored_split(rid, 0, [1])
+    t.store.release(rid, 0, claim.token)
+    t.mirror.drop_ranges("s", rid, n)  # ... drops the mirror's ranges from 1 up
+    for k in list(redis_client.scan_iter(f"{key_prefix}:*")):
+        redis_client.delete(k)  # Redis loses everything
+    seen: Counter[int] = Counter()
+    again = t.plan(max_ranges=1, start_key=0, end_key=300, round_key="run0")
+    assert again.round_id == rid and len(again.ranges) == 2
+    for spec in again.ranges:
+        res = t.traverse(rid, spec.range_id, lambda ch: seen.update(ch.keys), chunk_size=50)
+        assert res.complete
+    assert set(seen) == set(range(1, 301))
+    assert t.close_round(rid).done == 300
+    t.close()
+    t.mirror.engine.dispose()

@@ -40,7 +40,7 @@ from ..store.cursor_store import Closed, CursorStore, Gap, Unrecoverable
 from ..store.reads import stream_names
 from .durability import round_number
 from .mirror import CheckpointMirror
-from .regressions import closed_by_mirror, end_split_parents, reconcile
+from .regressions import closed_by_mirror, cover_lost_ranges, end_split_parents, reconcile
 from .status import RangeState, RangeStatus, RoundState, RoundStatus, StreamStatus
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -132,8 +132,20 @@ class StreamControl:
         # splits append ranges: never restore fewer than the mirror holds (two owners' split
         # records may land in either order)
         n = max([int(info.get("n_ranges") or 0), *(int(r["range_id"]) + 1 for r in ranges)])
+        fixed = end_split_parents(round_id, ranges)
+        # a range the round counts but the mirror has no record of, or keys none covers: rebuilt
+        # (when Redis keeps the round, its n_ranges stays: only its lost ids are rebuilt)
+        kept = self.store.round_state(round_id) is not None
+        if kept:
+            n = int(self.store.round_info(round_id)["n_ranges"])
+            counted = [r for r in ranges if int(r["range_id"]) < n]
+            _, rebuilt = cover_lost_ranges(round_id, info, counted, n)
+            rebuilt = [r for r in rebuilt if int(r["range_id"]) < n]
+            ranges += rebuilt
+        else:
+            n, rebuilt = cover_lost_ranges(round_id, info, ranges, n)
         info = {**info, "n_ranges": str(n)}
-        for r in end_split_parents(round_id, ranges):  # written back: the mirror is a partition
+        for r in fixed + rebuilt:  # written back: the mirror is a partition
             self.mirror.save_range(self.stream, round_id, int(r["range_id"]), r)  # type: ignore[union-attr]
         if self.store.restore_round(info, ranges):
             arity = self._arity(info)
@@ -182,11 +194,14 @@ class StreamControl:
         if key is not None:  # the key that watermark is encoded with (core/rounds/stream_key.py)
             self.store.record_key_fingerprint(key)  # SET NX: never overwrites
 
-    def _mirror_round(self, round_id: str) -> None:
-        if self.mirror is not None:
-            info = self.store.round_info(round_id)
-            ranges = self.store.snapshot_ranges(round_id, range(int(info["n_ranges"])))
-            self.mirror.save_round(self.stream, round_id, info, ranges)
+    def _mirror_round(self, round_id: str) -> int:
+        """Record the round and its ranges in the mirror; returns the ``n_ranges`` recorded."""
+        if self.mirror is None:
+            return 0
+        info = self.store.round_info(round_id)
+        ranges = self.store.snapshot_ranges(round_id, range(int(info["n_ranges"])))
+        self.mirror.save_round(self.stream, round_id, info, ranges)
+        return int(info["n_ranges"])
 
     def _arity(self, info: dict[str, str]) -> int:
         return int(info.get("arity", "1"))

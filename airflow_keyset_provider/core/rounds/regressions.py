@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..keys import display_key
 from ..states import RangeState, RoundState
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class StreamControl(Protocol):
 
     def restore(self, round_id: str) -> bool: ...
 
-    def _mirror_round(self, round_id: str) -> None: ...
+    def _mirror_round(self, round_id: str) -> int: ...
 
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -167,8 +168,10 @@ def _drop_lost_splits(ctl: StreamControl, round_id: str, mirrored_n: int) -> Non
     n = int(ctl.store.round_info(round_id)["n_ranges"])
     if mirrored_n <= n or ctl.mirror is None:
         return
-    ctl._mirror_round(round_id)
-    ctl.mirror.drop_ranges(ctl.stream, round_id, n)
+    # from the ranges the round has as recorded now (a split since the read above is kept); a
+    # split's record that lands between the two is dropped: the restore covers its keys again
+    # (``cover_lost_ranges``)
+    ctl.mirror.drop_ranges(ctl.stream, round_id, ctl._mirror_round(round_id))
     log.warning(
         "round %s of stream %s: the checkpoint mirror holds %d ranges, Redis %d (Redis lost a "
         "split: a failover to a lagging replica?); the mirror now follows Redis",
@@ -208,4 +211,58 @@ def end_split_parents(round_id: str, ranges: list[dict[str, Any]]) -> list[dict[
     return list(changed.values())
 
 
-__all__ = ["closed_by_mirror", "end_split_parents", "reconcile", "restore_closed"]
+def cover_lost_ranges(
+    round_id: str, info: dict[str, Any], ranges: list[dict[str, Any]], n: int
+) -> tuple[int, list[dict[str, Any]]]:
+    """Make the mirrored ranges of a round (``ranges``, ids ``0 .. n - 1`` counted, after
+    ``end_split_parents``) a partition of ``(start, end]`` again where the mirror lost a range
+    that a split made: a range id it counts but holds no record of (its record was dropped, or
+    never written, while the round's info counts it), and keys no record covers (a gap). Each
+    gap becomes a range again, pending at its ``lo`` with nothing committed (its keys are
+    delivered again: at-least-once; ``exactly_once``'s ledger skips what was written), under a
+    lost id first, then under new ids; a lost id left over (its keys are covered by the others)
+    becomes an empty, complete range at the round's end. Appends the new records to ``ranges``;
+    returns the round's number of ranges and the new records (to write back to the mirror)."""
+    from .mirror import split_range_doc  # the range as a split makes it
+
+    held = {int(r["range_id"]) for r in ranges}
+    lost = [i for i in range(n) if i not in held]
+    expect, end = str(info.get("start") or ""), str(info["end"])
+    gaps: list[tuple[str, str]] = []
+    for r in sorted(ranges, key=lambda r: (r["lo"], r["hi"], int(r["range_id"]))):
+        if r["lo"] > expect:
+            gaps.append((expect, r["lo"]))
+        expect = max(expect, r["hi"])
+    if expect < end:
+        gaps.append((expect, end))
+    new: list[dict[str, Any]] = []
+    arity = int(info.get("arity") or 1)
+    ids = iter(lost + list(range(n, n + len(gaps))))
+    for lo, hi in gaps:
+        new.append(split_range_doc({"range_id": ""}, next(ids), lo, hi))
+    for i in ids:
+        if i >= n:
+            break
+        empty = split_range_doc({"range_id": ""}, i, end, end)
+        new.append({**empty, "state": RangeState.COMPLETE})
+    for r in new:
+        log.warning(
+            "round %s range %s: the checkpoint mirror holds no record of the keys (%s, %s] (a "
+            "split's range whose record was lost); rebuilt pending at its lo, those keys are "
+            "delivered again (at-least-once)",
+            round_id,
+            r["range_id"],
+            display_key(r["lo"], arity),
+            display_key(r["hi"], arity),
+        )
+    ranges.extend(new)
+    return max([n, *(int(r["range_id"]) + 1 for r in new)]), new
+
+
+__all__ = [
+    "closed_by_mirror",
+    "cover_lost_ranges",
+    "end_split_parents",
+    "reconcile",
+    "restore_closed",
+]
