@@ -278,17 +278,19 @@ def _mirrored_round(
     mirror = req.mirror
     if mirror is None or not mirror.exists():
         return None
-    found: dict[str, str] | None = None
-    for info in sorted(mirror.rounds(store.stream), key=lambda i: -round_number(i["id"])):
-        if store.round_state(info["id"]) is not None:
-            continue  # Redis has it: the plan's lookup would have found it by its pointers
+
+    def wanted(info: dict[str, str]) -> bool:
         if req.round_key and info.get("round_key") == req.round_key:
-            found = info
-            break
-        if chained and info.get("chained") == "1" and info.get("state") != RoundState.CLOSED:
-            found = info
-            break
-    if found is None:
+            return True
+        return chained and info.get("chained") == "1" and info.get("state") != RoundState.CLOSED
+
+    candidates = sorted(
+        (i for i in mirror.rounds(store.stream) if wanted(i)), key=lambda i: -round_number(i["id"])
+    )  # Redis is asked only about these (the mirror holds every round the stream ever had)
+    found = next((i for i in candidates if store.round_state(i["id"]) is None), None)
+    if (
+        found is None
+    ):  # none, or Redis has it: the plan's lookup would have found it by its pointers
         return None
     return mirror.load_round(store.stream, found["id"])
 

@@ -233,7 +233,8 @@ class CheckpointMirror:
         if self._created:
             return True
         with self._connect() as conn:
-            return bool(sa.inspect(conn).has_table(self.table.name, schema=self.table.schema))
+            self._created = sa.inspect(conn).has_table(self.table.name, schema=self.table.schema)
+        return self._created
 
     def load_round(
         self, stream: str, round_id: str
