@@ -46,7 +46,7 @@ class Blocker:
 
     ident: str  # virtualxid of a backend, or "prepared:<gid>"
     describe: str
-    app: str = ""  # application_name (PostgreSQL) / program_name (MariaDB), "" if unknown
+    app: str = ""  # the connection's name (``naming``), "" if unknown
     writes_source: bool = True  # holds a write lock on the source (True when it cannot be told)
 
 

@@ -13,12 +13,20 @@ Guarantees:
   connection opens and updated, with one ``set_config`` round trip, when a connection of the pool
   is checked out after the traversal moved to another range (``name_connections``), or before the
   next chunk read on the source's held read connection (``SqlSource.fetch``);
-- MariaDB/MySQL: with PyMySQL, the connection attribute ``program_name``
+- MariaDB/MySQL with PyMySQL: the connection attribute ``program_name``
   (``performance_schema.session_connect_attrs``, when the server's performance schema is on), set
   when the connection opens. The protocol cannot change it later, so a pooled connection checked
   out after the traversal moved to another range is replaced by a new one (one connect per range
-  and connection), and the source reopens its held read connection. mysqlclient exposes no
-  connection attributes: its connections are not named;
+  and connection), and the source reopens its held read connection;
+- MariaDB/MySQL with mysqlclient (``MySQLdb``, which cannot send connection attributes): the
+  session user variable ``@keyset_program_name`` (``VARIABLE``), set by one ``SET`` with a bound
+  value right after the connection opens, and again, in place, when a connection of the pool is
+  checked out after the traversal moved to another range, or before the next chunk read on the
+  source's held read connection. Other sessions see it in
+  ``performance_schema.user_variables_by_thread`` when the performance schema is on. A
+  user-supplied ``init_command`` (URL query or ``connect_args``) is passed on untouched: the
+  name is its own statement, run after it;
+- other drivers: not named;
 - an ``Engine`` a caller passed in keeps its own settings (no listener is added to it).
 """
 
@@ -37,6 +45,9 @@ LIMIT = 63
 STREAM_CHARS = 24
 _SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 _INFO = "keyset_name"  # the name a pooled DBAPI connection carries (its record's info)
+_SETTER = "keyset_namer"  # how to rename it in place (its record's info; see ``rename``)
+#: the session user variable naming a mysqlclient connection (MariaDB/MySQL fold its case)
+VARIABLE = "keyset_program_name"
 
 
 def stream_tag(stream: str) -> str:
@@ -90,9 +101,24 @@ def _set_pg_name(dbapi_conn: Any, text: str) -> None:
         dbapi_conn.commit()
 
 
+def _set_my_name(dbapi_conn: Any, text: str) -> None:
+    """``@keyset_program_name`` of an open MariaDB/MySQL connection (mysqlclient): a bound
+    value. Setting a user variable opens no transaction, so nothing is committed."""
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute(f"SET @{VARIABLE} = %s", (text,))
+    finally:
+        cur.close()
+
+
+def _names_by_variable(engine: sa.Engine) -> bool:
+    return engine.dialect.name == "mysql" and engine.dialect.driver == "mysqldb"
+
+
 def renames_in_place(engine: sa.Engine) -> bool:
-    """The engine's connections take a new name without reconnecting (PostgreSQL)."""
-    return engine.dialect.name == "postgresql"
+    """The engine's connections take a new name without reconnecting (PostgreSQL; MariaDB/MySQL
+    with mysqlclient)."""
+    return engine.dialect.name == "postgresql" or _names_by_variable(engine)
 
 
 def names_at_connect(engine: sa.Engine) -> bool:
@@ -101,30 +127,38 @@ def names_at_connect(engine: sa.Engine) -> bool:
 
 
 def rename(pooled: Any, name: ConnectionName) -> None:
-    """Bring one pooled PostgreSQL connection (a ``PoolProxiedConnection`` or the record's
-    ``info`` holder) to the current name; nothing if it carries it already."""
+    """Bring one pooled connection of an engine that ``renames_in_place`` (a
+    ``PoolProxiedConnection`` or the record's ``info`` holder) to the current name; nothing if
+    it carries it already."""
     info = pooled.info
     if info.get(_INFO) != name.text:
         text = name.text
-        _set_pg_name(pooled.dbapi_connection, text)
+        info.get(_SETTER, _set_pg_name)(pooled.dbapi_connection, text)
         info[_INFO] = text
 
 
 def name_connections(engine: sa.Engine, name: ConnectionName) -> None:
     """Name every connection ``engine`` opens from now on (see module doc)."""
-    if renames_in_place(engine):
+    if engine.dialect.name == "postgresql":
 
         @sa.event.listens_for(engine, "do_connect")
         def _pg_connect(_d: Any, record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
             cparams["application_name"] = name.text
             record.info[_INFO] = name.text
 
-        @sa.event.listens_for(engine, "checkout")
-        def _pg_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
-            if record.info.get(_INFO) != name.text:
-                text = name.text
-                _set_pg_name(dbapi_conn, text)
-                record.info[_INFO] = text
+        _follow(engine, name, _set_pg_name)
+
+    elif _names_by_variable(engine):
+
+        @sa.event.listens_for(engine, "connect")
+        def _var_connect(dbapi_conn: Any, record: Any) -> None:
+            # after the connection's own init_command, if any (left as the user gave it)
+            text = name.text
+            _set_my_name(dbapi_conn, text)
+            record.info[_INFO] = text
+            record.info[_SETTER] = _set_my_name
+
+        _follow(engine, name, _set_my_name)
 
     elif names_at_connect(engine):
 
@@ -140,9 +174,21 @@ def name_connections(engine: sa.Engine, name: ConnectionName) -> None:
                 raise sa.exc.DisconnectionError("renamed: reconnect with the range's name")
 
 
+def _follow(engine: sa.Engine, name: ConnectionName, setter: Any) -> None:
+    """Rename in place, with ``setter``, a connection checked out under an older name."""
+
+    @sa.event.listens_for(engine, "checkout")
+    def _checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        if record.info.get(_INFO) != name.text:
+            text = name.text
+            setter(dbapi_conn, text)
+            record.info[_INFO] = text
+
+
 __all__ = [
     "LIMIT",
     "PREFIX",
+    "VARIABLE",
     "ConnectionName",
     "is_other_stream",
     "name_connections",

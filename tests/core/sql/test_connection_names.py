@@ -2,7 +2,8 @@
 
 Every connection a traversal opens carries ``keyset:<stream>:<round>:<range>`` (``keyset:<stream>:
 plan`` before a range): ``application_name`` on PostgreSQL (psycopg2 and psycopg 3), the
-connection attribute ``program_name`` on MariaDB with PyMySQL (``core/sql/naming.py``). A plan of
+connection attribute ``program_name`` on MariaDB with PyMySQL, the user variable
+``@keyset_program_name`` with mysqlclient (``core/sql/naming.py``). A plan of
 one stream does not wait for the provider's workers of another stream that do not write its
 source (sequence-fed key), does wait for one that writes it, and its timeout error names whom it
 waited for (pid, application_name, transaction age), never a row's values.
@@ -28,6 +29,7 @@ from airflow_keyset_provider.core.errors import CommitOrderTimeoutError
 from airflow_keyset_provider.core.sql import naming
 
 PG_DRIVERS = ["postgresql+psycopg2", "postgresql+psycopg"]
+MY_DRIVERS = ["mysql+pymysql", "mysql+mysqldb"]
 SECRET = "do-not-log-me-4711"
 
 
@@ -308,49 +310,81 @@ def _my_tables(url: str) -> sa.Engine:
     return eng
 
 
-def test_mariadb_connections_carry_program_name(mariadb_ps_url, redis_url, key_prefix):
-    """PyMySQL: the source's read connection and the target's connection opened for range 0
-    carry ``program_name`` = ``keyset:<stream>:<round>:0`` (``session_connect_attrs``)."""
+#: every named connection of the server: (name, processlist id), by attribute or user variable
+_MY_NAMES = (
+    "SELECT ATTR_VALUE, PROCESSLIST_ID FROM performance_schema.session_connect_attrs "
+    "WHERE ATTR_NAME = 'program_name' "
+    "UNION ALL SELECT CONVERT(v.VARIABLE_VALUE USING utf8mb4), t.PROCESSLIST_ID "
+    "FROM performance_schema.user_variables_by_thread v "
+    "JOIN performance_schema.threads t ON t.THREAD_ID = v.THREAD_ID "
+    "WHERE v.VARIABLE_NAME = 'keyset_program_name'"
+)
+
+
+@pytest.mark.parametrize("driver", MY_DRIVERS)
+def test_mariadb_connections_are_named_after_each_range(
+    driver, mariadb_ps_url, redis_url, key_prefix
+):
+    """PyMySQL: ``program_name`` (``session_connect_attrs``); mysqlclient: ``@keyset_program_name``
+    (``user_variables_by_thread``). While range i runs, the source's read connection and the
+    target's connection carry ``keyset:<stream>:<round>:<i>``, and nothing of the stream carries
+    another name. mysqlclient keeps a user's ``init_command``. Before: mysqlclient's connections
+    carried no name."""
     eng = _my_tables(mariadb_ps_url)
-    t = _traversal(mariadb_ps_url, "a", "named", redis_url, key_prefix, target_url=mariadb_ps_url)
-    found: list[tuple[str, int]] = []
+    url = _url(mariadb_ps_url, driver)
+    if driver.endswith("mysqldb"):  # a user's init_command runs too
+        url += "?init_command=SET%20%40user_tag%20%3D%207"
+    stream = f"named_{driver[-1]}"
+    t = _traversal(url, "a", stream, redis_url, key_prefix, target_url=url)
+    found: dict[int, list[tuple[str, bool]]] = {}
+    tags: list[Any] = []
     try:
-        rnd = t.plan(max_ranges=1, new_stream=True)
+        rnd = t.plan(max_ranges=2, new_stream=True)
+        assert len(rnd.ranges) == 2
+        for r in rnd.ranges:
 
-        def processor(chunk):
-            own = chunk.connection.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one()
-            with eng.connect() as c:
-                found.extend(
-                    (str(v), int(pid) == int(own))
-                    for v, pid in c.exec_driver_sql(
-                        "SELECT ATTR_VALUE, PROCESSLIST_ID FROM "
-                        "performance_schema.session_connect_attrs WHERE ATTR_NAME = 'program_name'"
+            def processor(chunk, rid=r.range_id):
+                own = chunk.connection.exec_driver_sql("SELECT CONNECTION_ID()").scalar_one()
+                if driver.endswith("mysqldb"):
+                    tags.append(chunk.connection.exec_driver_sql("SELECT @user_tag").scalar())
+                with eng.connect() as c:
+                    found.setdefault(rid, []).extend(
+                        (str(v), int(pid) == int(own))
+                        for v, pid in c.exec_driver_sql(_MY_NAMES)
+                        if str(v).startswith(f"keyset:{stream}:")
                     )
-                )
 
-        t.traverse(rnd.round_id, 0, processor, prefetch=False)
+            t.traverse(rnd.round_id, r.range_id, processor, prefetch=False)
     finally:
         t.close()
         eng.dispose()
-    want = f"keyset:named:{rnd.round_id}:0"
-    assert (want, True) in found, found  # the processor's own (target) connection
-    assert [v for v, own in found if not own] and all(v == want for v, _ in found), found
+    for rid in (0, 1):
+        want = f"keyset:{stream}:{rnd.round_id}:{rid}"
+        names = found[rid]
+        assert (want, True) in names, names  # the processor's own (target) connection
+        # the source's read connection, and no connection of the stream under another name
+        assert [v for v, own in names if not own] and all(v == want for v, _ in names), names
+    if driver.endswith("mysqldb"):
+        assert tags == [7, 7], tags
 
 
+@pytest.mark.parametrize("driver", MY_DRIVERS)
 def test_mariadb_plan_skips_other_streams_worker_unless_it_writes_the_source(
-    mariadb_ps_url, redis_url, key_prefix
+    driver, mariadb_ps_url, redis_url, key_prefix
 ):
     """Stream a's worker holds a write on its target ``a_out``: b's plan (AUTO_INCREMENT key)
-    returns at once (before: CommitOrderTimeoutError). When a's worker has inserted into b, the
-    plan waits, and the timeout names its thread, program_name and age, not the row. (It failed
-    when a's plan had read INNODB_TRX less than 0.1 s before b's: InnoDB served b the copy from
-    before a's insert; ``test_mysql_commit_order`` has the direct test.)"""
+    returns at once (before: CommitOrderTimeoutError; with mysqlclient until its connections
+    were named). When a's worker has inserted into b, the plan waits, and the timeout names its
+    thread, program_name and age, not the row. (It failed when a's plan had read INNODB_TRX less
+    than 0.1 s before b's: InnoDB served b the copy from before a's insert;
+    ``test_mysql_commit_order`` has the direct test.)"""
     eng = _my_tables(mariadb_ps_url)
-    _plan_b_beside_a_worker(mariadb_ps_url, redis_url, key_prefix)
+    url = _url(mariadb_ps_url, driver)
+    _plan_b_beside_a_worker(url, redis_url, key_prefix)
     write = f"INSERT INTO b (p) VALUES ('{SECRET}')"
     prefix2 = key_prefix + "x"
-    with _worker_holding_a_write(mariadb_ps_url, redis_url, prefix2, write) as (_a, a_name):
-        b = _traversal(mariadb_ps_url, "b", "b", redis_url, prefix2, commit_wait_timeout=0.5)
+    with _worker_holding_a_write(url, redis_url, prefix2, write) as (_a, a_name):
+        b = _traversal(url, "b", "b", redis_url, prefix2, commit_wait_timeout=0.5)
         try:
             with pytest.raises(CommitOrderTimeoutError) as err:
                 b.plan(max_ranges=1, new_stream=True)
@@ -360,3 +394,23 @@ def test_mariadb_plan_skips_other_streams_worker_unless_it_writes_the_source(
     assert f"program_name {a_name!r}" in text and "writing the source" in text, text
     assert "thread " in text and "open for" in text and SECRET not in text
     eng.dispose()
+
+
+def test_mariadb_without_performance_schema_waits_for_a_named_worker(
+    mariadb_db_url, redis_url, key_prefix
+):
+    """The shared server runs with the performance schema off (MariaDB's default): no session's
+    name can be read, so b's plan waits for a's mysqlclient worker although it writes only its
+    own target, and times out naming the thread (as before names existed)."""
+    url = _url(mariadb_db_url, "mysql+mysqldb")
+    _my_tables(url).dispose()
+    write = f"INSERT INTO a_out VALUES (1, '{SECRET}')"
+    with _worker_holding_a_write(url, redis_url, key_prefix, write):
+        b = _traversal(url, "b", "b", redis_url, key_prefix, commit_wait_timeout=0.3)
+        try:
+            with pytest.raises(CommitOrderTimeoutError) as err:
+                b.plan(max_ranges=1, new_stream=True)
+        finally:
+            b.close()
+    text = str(err.value)
+    assert "thread " in text and "program_name" not in text and SECRET not in text, text

@@ -54,7 +54,7 @@ from ...errors import (
     KeyValidationError,
     UnsupportedKeyTypeError,
 )
-from .. import commit_order, key_types
+from .. import commit_order, key_types, naming
 from . import mysql_catalog, mysql_quantiles
 from .base import Dialect, KeyTypeFound, RowErrorKind, ScanPlan, full_scan_problem
 
@@ -98,12 +98,18 @@ _OPEN_TRX = (
     "OR (t.trx_autocommit_non_locking = 0 AND t.trx_is_read_only = 0)"
 )
 _NAMED_EXTRA = (
-    # the connection's name (PyMySQL's program_name, ``naming``) and whether it holds a
-    # metadata lock stronger than a read's on the source (a write, or a locking read:
-    # both last until the transaction ends)
-    ", (SELECT a.ATTR_VALUE FROM performance_schema.session_connect_attrs a "
+    # the connection's name (``naming``: PyMySQL's connection attribute program_name, else
+    # mysqlclient's user variable @keyset_program_name) and whether it holds a metadata lock
+    # stronger than a read's on the source (a write, or a locking read: both last until the
+    # transaction ends)
+    ", COALESCE((SELECT a.ATTR_VALUE FROM performance_schema.session_connect_attrs a "
     "   WHERE a.PROCESSLIST_ID = t.trx_mysql_thread_id AND a.ATTR_NAME = 'program_name' "
     "   LIMIT 1), "
+    "  (SELECT CONVERT(v.VARIABLE_VALUE USING utf8mb4) "
+    "   FROM performance_schema.user_variables_by_thread v "
+    "   JOIN performance_schema.threads tv ON tv.THREAD_ID = v.THREAD_ID "
+    "   WHERE tv.PROCESSLIST_ID = t.trx_mysql_thread_id "
+    f"  AND v.VARIABLE_NAME = '{naming.VARIABLE}' LIMIT 1)), "
     "EXISTS (SELECT 1 FROM performance_schema.metadata_locks m "
     "   JOIN performance_schema.threads th ON th.THREAD_ID = m.OWNER_THREAD_ID "
     "   WHERE th.PROCESSLIST_ID = t.trx_mysql_thread_id AND m.OBJECT_TYPE = 'TABLE' "
@@ -161,7 +167,8 @@ def open_transactions(
     """InnoDB transactions open now, by identity (see ``_OPEN_TRX``), as of this call: a copy
     InnoDB served from before it is read again (``_fresh_rows``), for up to ``timeout`` s, then
     ``CommitOrderTimeoutError``. ``conn`` must be in autocommit. ``watch`` (schema or None for
-    the connection's database, table): also read each one's ``program_name`` and whether it
+    the connection's database, table): also read each one's name (``program_name``, or
+    ``@keyset_program_name`` for mysqlclient; ``naming``) and whether it
     holds a write lock on that table (``performance_schema``; check ``_MDL_RECORDED`` first)."""
     deadline = time.monotonic() + timeout
     tries = 0
@@ -180,6 +187,8 @@ def open_transactions(
     for row in rows:
         trx_id, thread, started, state, age, user, host, db = row[:8]
         app, writes = (row[10], row[11]) if watch is not None else ("", True)
+        if isinstance(app, bytes):
+            app = app.decode("ascii", "replace")
         ident = f"{thread}@{started}" if thread else f"trx:{trx_id}"
         named = f" program_name {app!r}" if watch is not None else ""
         out[ident] = commit_order.Blocker(
