@@ -27,7 +27,8 @@ Variants, interleaved, ``--repeat`` times:
   example does, one ``UPDATE ... FROM unnest(...)`` guarded by ``status = 'PENDING'`` and one
   commit per chunk.
 
-Rates are rows cancelled / seconds. A repetition's ratio is the provider's rate over the
+No untimed warm-up run (a provider run costs about a minute at 10^6 rows): the repetitions'
+min/max show what the first one paid. Rates are rows cancelled / seconds. A repetition's ratio is the provider's rate over the
 baseline's (the baseline's seconds over the provider's); the metrics report their min/median/max
 and the load average. No target: informational, as ``airflow_overhead``.
 """
