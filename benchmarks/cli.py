@@ -76,6 +76,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--wb-rows", type=int, default=10_000, help="keys written by the write-back metrics"
     )
+    p.add_argument(
+        "--deco-rows",
+        type=int,
+        default=1_000_000,
+        help="orders the decorator example cancels (group decorator_example; default 1,000,000)",
+    )
     p.add_argument("--results-dir", type=Path, default=report.RESULTS_DIR)
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
@@ -129,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         chunk_size=args.chunk_size,
         io_wait_ms=args.io_wait_ms,
         wb_rows=args.wb_rows,
+        deco_rows=args.deco_rows,
     )
     started = time.perf_counter()
     load_at_start = list(os.getloadavg())
@@ -149,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         "chunk_size": ctx.chunk_size,
         "io_wait_ms": ctx.io_wait_ms,
         "wb_rows": ctx.wb_rows,
+        "deco_rows": ctx.deco_rows,
         "ranges": ctx.ranges,
         "groups": groups,
         "loadavg_at_start": load_at_start,

@@ -45,6 +45,7 @@ class BenchContext:
     chunk_size: int = 10_000
     io_wait_ms: float = 3.0
     wb_rows: int = 10_000
+    deco_rows: int = 1_000_000
     ranges: int = 16
     prefix: str = field(default_factory=lambda: f"kbench{uuid.uuid4().hex[:8]}")
     cache: dict[str, Any] = field(default_factory=dict)

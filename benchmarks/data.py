@@ -11,6 +11,10 @@ zipf           ``k bigint`` primary key                    1000 tenants of Zipf(
                                                            between tenants; rows stored in random
                                                            physical order (like a multi-tenant log)
 wb             ``id bigint`` primary key, ``status text``  the write-back target (reset per run)
+orders         ``id bigint`` primary key, unique           the decorator example's table
+               ``(created_at timestamptz, id)``            (``--deco-rows``): every order PENDING,
+                                                           three per second from 2025-01-01, in
+                                                           key order; ``cancel_reason text``
 =============  ==========================================  =====================================
 
 ``<schema>._meta`` records each table's row count and layout version; a table whose entry does
@@ -88,17 +92,35 @@ def _create_wb(ctx: BenchContext, name: str, rows: int) -> None:
         )
 
 
+def _create_orders(ctx: BenchContext, name: str, rows: int) -> None:
+    """The table of ``tests/airflow/test_decorator.py`` (the example's), all rows PENDING."""
+    with pg_cursor(ctx) as cur:
+        cur.execute(
+            f"CREATE TABLE {name} (id bigint PRIMARY KEY, created_at timestamptz NOT NULL, "
+            "status text NOT NULL, cancel_reason text)"
+        )
+        cur.execute(
+            f"INSERT INTO {name} SELECT g, timestamptz %s + (g / 3) * interval '1 second', "
+            "'PENDING' FROM generate_series(1, %s) g",
+            (TS_START, rows),
+        )
+        cur.execute(f"CREATE UNIQUE INDEX orders_created_at_id ON {name} (created_at, id)")
+
+
 _BUILDERS: dict[str, Callable[[BenchContext, str, int], None]] = {
     "seq": _create_seq,
     "seq_small": _create_seq,
     "ts": _create_ts,
     "zipf": _create_zipf,
     "wb": _create_wb,
+    "orders": _create_orders,
 }
 
 
 def _wanted_rows(ctx: BenchContext, role: str) -> int:
-    return {"seq_small": ctx.small_rows, "wb": ctx.wb_rows}.get(role, ctx.rows)
+    return {"seq_small": ctx.small_rows, "wb": ctx.wb_rows, "orders": ctx.deco_rows}.get(
+        role, ctx.rows
+    )
 
 
 def ensure_table(ctx: BenchContext, role: str) -> str:

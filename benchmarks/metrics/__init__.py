@@ -45,6 +45,11 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "airflow_bare": ("airflow_bare", ("airflow_vs_bare",)),
     "verify": ("verify", ("verify_vs_traverse",)),
     "preview": ("preview", ("preview_eta",)),
+    # issue 29: the docs' decorator example end to end, against the same outcome by hand
+    "decorator_example": (
+        "decorator_example",
+        ("decorator_vs_statement", "decorator_vs_chunked"),
+    ),
 }
 
 

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -213,11 +214,11 @@ def airflow_home(ctx: BenchContext) -> Path:
     return home
 
 
-def _connections(ctx: BenchContext) -> dict[str, str]:
-    """``AIRFLOW_CONN_*`` for the benchmark's PostgreSQL and Redis (JSON form)."""
+def postgres_connection(ctx: BenchContext, search_path: str | None = None) -> str:
+    """An Airflow ``postgres`` connection (JSON form) on the benchmark's server; with
+    ``search_path`` its sessions resolve unqualified table names in that schema."""
     pg = sa.engine.make_url(ctx.pg_url)
-    rd = sa.engine.make_url(ctx.redis_url)
-    source = {
+    conn: dict[str, Any] = {
         "conn_type": "postgres",
         "host": pg.host,
         "port": pg.port,
@@ -225,6 +226,14 @@ def _connections(ctx: BenchContext) -> dict[str, str]:
         "password": pg.password,
         "schema": pg.database,
     }
+    if search_path:
+        conn["extra"] = {"sqlalchemy_query": {"options": f"-csearch_path={search_path}"}}
+    return json.dumps(conn)
+
+
+def redis_connection(ctx: BenchContext) -> str:
+    """An Airflow ``redis`` connection (JSON form) on the benchmark's Redis."""
+    rd = sa.engine.make_url(ctx.redis_url)
     store: dict[str, Any] = {
         "conn_type": "redis",
         "host": rd.host,
@@ -233,9 +242,14 @@ def _connections(ctx: BenchContext) -> dict[str, str]:
     }
     if rd.password:
         store["password"] = rd.password
+    return json.dumps(store)
+
+
+def _connections(ctx: BenchContext) -> dict[str, str]:
+    """``AIRFLOW_CONN_*`` for the benchmark's PostgreSQL and Redis (JSON form)."""
     return {
-        f"AIRFLOW_CONN_{SOURCE_CONN_ID.upper()}": json.dumps(source),
-        f"AIRFLOW_CONN_{REDIS_CONN_ID.upper()}": json.dumps(store),
+        f"AIRFLOW_CONN_{SOURCE_CONN_ID.upper()}": postgres_connection(ctx),
+        f"AIRFLOW_CONN_{REDIS_CONN_ID.upper()}": redis_connection(ctx),
     }
 
 
@@ -247,6 +261,49 @@ def _round_totals(ctx: BenchContext, stream: str, round_id: str = "r1") -> dict[
         return {"state": ctl.round(round_id).state, **ctl.close_round(round_id).as_dict()}
     finally:
         client.close()
+
+
+def run_dag_test(
+    ctx: BenchContext, module: str, env: dict[str, str]
+) -> tuple[dict[str, Any], float]:
+    """``dag.test()`` of the DAG file ``<module>.py`` of the home's DAGs folder in a fresh process
+    whose environment is ``env``. Returns what the runner wrote (``dag_test_s``, ``import_s``,
+    ``state``, ``tasks``) and the process wall; raises, with the end of the process's output, if
+    the process failed or the DAG run or one of its tasks did not succeed."""
+    home = airflow_home(ctx)
+    tag = uuid.uuid4().hex[:8]
+    out = home / f"result-{tag}.json"
+    log_path = home / f"log-{tag}.txt"
+    with Stopwatch() as sw, open(log_path, "w") as log_file:
+        proc = subprocess.run(
+            [sys.executable, str(home / "run_dag_test.py"), str(home / "dags"), str(out), module],
+            cwd=procs.ROOT,
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            timeout=SUBPROCESS_TIMEOUT_S,
+        )
+    log_text = log_path.read_text(errors="replace")
+    log_path.unlink(missing_ok=True)
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(
+            f"dag.test() subprocess failed (exit {proc.returncode}):\n{log_text[-3000:]}"
+        )
+    res: dict[str, Any] = json.loads(out.read_text())
+    out.unlink()
+    if not res["state"].endswith("success") or any(
+        not t["state"].endswith("success") for t in res["tasks"]
+    ):
+        raise RuntimeError(f"dag.test() of {module} did not succeed: {res}\n{log_text[-3000:]}")
+    return res, sw.seconds
+
+
+def task_durations(tasks: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each task instance's duration by name (``task[map_index]`` for a mapped one)."""
+    return {
+        (t["task_id"] if t["map_index"] < 0 else f"{t['task_id']}[{t['map_index']}]"): t["duration"]
+        for t in tasks
+    }
 
 
 def dag_test(
@@ -282,32 +339,8 @@ def dag_test(
         "KBENCH_AF_DEFERRABLE": "1" if deferrable else "0",
     }
     module = "kbench_bare_dag" if bare else "kbench_airflow_dag"
-    out = home / f"result-{stream}.json"
-    log_path = home / f"log-{stream}.txt"
-    with Stopwatch() as sw, open(log_path, "w") as log_file:
-        proc = subprocess.run(
-            [sys.executable, str(home / "run_dag_test.py"), str(home / "dags"), str(out), module],
-            cwd=procs.ROOT,
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            timeout=SUBPROCESS_TIMEOUT_S,
-        )
-    log_text = log_path.read_text(errors="replace")
-    log_path.unlink(missing_ok=True)
-    if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(
-            f"dag.test() subprocess failed (exit {proc.returncode}):\n{log_text[-3000:]}"
-        )
-    res = json.loads(out.read_text())
-    out.unlink()
+    res, process_s = run_dag_test(ctx, module, env)
     traverse = [t for t in res["tasks"] if t["task_id"] == "traverse"]
-    if not res["state"].endswith("success") or any(
-        not t["state"].endswith("success") for t in res["tasks"]
-    ):
-        raise RuntimeError(
-            f"dag.test() over {rows} rows did not succeed: {res}\n{log_text[-3000:]}"
-        )
     if bare and len(traverse) != ranges:
         raise RuntimeError(f"dag.test() ran {len(traverse)} mapped tasks, expected {ranges}")
     totals = {"state": "closed", "done": rows} if bare else _round_totals(ctx, stream)
@@ -320,18 +353,13 @@ def dag_test(
         res["dag_test_s"],
         rows,
         {
-            "process_s": sw.seconds,
+            "process_s": process_s,
             "import_s": res["import_s"],
             "tasks": len(res["tasks"]),
             "mapped": len(traverse),
             "tasks_s": sum(task_s),
             "traverse_tasks_s": sum(t["duration"] or 0.0 for t in traverse),
-            "task_durations": {
-                (t["task_id"] if t["map_index"] < 0 else f"{t['task_id']}[{t['map_index']}]"): t[
-                    "duration"
-                ]
-                for t in res["tasks"]
-            },
+            "task_durations": task_durations(res["tasks"]),
         },
     )
 
