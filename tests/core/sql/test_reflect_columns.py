@@ -87,6 +87,10 @@ def test_a_missing_table_is_refused_as_before(pg_engine, pg_schema_url):
         src.close()
 
 
+def _cursors(t, round_id: str) -> list[tuple[int, str | None, int, str]]:
+    return [(r.range_id, r.cursor_encoded, r.done, str(r.state)) for r in t.range_status(round_id)]
+
+
 @pytest.mark.parametrize(
     ("change", "refusal"),
     [
@@ -115,14 +119,14 @@ def test_a_schema_change_after_the_plan_is_refused_before_a_row_is_read(
         c.exec_driver_sql(change)
     with pytest.raises(KeyValidationError) as planned:  # what a plan now says
         SqlSource(pg_schema_url, "events", "seq").validate()
-    assert refusal in str(planned.value).lower() or refusal in str(planned.value)
+    assert refusal in str(planned.value).lower()
     task = traversal(pg_schema_url, redis_url, key_prefix)
     seen = Recorder()
     try:
-        before = task.status(rnd.round_id)
+        before = _cursors(task, rnd.round_id)
         with pytest.raises(KeyValidationError) as refused:
             task.traverse(rnd.round_id, rnd.ranges[0].range_id, seen)
-        after = task.status(rnd.round_id)
+        after = _cursors(task, rnd.round_id)
     finally:
         task.close()
     assert str(refused.value) == str(planned.value)
