@@ -39,10 +39,11 @@ def _described(table: sa.Table) -> tuple[list[tuple[str, str, bool]], list[str]]
     )
 
 
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg"])
 @pytest.mark.parametrize("qualified", [False, True])
 @pytest.mark.parametrize("name", ["wide", "wide_v"])
 def test_one_statement_reads_what_the_inspector_reads(
-    pg_engine, pg_schema, pg_schema_url, name, qualified
+    pg_engine, pg_schema, pg_schema_url, name, qualified, driver
 ):
     """Every column (enum, domains, arrays, collation, generated, identity, a dropped column),
     its type as SQLAlchemy reflects it, its nullability (a NOT NULL domain included) and the
@@ -51,7 +52,9 @@ def test_one_statement_reads_what_the_inspector_reads(
     lookups the Inspector makes too)."""
     with pg_engine.begin() as c:
         c.exec_driver_sql(_WIDE)
-    src = SqlSource(pg_schema_url, f"{pg_schema}.{name}" if qualified else name, "id")
+    url = pg_schema_url.replace("postgresql+psycopg2://", f"postgresql+{driver}://")
+    assert url.startswith(f"postgresql+{driver}://")
+    src = SqlSource(url, f"{pg_schema}.{name}" if qualified else name, "id")
     try:
         assert src.db is not None
         with src.engine.connect():
