@@ -64,7 +64,7 @@ def key_kinds(src: Relation, db: Dialect, key_cols: Sequence[sa.Column]) -> list
 def validate(src: Relation, db: Dialect | None) -> tuple[sa.Table, list[str]]:
     """The reflected table and the key kinds, once every check passed (see module doc)."""
     db = check_dialect(src, db)
-    table = reflect_table(src)
+    table = reflect_table(src, db)
     key_cols = [table.c[k] for k in src.key_names]
     kinds = key_kinds(src, db, key_cols)
     check_not_null(src, db, table, key_cols)
@@ -83,29 +83,36 @@ def check_dialect(src: Relation, db: Dialect | None) -> Dialect:
     return db
 
 
-def reflect_table(src: Relation) -> sa.Table:
+def reflect_table(src: Relation, db: Dialect | None = None) -> sa.Table:
     """The table's columns (names, types, nullability) and primary key (in its own column order)
     as the catalog describes them; refuses a missing table or column. Only what the checks and
     the chunk query use is read: a full reflection (foreign keys, every index, constraints,
-    comments) cost ~2-4x more queries in every traverse task (docs/performance.md, issue 29)."""
-    insp = sa.inspect(src.engine)
-    try:
-        columns = insp.get_columns(src.table_name, schema=src.schema)
-        pk = insp.get_pk_constraint(src.table_name, schema=src.schema)
-    except sa.exc.NoSuchTableError:
-        raise KeyValidationError(
-            f"table {src.qualified_name!r} does not exist (dialect {src.dialect}).{_nearest(insp, src)}"
-            " Check the name and schema ('schema.table'), and that the connection points at the right database."
-        ) from None
+    comments) cost ~2-4x more queries in every traverse task (docs/performance.md, issue 29).
+    The dialect's one hand-written statement reads them where it has one
+    (``Dialect.reflect_columns``), else SQLAlchemy's Inspector, which also words a missing table."""
+    found: tuple[Sequence[Any], Sequence[str] | None] | None = None
+    if db is not None:
+        with src.engine.connect() as conn:
+            found = db.reflect_columns(conn, src)
+    if found is not None:
+        columns, pk_cols = found
+    else:
+        insp = sa.inspect(src.engine)
+        try:
+            columns = insp.get_columns(src.table_name, schema=src.schema)
+            pk_cols = insp.get_pk_constraint(src.table_name, schema=src.schema).get(
+                "constrained_columns"
+            )
+        except sa.exc.NoSuchTableError:
+            raise KeyValidationError(
+                f"table {src.qualified_name!r} does not exist (dialect {src.dialect}).{_nearest(insp, src)}"
+                " Check the name and schema ('schema.table'), and that the connection points at the right database."
+            ) from None
     table = sa.Table(
         src.table_name,
         sa.MetaData(),
         *[sa.Column(c["name"], c["type"], nullable=c["nullable"]) for c in columns],
-        *(
-            [sa.PrimaryKeyConstraint(*pk["constrained_columns"])]
-            if pk.get("constrained_columns")
-            else []
-        ),
+        *([sa.PrimaryKeyConstraint(*pk_cols)] if pk_cols else []),
         schema=src.schema,
     )
     missing = [c for c in src.column_names if c not in table.c]

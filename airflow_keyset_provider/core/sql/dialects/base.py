@@ -106,6 +106,15 @@ class Dialect:
         """Every index of the source's table, with what it proves (``IndexInfo``)."""
         raise NotImplementedError
 
+    def reflect_columns(
+        self, conn: sa.Connection, src: Relation
+    ) -> tuple[list[dict[str, Any]], list[str]] | None:
+        """The table's columns (``name``, ``type``, ``nullable``, as SQLAlchemy's Inspector
+        reflects them) and its primary key's columns in key order, read by one hand-written
+        catalog statement; None when this dialect does not answer (or the relation is not found):
+        the Inspector then reads them, and refuses a missing table (``key_checks.reflect_table``)."""
+        return None
+
     def never_null(self, table: sa.Table, col: sa.Column) -> bool:
         """True when ``col`` can never hold NULL although it reflects as nullable."""
         return False

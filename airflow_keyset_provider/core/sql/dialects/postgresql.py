@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from collections.abc import Sequence
@@ -53,6 +54,28 @@ _PG_KEY_TYPES = sa.text(
     "       t.is_domain "
     "FROM t JOIN pg_type p ON p.oid = t.typ JOIN pg_namespace n ON n.oid = p.typnamespace "
     "WHERE p.typtype <> 'd'"
+)
+#: the table's columns and primary key in one statement, the rows SQLAlchemy's own column
+#: reflection reads (``_columns_query``: name, format_type, not_null, collation when it differs
+#: from the type's), so its type parser gives the Inspector's types; ``pk`` is the column's place
+#: in the primary key (NULL: not in it). The relation is found as every other catalog statement
+#: here finds it (``CAST(:rel AS regclass)``, the search path), limited to the relkinds the
+#: Inspector reflects.
+_PG_COLUMNS = sa.text(
+    "SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS format_type, "
+    "  a.attnotnull AS not_null, c.relname AS table_name, "
+    "  CASE WHEN a.attcollation <> 0 AND a.attcollation <> "
+    "      (SELECT t.typcollation FROM pg_type t WHERE t.oid = a.atttypid) "
+    "    THEN (SELECT json_build_object('name', co.collname, 'schema', "
+    "            CASE WHEN pg_collation_is_visible(co.oid) THEN NULL ELSE cn.nspname END) "
+    "          FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace "
+    "          WHERE co.oid = a.attcollation) END AS collation, "
+    "  (SELECT array_position(i.indkey::int2[], a.attnum) FROM pg_index i "
+    "   WHERE i.indrelid = c.oid AND i.indisprimary) AS pk "
+    "FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 "
+    "  AND NOT a.attisdropped "
+    "WHERE c.oid = to_regclass(:rel) AND c.relkind IN ('r', 'p', 'f', 'v', 'm') "
+    "ORDER BY a.attnum"
 )
 _PG_CHILDREN = sa.text(
     "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhparent "
@@ -99,6 +122,39 @@ class PostgresqlDialect(Dialect):
 
     def unique_indexes(self, conn: sa.Connection, src: Relation) -> list[IndexInfo]:
         return catalog.unique_indexes(conn, src.rel)
+
+    def reflect_columns(
+        self, conn: sa.Connection, src: Relation
+    ) -> tuple[list[dict[str, Any]], list[str]] | None:
+        """One statement (``_PG_COLUMNS``) instead of the Inspector's compiled catalog queries
+        (~50-70 ms of every traverse task in a fresh process, docs/performance.md issue 29); the
+        types come from SQLAlchemy's own parser of those rows (``_get_columns_info``), so they
+        are the Inspector's. None (the Inspector reads them) when the relation is not found or
+        this SQLAlchemy has no such parser."""
+        parse = getattr(conn.dialect, "_get_columns_info", None)
+        loader = getattr(
+            importlib.import_module("sqlalchemy.dialects.postgresql.base"), "_NamedTypeLoader", None
+        )
+        if parse is None or loader is None:
+            return None
+        rows = [dict(r._mapping) for r in conn.execute(_PG_COLUMNS, {"rel": src.rel})]
+        if not rows:
+            return None
+        for r in rows:
+            if isinstance(r["collation"], str):
+                r["collation"] = json.loads(r["collation"])
+            r.update(default=None, comment=None, generated=None, identity_options=None)
+        try:
+            found = parse(rows, loader(conn.dialect, conn, {}), src.schema)
+        except (TypeError, KeyError):  # another SQLAlchemy's parser: let the Inspector read
+            return None
+        columns = [
+            {"name": c["name"], "type": c["type"], "nullable": c["nullable"]}
+            for cols in found.values()
+            for c in cols
+        ]
+        pk = [r["name"] for r in sorted(rows, key=lambda r: r["pk"] or 0) if r["pk"] is not None]
+        return columns, pk
 
     def key_types(
         self, conn: sa.Connection, src: Relation, columns: Sequence[str]
