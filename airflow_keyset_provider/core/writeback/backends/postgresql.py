@@ -147,7 +147,9 @@ class PostgresBackend(Backend):
         if _one_round_trip(dialect, isolate) and set(target.key_names) <= set(columns):
             agg = _STATEMENTS.get(
                 ("positions", *key, tuple(update_cols)),
-                lambda: _upsert_positions_sql(dialect, target, list(columns), sql),
+                lambda: _upsert_positions_sql(
+                    dialect, target, list(columns), conflict_cols, list(update_cols)
+                ),
             )
 
             def write_one_trip(conn: Connection, data: dict[str, list], n: int) -> list[int]:
@@ -240,30 +242,35 @@ def run_positions(conn: Connection, sql: str, agg: str, params: dict[str, Any]) 
 
 
 def _upsert_positions_sql(
-    dialect: sa.Dialect, target: Target, columns: list[str], insert_sql: str
+    dialect: sa.Dialect,
+    target: Target,
+    columns: list[str],
+    conflict_cols: Sequence[str],
+    update_cols: list[str],
 ) -> str:
-    """The upsert's ``INSERT ... RETURNING key`` as a CTE, its returned keys joined to the
-    batch's key arrays ``WITH ORDINALITY`` (the same bound parameters) for their positions:
-    the input's keys are unique, and so is each returned row's match."""
+    """The upsert as one statement that stores the written rows' positions in ``_OUT`` (as
+    ``_aggregated`` does):
+    the batch's arrays are unnested once ``WITH ORDINALITY`` (``keyset_k``), the ``INSERT ...
+    SELECT ... FROM keyset_k ON CONFLICT ... RETURNING key`` is a CTE (``keyset_w``), and its
+    returned keys are joined to ``keyset_k`` for their positions (the input's keys are unique,
+    and so is each returned row's match). Each array is sent and parsed once: binding the key
+    arrays a second time for the join cost a composite key's timestamps twice (issue 29)."""
     table = target.table
-    element = {n: _unbounded(table.c[n].type) for n in target.key_names}
-    args = []
-    for n in target.key_names:
-        array = postgresql.ARRAY(element[n])
-        param = f"keyset_col_{columns.index(n)}"
-        args.append(sa.cast(sa.bindparam(param, type_=array), array))
-    k = (
-        sa.func.unnest(*args)
-        .table_valued(
-            *(sa.column(n, element[n]) for n in target.key_names), with_ordinality="keyset_n"
-        )
-        .render_derived(name="keyset_k")
-    )
-    w = sa.table("keyset_w", *(sa.column(n) for n in target.key_names))
+    v, _bind = _rows_as_arrays(table, columns, ordinality="keyset_n")
+    k = sa.select(v).cte("keyset_k")
+    insert = postgresql.insert(table).from_select(columns, sa.select(*(k.c[n] for n in columns)))
+    insert = on_conflict(insert, table, True, conflict_cols, update_cols)
+    w = insert.returning(*target.key_cols).cte("keyset_w")
     on = sa.and_(*(w.c[n] == k.c[n] for n in target.key_names))
-    joined = _compile(dialect, sa.select(k.c.keyset_n).select_from(w.join(k, on)))
-    source = joined.split("FROM ", 1)[1]  # "SELECT keyset_k.keyset_n \nFROM <the join>"
-    return _aggregated(f"WITH keyset_w AS ({insert_sql}) ", source, "keyset_k.keyset_n")
+    listed = sa.func.string_agg(
+        sa.cast(k.c.keyset_n - sa.literal_column("1"), sa.Text), sa.literal_column("','")
+    )
+    stored = sa.func.set_config(
+        sa.literal_column(f"'{_OUT}'"),
+        sa.func.coalesce(listed, sa.literal_column("''")),
+        sa.true(),
+    )
+    return _compile(dialect, sa.select(stored).select_from(w.join(k, on)))
 
 
 def _pipelined(conn: Connection, cursor: Any, sql: str, params: dict[str, Any]) -> list:
