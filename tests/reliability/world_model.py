@@ -121,7 +121,15 @@ class Tainted(Exception):
 #: Defects the model finds on main that other branches fix (issue 27): id -> where it is fixed.
 KNOWN_DEFECTS = {
     "silent-restart": "issue 27 item 10, branch durable",
+    # open (found 2026-12-02, seed 9, world we473d5bafa, step 119): a range whose next chunk holds
+    # only bad items (>= 2, failing as a whole) and that has no committed key to probe with is
+    # taken for an outage on every try, so its items are never dead-lettered and the round never
+    # closes (contract 5: safe, nothing skipped, but stuck). A canary from another range of the
+    # round (or an earlier round) would tell the two apart.
+    "no-canary-outage": "open: a range of only bad items and no canary of its own never closes",
 }
+#: what a worker's error says when isolation found no canary and no part that succeeded
+NO_CANARY = "no key that succeeded before was there to probe with"
 TOLERATED = {d.strip() for d in os.environ.get("KEYSET_MODEL_TOLERATE", "").split(",") if d.strip()}
 
 
@@ -1038,10 +1046,13 @@ class World:
                     for w in self.workers[-4:]
                     if w.round_id == r.round_id and w.ended is not None
                 ]
-                self.fail(
+                message = (
                     f"round {r} did not close once the faults stopped: {exc!r}; "
                     f"its last workers: {ends}"
                 )
+                if any(NO_CANARY in e for e in ends):
+                    self.known("no-canary-outage", message)
+                self.fail(message)
             if not isinstance(exc, KeysetError):
                 self.fail(f"closing round {r} failed: {exc!r}")
             return
