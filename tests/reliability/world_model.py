@@ -121,12 +121,10 @@ class Tainted(Exception):
 #: Defects the model finds on main that other branches fix (issue 27): id -> where it is fixed.
 KNOWN_DEFECTS = {
     "silent-restart": "issue 27 item 10, branch durable",
-    # open (found 2026-12-02, seed 9, world we473d5bafa, step 119): a range whose next chunk holds
-    # only bad items (>= 2, failing as a whole) and that has no committed key to probe with is
-    # taken for an outage on every try, so its items are never dead-lettered and the round never
-    # closes (contract 5: safe, nothing skipped, but stuck). A canary from another range of the
-    # round (or an earlier round) would tell the two apart.
-    "no-canary-outage": "open: a range of only bad items and no canary of its own never closes",
+    # found 2026-12-02 (seed 9, world we473d5bafa, step 119): a range whose next chunk held only
+    # bad items and that had no committed key of its own to probe with was taken for an outage on
+    # every try; the canary now comes from the round's other ranges
+    "no-canary-outage": "fixed: core/run/item_failures.py takes canaries from the round's other ranges",
 }
 #: what a worker's error says when isolation found no canary and no part that succeeded
 NO_CANARY = "no key that succeeded before was there to probe with"

@@ -9,12 +9,13 @@ The rule (docs/contract.md, "Item failures and dependency failures"):
   ``outage_failure_ratio`` of its items (and at least two) as failed. Before that is blamed on the
   dependency, the chunk is isolated:
 
-  1. Canary: one key this range already processed successfully (the last one this try saw
-     succeed, with its row as delivered then if it no longer matches ``where``; else the highest
-     of the range's first ``chunk_size`` committed keys that neither waits for retry nor is dead)
-     is processed alone again (at-least-once allows it). If it fails, the next such key is (its
-     row may have gone bad since it succeeded), up to ``CANARIES`` keys; if every one fails, the
-     dependency is down: an outage.
+  1. Canary: one key already processed successfully (the last one this try saw succeed, with its
+     row as delivered then if it no longer matches ``where``; else the highest of the range's first
+     ``chunk_size`` committed keys that neither waits for retry nor is dead; else the same from
+     the round's other ranges, nearest first; never a key outside the round's bounds) is
+     processed alone again (at-least-once allows it). If it
+     fails, the next such key is (its row may have gone bad since it succeeded), up to
+     ``CANARIES`` keys; if every one fails, the dependency is down: an outage.
   2. If the canary succeeded and the processor named the failed items, they are item failures as
      named. If it raised, or there was no canary, the chunk is bisected: each half is processed
      on its own, a half that fails as a whole is halved again, down to single items. A part that
@@ -265,29 +266,50 @@ class ItemFailures:
         return ok
 
     def _canary_keys(self) -> Iterator[str]:
-        """Canary candidates, best first: the last key this try saw succeed, then (a resumed
-        try, or that one failed) the range's committed keys among its first ``chunk_size`` that
-        neither wait for retry nor are dead, highest first."""
+        """Canary candidates, best first, read lazily (the next source is read only when every
+        candidate before it failed or was gone): the last key this try saw succeed; the range's
+        own committed keys (a resumed try, or that one failed); then the committed keys of the
+        round's other ranges, nearest in key order first. Each range gives at most
+        ``chunk_size`` keys that neither wait for retry nor are dead, highest first. Every such
+        key was processed successfully before and lies inside the round's bounds, so probing it
+        again is what at-least-once allows; a range whose keys so far all failed is told apart
+        from an outage by another range's. Keys of earlier rounds are never probed: a processor
+        may rely on every key it is handed in round ``r`` being inside ``r``'s bounds."""
+        run = self.run
         if self.last_good is not None:
             yield self.last_good
-        yield from self._committed_good_keys()
-
-    def _committed_good_keys(self) -> list[str]:
-        run = self.run
         if self._lo is None:
             self._lo = run.store.range(run.round_id, run.range_id)["lo"]
-        cursor = run.state.cursor
-        if cursor == self._lo:
-            return []  # nothing committed yet: every key below is another range's
-        rows = run.source.fetch(self._lo, cursor, run.o.chunk_size)
+        yield from self._good_keys(run.range_id, self._lo, run.state.cursor)
+        for rng in self._other_ranges():
+            yield from self._good_keys(int(rng["range_id"]), rng["lo"], rng["cursor"])
+
+    def _other_ranges(self) -> list[dict[str, str]]:
+        """The round's other ranges with committed keys, nearest to this one (in key order)
+        first; none when the round's state cannot be read whole (a lost range)."""
+        run = self.run
+        try:
+            ranges = sorted(run.store.ranges(run.round_id), key=lambda r: r["lo"])
+        except KeysetError:
+            return []
+        at = next((i for i, r in enumerate(ranges) if r["range_id"] == str(run.range_id)), -1)
+        nearest = sorted(range(len(ranges)), key=lambda i: (abs(i - at), i))
+        return [ranges[i] for i in nearest if i != at and ranges[i]["cursor"] != ranges[i]["lo"]]
+
+    def _good_keys(self, range_id: int, lo: str, cursor: str) -> list[str]:
+        """Up to ``chunk_size`` keys of ``(lo, cursor]`` (committed: processed) present now that
+        neither wait for retry nor are dead in range ``range_id``, highest first (encoded keys
+        sort in key order)."""
+        run = self.run
+        if cursor == lo:
+            return []  # nothing committed yet
+        rows = run.source.fetch(lo, cursor, run.o.chunk_size)
         keys = [encode_key(tuple(r[: run.arity])) for r in materialize(rows)]
         release(rows)
         if not keys:
             return []
-        waiting = run.store.retry_states(run.round_id, run.range_id, keys)
-        dead = {
-            d["key"] for d in run.store.dead_letters(run.round_id, run.range_id, run.o.dead_cap)
-        }
+        waiting = run.store.retry_states(run.round_id, range_id, keys)
+        dead = {d["key"] for d in run.store.dead_letters(run.round_id, range_id, run.o.dead_cap)}
         good = [k for k, w in zip(keys, waiting, strict=True) if w is None and k not in dead]
         return good[::-1]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from core_support import FAST, make_events, traversal
+from core_support import FAST, make_events, run_all, traversal
 
 from airflow_keyset_provider.core import (
     Chunk,
@@ -280,4 +280,109 @@ def test_a_canary_whose_row_went_bad_since_is_not_taken_for_an_outage(
     res = t.traverse(rnd.round_id, 0, spoils_20, chunk_size=20, max_item_attempts=2, **FAST)
     assert res.complete and (res.done, res.dead) == (40, 20)
     assert _dead_keys(t, rnd.round_id) == set(range(21, 41))
+    t.close()
+
+
+def _bad_range_world(pg_engine: sa.Engine, how: str) -> tuple[BulkInsert, Any]:
+    """A sink whose CHECK refuses payload 'bad', and a processor that writes each chunk with one
+    statement: ``raised`` lets the statement's error fail the chunk, ``named`` names every item
+    of a chunk whose statement failed (a processor that catches per chunk)."""
+    bulk = BulkInsert(pg_engine)
+
+    def proc(chunk: Chunk) -> Any:
+        if how == "raised":
+            return bulk(chunk)
+        try:
+            return bulk(chunk)
+        except sa.exc.DBAPIError as exc:
+            return ChunkResult(failed={k: str(exc.orig).splitlines()[0] for k in chunk.keys})
+
+    return bulk, proc
+
+
+def _spoil(pg_engine: sa.Engine, keys: list[int]) -> None:
+    with pg_engine.begin() as c:
+        c.execute(sa.text("UPDATE events SET payload = 'bad' WHERE seq = ANY(:b)"), {"b": keys})
+
+
+@pytest.mark.parametrize("how", ["raised", "named"])
+def test_a_range_of_only_bad_items_finds_its_canary_in_another_range(
+    how: str, pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """The one-world model's long-mode seed 9 (``no-canary-outage``): a range whose keys so far
+    all fail (here every key of range 1) has no key of its own that succeeded before, so the old
+    code took each try for an outage and the round never closed. Its canary is now a committed
+    key of another range of the round (range 0 succeeded): the dependency is up, every key of
+    range 1 is dead-lettered after its attempts, and the round closes."""
+    _make_sink(pg_engine, set())
+    _, proc = _bad_range_world(pg_engine, how)
+    t = traversal(pg_schema_url, redis_url, key_prefix, columns=["seq", "payload"])
+    rnd = t.plan(max_ranges=2, start_key=0, end_key=100)
+    assert len(rnd.ranges) == 2
+    second = [k for k in range(1, 101) if k > int(rnd.ranges[1].lo)]
+    _spoil(pg_engine, second)
+    t.traverse(rnd.round_id, 0, proc, chunk_size=20, max_item_attempts=2, **FAST)
+    res = t.traverse(rnd.round_id, 1, proc, chunk_size=20, max_item_attempts=2, **FAST)
+    assert res.complete and (res.done, res.dead) == (0, len(second))
+    assert {d["key"] for d in t.dead_letters(rnd.round_id, 1, limit=1000)} == set(second)
+    t.close_round(rnd.round_id)
+    t.close()
+
+
+def test_a_round_of_only_bad_items_is_not_told_apart_and_probes_nothing_outside_it(
+    pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """The next chained round holds two keys, both bad, in one range: no key of the round has
+    ever succeeded, so there is no canary and no part that succeeds. That is the documented case
+    the engine does not tell apart from an outage (docs/contract.md, "What is not told apart"):
+    ``DependencyFailedError``, cursor at the round's start, nothing dead-lettered. No key of the
+    previous round is probed: every key a processor is handed in round ``r2`` is inside its
+    bounds (the one-world model's oracle, "effects outside its bounds")."""
+    _make_sink(pg_engine, set())
+    _, proc = _bad_range_world(pg_engine, "raised")
+    handed: list[int] = []
+
+    def watched(chunk: Chunk) -> Any:
+        if chunk.round_id == "r2":
+            handed.extend(chunk.keys)
+        return proc(chunk)
+
+    t = traversal(pg_schema_url, redis_url, key_prefix, columns=["seq", "payload"])
+    first = t.plan(max_ranges=1, new_stream=True)
+    run_all(t, first, watched, chunk_size=20, max_item_attempts=2, **FAST)
+    t.close_round(first.round_id)
+    with pg_engine.begin() as c:
+        c.execute(sa.text("INSERT INTO events VALUES (101, 'bad'), (102, 'bad')"))
+    rnd = t.plan(max_ranges=1)
+    assert (rnd.round_id, len(rnd.ranges)) == ("r2", 1)
+    with pytest.raises(DependencyFailedError, match="no key that succeeded before"):
+        t.traverse(rnd.round_id, 0, watched, chunk_size=20, max_item_attempts=2, **FAST)
+    assert set(handed) == {101, 102}
+    assert t.store.range(rnd.round_id, 0)["cursor"] == encode_key((100,))
+    assert t.dead_letters(rnd.round_id, 0) == []
+    t.close()
+
+
+def test_an_outage_is_still_an_outage_when_the_canary_is_another_ranges(
+    pg_engine, pg_schema_url, redis_url, key_prefix
+):
+    """The sink is dropped after range 0 completed: range 1 has no key of its own that succeeded,
+    its canaries are range 0's keys, and they fail too. An outage: the cursor stays at the
+    range's lower bound, nothing is dead-lettered or queued, and each attempt costs the chunk,
+    its bisection's bounded misses and at most ``CANARIES`` canaries."""
+    _make_sink(pg_engine, set())
+    bulk, proc = _bad_range_world(pg_engine, "raised")
+    t = traversal(pg_schema_url, redis_url, key_prefix, columns=["seq", "payload"])
+    rnd = t.plan(max_ranges=2, start_key=0, end_key=100)
+    t.traverse(rnd.round_id, 0, proc, chunk_size=20, max_item_attempts=2, **FAST)
+    with pg_engine.begin() as c:
+        c.execute(sa.text("DROP TABLE sink"))
+    calls = bulk.calls
+    with pytest.raises(DependencyFailedError):
+        t.traverse(rnd.round_id, 1, proc, chunk_size=20, max_item_attempts=2, **FAST)
+    lo = rnd.ranges[1].lo
+    assert t.store.range(rnd.round_id, 1)["cursor"] == encode_key((int(lo),))
+    st = t.range_status(rnd.round_id)[1]
+    assert (st.dead, st.retries) == (0, 0), st
+    assert bulk.calls - calls <= 5 * (1 + CANARIES)  # per attempt: the chunk and its canaries
     t.close()
