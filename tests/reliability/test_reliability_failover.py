@@ -348,3 +348,66 @@ def test_a_split_range_the_mirror_lost_is_covered_again_and_the_round_closes(
     assert t.close_round(rid).done == 300
     t.close()
     t.mirror.engine.dispose()
+
+
+class _Crash(BaseException):
+    """Kills a traverse call like a worker crash (no handler in the engine catches it)."""
+
+
+@pytest.mark.parametrize("absorber", ["pending", "complete"])
+def test_a_coalescing_the_promoted_replica_lost_leaves_no_overlap_after_a_restore(
+    absorber: str, events_table, pg_schema_url, redis_url, key_prefix, redis_client
+):
+    """Found by the one-world model (long mode, seed 9, world 82: SQLite, mirror, one pulling
+    task): a pulling task's claim of range 0 coalesced ranges 1-3 into it (range 0 became
+    ``(0, 300]``, the others empty) and the mirror recorded that. Redis failed over to a
+    replica that never saw the claim: there range 1 is its own range again, and a task ran part
+    of it (mirrored: ``(75, 150]`` at its cursor). Redis then lost everything; the restore put
+    back the mirror's range 0 ``(0, 300]`` (recorded before the failover) beside range 1: two
+    ranges over the same keys, the round's pulling tasks skipping range 1 (the coalescing's
+    ``skip`` hint) and its close refused on every try ("ranges do not cover"). The restore now
+    makes the ranges a partition again: a range that committed nothing past the other's ``lo``
+    ends there (its keys above are a pending range again, delivered at-least-once); one whose
+    committed keys reach past it absorbs it as the coalescing did. Every key is delivered, the
+    round closes with exact counts."""
+    from airflow_keyset_provider.core.keys import encode_key
+
+    t = _traversal(pg_schema_url, redis_url, key_prefix)
+    rnd = t.plan(max_ranges=4, start_key=0, end_key=300, round_key="run0", new_stream=True)
+    rid = rnd.round_id
+    assert len(rnd.ranges) == 4
+    before = Snapshot(redis_client, key_prefix)
+    seen: Counter[int] = Counter()
+    opts = TraverseOptions(chunk_size=25)
+    if absorber == "complete":
+        t.traverse_round(rid, lambda ch: seen.update(ch.keys), options=opts, split=False, tasks=1)
+    else:  # the claim coalesces, then the task dies before its first chunk commits
+
+        def dies(ch: Any) -> None:
+            raise _Crash
+
+        with pytest.raises(_Crash):
+            t.traverse_round(rid, dies, options=opts, split=False, tasks=1)
+    mirrored = t.mirror.load_round("s", rid)
+    assert mirrored is not None and mirrored[1][0]["hi"] == encode_key((300,))  # coalesced
+    before.rewind()  # the failover: four fresh ranges again
+    calls: list[int] = []
+
+    def dies_after_one(ch: Any) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise _Crash
+        seen.update(ch.keys)
+
+    with pytest.raises(_Crash):
+        t.traverse(rid, 1, dies_after_one, chunk_size=25)
+    for k in list(redis_client.scan_iter(f"{key_prefix}:*")):
+        redis_client.delete(k)  # Redis loses everything
+    again = t.plan(max_ranges=4, start_key=0, end_key=300, round_key="run0")
+    assert again.round_id == rid
+    t.traverse_round(rid, lambda ch: seen.update(ch.keys), options=opts, tasks=1)
+    assert set(seen) == set(range(1, 301))
+    totals = t.close_round(rid)
+    assert totals.done == 300
+    t.close()
+    t.mirror.engine.dispose()

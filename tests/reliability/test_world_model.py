@@ -18,7 +18,8 @@ kind of ``world_model.FAULT_KINDS`` ``KEYSET_MODEL_FAULTS_PER_KIND`` times (one 
 default) and plans, starts and steps workers; each world prints the rules and faults it fired.
 
 Seeds: ``KEYSET_MODEL_SEED=<n>`` replays a run (printed at the start and on failure); Hypothesis
-then prints the failing world's steps, shrunk. Short mode (default) is part of ``make test``;
+then prints the failing world's steps, and a blob: ``KEYSET_MODEL_BLOB=<blob>`` with the same
+seed runs that world alone. Short mode (default) is part of ``make test``;
 ``KEYSET_RELIABILITY_LONG=1`` runs the long mode (``KEYSET_RELIABILITY_TRIALS`` worlds).
 """
 
@@ -39,9 +40,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 import reliability_support as rs
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, reproduce_failure, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -419,6 +421,8 @@ def test_one_world(servers: Servers, caplog: pytest.LogCaptureFixture) -> None:
         pass
 
     hypothesis_seed(seed)(Seeded)
+    if blob := os.environ.get("KEYSET_MODEL_BLOB"):  # one world again: the blob a failure printed
+        reproduce_failure(hypothesis.__version__, blob.encode())(Seeded)
     config = settings(
         max_examples=WORLDS,
         stateful_step_count=STEPS,

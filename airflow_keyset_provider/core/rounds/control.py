@@ -40,7 +40,13 @@ from ..store.cursor_store import Closed, CursorStore, Gap, Unrecoverable
 from ..store.reads import stream_names
 from .durability import round_number
 from .mirror import CheckpointMirror
-from .regressions import closed_by_mirror, cover_lost_ranges, end_split_parents, reconcile
+from .regressions import (
+    closed_by_mirror,
+    cover_lost_ranges,
+    end_overlaps,
+    end_split_parents,
+    reconcile,
+)
 from .status import RangeState, RangeStatus, RoundState, RoundStatus, StreamStatus
 
 log = logging.getLogger("airflow_keyset_provider")
@@ -133,6 +139,8 @@ class StreamControl:
         # records may land in either order)
         n = max([int(info.get("n_ranges") or 0), *(int(r["range_id"]) + 1 for r in ranges)])
         fixed = end_split_parents(round_id, ranges)
+        skips = {k for k in info if k.startswith("skip:")}
+        fixed += end_overlaps(round_id, info, ranges)
         # a range the round counts but the mirror has no record of, or keys none covers: rebuilt
         # (when Redis keeps the round, its n_ranges stays: only its lost ids are rebuilt)
         kept = self.store.round_state(round_id) is not None
@@ -145,6 +153,8 @@ class StreamControl:
         else:
             n, rebuilt = cover_lost_ranges(round_id, info, ranges, n)
         info = {**info, "n_ranges": str(n)}
+        if skips - set(info):  # a coalescing hint the repair took back: the mirror's too
+            self.mirror.save_round(self.stream, round_id, info, [])  # type: ignore[union-attr]
         for r in fixed + rebuilt:  # written back: the mirror is a partition
             self.mirror.save_range(self.stream, round_id, int(r["range_id"]), r)  # type: ignore[union-attr]
         if self.store.restore_round(info, ranges):

@@ -31,6 +31,7 @@ every plan); ``closed_by_mirror`` before a close and a barrier check.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -211,6 +212,66 @@ def end_split_parents(round_id: str, ranges: list[dict[str, Any]]) -> list[dict[
     return list(changed.values())
 
 
+def end_overlaps(
+    round_id: str, info: dict[str, Any], ranges: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Make the mirrored ranges of a round a partition again where two records overlap: a range
+    that coalesced its neighbours at claim time (its ``hi`` moved up over them, they became
+    empty) recorded beside one of those neighbours as another Redis timeline ran it (a failover
+    to a replica that never saw the coalescing claim, then the neighbour's own checkpoint).
+    Each record is true of its own timeline; the repair keeps every count exact:
+
+    - the lower range ``R`` has committed nothing past the other's ``lo`` (``R.cursor <= lo``)
+      and is not complete: ``R`` ends there, its counts untouched (they count keys up to its
+      cursor); the keys above the other range that ``R`` covered are left to
+      ``cover_lost_ranges`` (a pending range again: at-least-once), and ``R``'s coalescing hint
+      (``skip:<R>`` in ``info``) goes, so pulling tasks hand out the ranges it had absorbed;
+    - else ``R`` committed keys of the other range (or completed): the other range is absorbed
+      as the coalescing made it (empty and complete at ``R.hi``, ``merged_into`` ``R``, no
+      counts, retries or dead letters: ``R``'s record counts those keys and holds their
+      verdicts; what it had not reached yet it delivers).
+
+    Repeated until no two non-empty ranges overlap. Changes ``ranges`` and ``info`` in place;
+    returns the ranges it changed (to write back)."""
+    changed: dict[int, dict[str, Any]] = {}
+    while True:
+        live = sorted(
+            (r for r in ranges if r["lo"] != r["hi"]),
+            key=lambda r: (r["lo"], r["hi"], int(r["range_id"])),
+        )
+        pair = next(((a, b) for a, b in itertools.pairwise(live) if b["lo"] < a["hi"]), None)
+        if pair is None:
+            return list(changed.values())
+        low, other = pair
+        if low["cursor"] <= other["lo"] and low["state"] != RangeState.COMPLETE:
+            how = f"ends where range {other['range_id']} starts"
+            low["hi"] = other["lo"]
+            info.pop(f"skip:{low['range_id']}", None)
+            changed[int(low["range_id"])] = low
+        else:
+            how = f"absorbs range {other['range_id']} again"
+            other.update(
+                lo=low["hi"],
+                hi=low["hi"],
+                cursor=low["hi"],
+                state=RangeState.COMPLETE,
+                merged_into=str(low["range_id"]),
+                retry={},
+                dead_letters=[],
+                **{f: "0" for f in ("done", "skipped", "dead", "retries", "chunks", "takeovers")},
+            )
+            changed[int(other["range_id"])] = other
+        log.warning(
+            "round %s: the checkpoint mirror holds ranges %s and %s over the same keys (a "
+            "coalescing or split one Redis timeline made and another never saw); range %s %s",
+            round_id,
+            low["range_id"],
+            other["range_id"],
+            low["range_id"],
+            how,
+        )
+
+
 def cover_lost_ranges(
     round_id: str, info: dict[str, Any], ranges: list[dict[str, Any]], n: int
 ) -> tuple[int, list[dict[str, Any]]]:
@@ -262,6 +323,7 @@ def cover_lost_ranges(
 __all__ = [
     "closed_by_mirror",
     "cover_lost_ranges",
+    "end_overlaps",
     "end_split_parents",
     "reconcile",
     "restore_closed",
