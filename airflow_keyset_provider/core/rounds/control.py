@@ -44,7 +44,6 @@ from .regressions import (
     closed_by_mirror,
     cover_lost_ranges,
     end_overlaps,
-    end_split_parents,
     reconcile,
 )
 from .status import RangeState, RangeStatus, RoundState, RoundStatus, StreamStatus
@@ -138,9 +137,8 @@ class StreamControl:
         # splits append ranges: never restore fewer than the mirror holds (two owners' split
         # records may land in either order)
         n = max([int(info.get("n_ranges") or 0), *(int(r["range_id"]) + 1 for r in ranges)])
-        fixed = end_split_parents(round_id, ranges)
         skips = {k for k in info if k.startswith("skip:")}
-        fixed += end_overlaps(round_id, info, ranges)
+        fixed = end_overlaps(round_id, info, ranges)  # a split or a coalescing the mirror missed
         # a range the round counts but the mirror has no record of, or keys none covers: rebuilt
         # (when Redis keeps the round, its n_ranges stays: only its lost ids are rebuilt)
         kept = self.store.round_state(round_id) is not None

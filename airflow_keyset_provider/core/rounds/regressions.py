@@ -183,47 +183,22 @@ def _drop_lost_splits(ctl: StreamControl, round_id: str, mirrored_n: int) -> Non
     )
 
 
-def end_split_parents(round_id: str, ranges: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Make the mirrored ranges of a round a partition again where a split's record is missing:
-    a range the mirror holds as it was before a split (its older, higher ``hi``) beside the
-    range that split created (``split_from``, recorded by its own owner) would overlap it. A
-    range's ``lo`` never changes and its ``hi`` only moves down with each split it makes, and
-    the split's new range starts above its cursor, so the parent ends where the new range
-    starts. Changes ``ranges`` in place; returns the ranges it changed (to write back)."""
-    by_id = {int(r["range_id"]): r for r in ranges}
-    changed: dict[int, dict[str, Any]] = {}
-    for child in sorted(ranges, key=lambda r: r["lo"]):
-        parent = by_id.get(int(child.get("split_from") or -1))
-        if child.get("merged_into") or child["lo"] == child["hi"]:
-            continue  # coalesced into another range since: its bounds are not the split's
-        if parent is None or not (parent["lo"] < child["lo"] < parent["hi"]):
-            continue
-        if parent["cursor"] > child["lo"] or parent["state"] == RangeState.COMPLETE:
-            continue  # not the split's parent as this range knows it: leave both as recorded
-        log.warning(
-            "round %s range %s ends where range %s, split from it, starts (the checkpoint "
-            "mirror missed the split's record)",
-            round_id,
-            parent["range_id"],
-            child["range_id"],
-        )
-        parent["hi"] = child["lo"]
-        changed[int(parent["range_id"])] = parent
-    return list(changed.values())
-
-
 def end_overlaps(
     round_id: str, info: dict[str, Any], ranges: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """Make the mirrored ranges of a round a partition again where two records overlap: a range
-    that coalesced its neighbours at claim time (its ``hi`` moved up over them, they became
-    empty) recorded beside one of those neighbours as another Redis timeline ran it (a failover
-    to a replica that never saw the coalescing claim, then the neighbour's own checkpoint).
-    Each record is true of its own timeline; the repair keeps every count exact:
+    """Make the mirrored ranges of a round a partition again where two records overlap. Two
+    ways there: a split's record is missing (the mirror holds the parent as it was before the
+    split, its older, higher ``hi``, beside the range the split created, recorded by its own
+    owner); or a range that coalesced its neighbours at claim time (its ``hi`` moved up over
+    them, they became empty) is recorded beside one of those neighbours as another Redis
+    timeline ran it (a failover to a replica that never saw the coalescing claim, then the
+    neighbour's own checkpoint). Each record is true of its own timeline; the repair keeps every
+    count exact:
 
     - the lower range ``R`` has committed nothing past the other's ``lo`` (``R.cursor <= lo``)
       and is not complete: ``R`` ends there, its counts untouched (they count keys up to its
-      cursor); the keys above the other range that ``R`` covered are left to
+      cursor). That is the split as it was made (a split's new range starts above the parent's
+      cursor); after a coalescing, the keys above the other range that ``R`` covered are left to
       ``cover_lost_ranges`` (a pending range again: at-least-once), and ``R``'s coalescing hint
       (``skip:<R>`` in ``info``) goes, so pulling tasks hand out the ranges it had absorbed;
     - else ``R`` committed keys of the other range (or completed): the other range is absorbed
@@ -262,8 +237,9 @@ def end_overlaps(
             )
             changed[int(other["range_id"])] = other
         log.warning(
-            "round %s: the checkpoint mirror holds ranges %s and %s over the same keys (a "
-            "coalescing or split one Redis timeline made and another never saw); range %s %s",
+            "round %s: the checkpoint mirror holds ranges %s and %s over the same keys (a split "
+            "whose record it missed, or a coalescing one Redis timeline made and another never "
+            "saw); range %s %s",
             round_id,
             low["range_id"],
             other["range_id"],
@@ -276,7 +252,7 @@ def cover_lost_ranges(
     round_id: str, info: dict[str, Any], ranges: list[dict[str, Any]], n: int
 ) -> tuple[int, list[dict[str, Any]]]:
     """Make the mirrored ranges of a round (``ranges``, ids ``0 .. n - 1`` counted, after
-    ``end_split_parents``) a partition of ``(start, end]`` again where the mirror lost a range
+    ``end_overlaps``) a partition of ``(start, end]`` again where the mirror lost a range
     that a split made: a range id it counts but holds no record of (its record was dropped, or
     never written, while the round's info counts it), and keys no record covers (a gap). Each
     gap becomes a range again, pending at its ``lo`` with nothing committed (its keys are
@@ -324,7 +300,6 @@ __all__ = [
     "closed_by_mirror",
     "cover_lost_ranges",
     "end_overlaps",
-    "end_split_parents",
     "reconcile",
     "restore_closed",
 ]
